@@ -1,0 +1,142 @@
+"""Kernel classes: ordered regex rules kept as data (stepscope/data/rules.toml).
+
+Unique (short, demangled) name pairs are classified once in Python (a trace has hundreds of
+distinct names, not millions), then the result is joined back onto the kernel frame.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import polars as pl
+
+from stepscope.errors import InputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CLASSES = (
+    "gemm", "splitk_reduce", "attention_prefill", "attention_decode", "kv_cache_write", "norm",
+    "rope", "activation", "embedding", "sampling", "framework", "comm", "memops", "other",
+)
+# Rule classes that only hint at the phase: the step's shape decides (see resolve_attention).
+ATTENTION = ("attention_prefill", "attention_decode")
+FIELDS = ("short", "demangled", "any")
+
+
+@dataclass(frozen=True)
+class Rule:
+    cls: str
+    pattern: re.Pattern
+    field: str = "any"
+    source: str = "default"
+
+    def matches(self, short: str, demangled: str) -> bool:
+        if self.field == "short":
+            return bool(self.pattern.search(short))
+        if self.field == "demangled":
+            return bool(self.pattern.search(demangled))
+        return bool(self.pattern.search(short) or self.pattern.search(demangled))
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    kernel_rules: tuple[Rule, ...]
+    nvtx_rules: tuple[Rule, ...]
+
+    def classify_name(self, short: str | None, demangled: str | None) -> str:
+        short, demangled = short or "", demangled or short or ""
+        for rule in self.kernel_rules:
+            if rule.matches(short, demangled):
+                return rule.cls
+        return "other"
+
+    def classify_range(self, name: str | None) -> str | None:
+        if not name:
+            return None
+        for rule in self.nvtx_rules:
+            if rule.pattern.search(name):
+                return rule.cls
+        return None
+
+
+def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
+    out: dict[str, list[Rule]] = {"rule": [], "nvtx": []}
+    for section in out:
+        for i, entry in enumerate(doc.get(section, [])):
+            where = f"{source}: [[{section}]] #{i + 1}"
+            cls, pattern = entry.get("class"), entry.get("pattern")
+            field = entry.get("field", "any")
+            if cls not in CLASSES:
+                raise InputError(f"{where}: unknown class {cls!r}; use one of {', '.join(CLASSES)}")
+            if not isinstance(pattern, str) or not pattern:
+                raise InputError(f"{where}: needs a non-empty string 'pattern'")
+            if field not in FIELDS:
+                raise InputError(f"{where}: field must be one of {', '.join(FIELDS)}, not {field!r}")
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
+            out[section].append(Rule(cls, compiled, field, source))
+    return out["rule"], out["nvtx"]
+
+
+def load_rules(extra: str | Path | None = None) -> RuleSet:
+    """The default rules, with a user's rules file (if any) consulted first."""
+    text = resources.files("stepscope.data").joinpath("rules.toml").read_text()
+    kernel, nvtx = _parse(tomllib.loads(text), "default rules")
+    if extra is not None:
+        extra = Path(extra)
+        try:
+            doc = tomllib.loads(extra.read_text())
+        except FileNotFoundError:
+            raise InputError(f"{extra}: no such rules file") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{extra} is not a valid TOML rules file ({e})") from None
+        user_kernel, user_nvtx = _parse(doc, str(extra))
+        kernel, nvtx = user_kernel + kernel, user_nvtx + nvtx
+    return RuleSet(tuple(kernel), tuple(nvtx))
+
+
+def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
+    """names: unique rows of (short_id, demangled_id, name, demangled) → adds `class`."""
+    classes = [
+        rules.classify_name(s, d) for s, d in zip(names["name"].to_list(), names["demangled"].to_list())
+    ]
+    return names.with_columns(pl.Series("class", classes, dtype=pl.String))
+
+
+def nvtx_attribution(
+    launches: pl.DataFrame, nvtx: pl.DataFrame, rules: RuleSet
+) -> pl.DataFrame:
+    """Class from the innermost rule-matching NVTX range holding each launching call.
+
+    launches: (row, pid, tid, launch_start); returns (row, nvtx_class) for attributed rows.
+    Only ranges whose name matches an [[nvtx]] rule take part; among those, the latest one
+    starting at or before the call is used if it still covers the call.
+    """
+    if nvtx.is_empty() or launches.is_empty() or not rules.nvtx_rules:
+        return pl.DataFrame(schema={"row": pl.UInt32, "nvtx_class": pl.String})
+    uniq = nvtx.select("name").unique()
+    uniq = uniq.with_columns(
+        pl.Series("nvtx_class", [rules.classify_range(n) for n in uniq["name"].to_list()], dtype=pl.String)
+    ).drop_nulls("nvtx_class")
+    if uniq.is_empty():
+        return pl.DataFrame(schema={"row": pl.UInt32, "nvtx_class": pl.String})
+    ranges = (
+        nvtx.join(uniq, on="name")
+        .select("pid", "tid", pl.col("start").alias("r_start"), pl.col("end").alias("r_end"), "nvtx_class")
+        .sort("r_start")
+    )
+    hit = (
+        launches.drop_nulls("launch_start").sort("launch_start")
+        .join_asof(ranges, left_on="launch_start", right_on="r_start", by=["pid", "tid"], strategy="backward")
+        .filter(pl.col("r_end") >= pl.col("launch_start"))
+    )
+    return hit.select("row", "nvtx_class")

@@ -1,0 +1,215 @@
+"""Per-step inventory: kernel classes, busy/span/idle, launch calls, layers.
+
+Every figure is computed exactly as ../shared/docs/DEFINITIONS.md defines it, as vectorized
+polars expressions over the whole trace at once (no Python loop over kernels or steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from stepscope.analysis.classify import ATTENTION, RuleSet, classify_names, load_rules, nvtx_attribution
+from stepscope.analysis.layers import detect_layers
+from stepscope.analysis.steps import Segmentation, activities, api_flags, segment, step_shape
+from stepscope.model import Trace
+
+
+@dataclass
+class Inventory:
+    """The analysis of one trace: one row per step plus long per-class and per-kernel tables."""
+
+    trace: Trace
+    steps: pl.DataFrame      # one row per step, the figures of DEFINITIONS.md
+    classes: pl.DataFrame    # step, class, count, time_ns
+    kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
+    acts: pl.DataFrame       # every activity with step, class and launch columns (for gaps etc.)
+    api: pl.DataFrame        # API calls with flags
+    warnings: list[str] = field(default_factory=list)
+
+    def step_ids(self) -> list[int]:
+        return self.steps["step"].to_list()
+
+    def self_check(self) -> None:
+        """busy + idle == span and Σ class time (kernels) == kernel time, for every step."""
+        s = self.steps
+        assert (s["gpu_busy_ns"] + s["idle_ns"] == s["gpu_span_ns"]).all()
+        kt = (
+            self.classes.filter(pl.col("class") != "memops")
+            .group_by("step").agg(pl.col("time_ns").sum().alias("t"), pl.col("count").sum().alias("n"))
+        )
+        chk = s.select("step", "kernel_time_sum_ns", "n_kernels").join(kt, on="step", how="left").fill_null(0)
+        assert (chk["t"] == chk["kernel_time_sum_ns"]).all()
+        assert (chk["n"] == chk["n_kernels"]).all()
+
+
+def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None) -> Inventory:
+    rules = rules or load_rules()
+    strings = trace.string_map()
+    api = api_flags(trace.api, strings)
+    acts = activities(trace.kernels, trace.memops, api)
+    seg = segment(trace, acts, api, step_regex)
+    acts = _classify(seg, trace, rules, strings)
+    steps = _step_figures(seg.steps, acts, api)
+    classes = (
+        acts.filter(pl.col("step").is_not_null())
+        .group_by("step", "class")
+        .agg(pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+        .sort("step", "time_ns", descending=[False, True])
+    )
+    kernels = (
+        acts.filter(pl.col("step").is_not_null())
+        .group_by("step", "name", "demangled", "class")
+        .agg(pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+        .sort("step", "time_ns", "name", descending=[False, True, False])
+    )
+    warnings = list(trace.warnings) + seg.warnings
+    unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
+    if unresolved:
+        warnings.append(
+            f"{unresolved} step(s) have attention kernels but no recorded phase: prefill/decode "
+            "was taken from the kernel names (name the step range with phase=..., or vLLM's names)"
+        )
+    no_launch = acts.filter(pl.col("launch_start").is_null()).height
+    if no_launch:
+        warnings.append(
+            f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
+            "they count only in steps delimited by the kernel sequence"
+        )
+    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, warnings)
+
+
+def _classify(seg: Segmentation, trace: Trace, rules: RuleSet, strings: dict[int, str]) -> pl.DataFrame:
+    acts = seg.acts
+    names = (
+        acts.filter(pl.col("is_kernel")).select("short_id", "demangled_id").unique()
+    )
+    names = names.with_columns(
+        pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
+        pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
+    )
+    names = classify_names(names, rules)
+    acts = acts.join(names, on=["short_id", "demangled_id"], how="left")
+    acts = acts.with_columns(
+        pl.when(pl.col("is_kernel")).then(pl.col("class")).otherwise(pl.lit("memops")).alias("class"),
+        pl.when(pl.col("is_kernel")).then(pl.col("name")).otherwise(pl.col("memop")).alias("name"),
+        pl.when(pl.col("is_kernel")).then(pl.col("demangled")).otherwise(pl.col("memop")).alias("demangled"),
+    )
+    # NVTX module ranges around the launching call beat the kernel name.
+    attributed = nvtx_attribution(
+        acts.filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"), trace.nvtx, rules
+    )
+    if attributed.height:
+        acts = acts.join(attributed, on="row", how="left").with_columns(
+            pl.coalesce("nvtx_class", "class").alias("class")).drop("nvtx_class")
+    # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
+    shapes = seg.steps.select("step", "name")
+    phases = pl.DataFrame(
+        {"step": shapes["step"], "phase": [step_shape(n).get("phase") for n in shapes["name"].to_list()]},
+        schema={"step": pl.Int64, "phase": pl.String},
+    )
+    acts = acts.join(phases, on="step", how="left").with_columns(
+        pl.when(pl.col("class").is_in(list(ATTENTION)) & pl.col("phase").is_not_null())
+        .then(pl.lit("attention_") + pl.col("phase"))
+        .otherwise(pl.col("class")).alias("class")
+    )
+    return acts
+
+
+def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    a = acts.filter(pl.col("step").is_not_null()).sort("step", "start")
+    dur = pl.col("end") - pl.col("start")
+    prev_end = pl.col("end").cum_max().shift(1).over("step")
+    a = a.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - prev_end, 0).fill_null(0))
+    per = a.group_by("step").agg(
+        n_kernels=pl.col("is_kernel").sum().cast(pl.Int64),
+        kernel_time_sum_ns=dur.filter(pl.col("is_kernel")).sum(),
+        first_start=pl.col("start").min(),
+        last_end=pl.col("end").max(),
+        idle_ns=pl.col("gap_ns").sum(),
+        first_launch=pl.col("launch_start").min(),
+        n_attention=pl.col("class").is_in(list(ATTENTION)).sum(),
+        phase=pl.col("phase").first(),
+    )
+    per = per.with_columns(gpu_span_ns=pl.col("last_end") - pl.col("first_start"))
+    per = per.with_columns(gpu_busy_ns=pl.col("gpu_span_ns") - pl.col("idle_ns"))
+
+    launches = _launch_calls(steps, a, api)
+    s = steps.join(per, on="step", how="inner").join(launches, on="step", how="left").with_columns(
+        pl.col("n_launch_calls").fill_null(0), pl.col("launch_call_ns").fill_null(0))
+
+    # step_time: from max(range start | first launch call, previous step's GPU end on the device)
+    # to max(range end, last GPU activity).
+    begin = pl.coalesce("w_start", "first_launch", "first_start")
+    s = s.with_columns(begin=begin).sort("device", "begin")
+    s = s.with_columns(prev_gpu_end=pl.col("last_end").shift(1).over("device"))
+    s = s.with_columns(
+        step_begin=pl.max_horizontal("begin", pl.col("prev_gpu_end").fill_null(pl.col("begin"))),
+        step_end=pl.max_horizontal(pl.col("w_end").fill_null(pl.col("last_end")), "last_end"),
+    ).with_columns(step_time_ns=pl.max_horizontal(pl.col("step_end") - pl.col("step_begin"), 0))
+
+    layers = _layers(a)
+    s = s.join(layers, on="step", how="left").sort("step")
+    return s.select(
+        "step", "pid", "device", "delimiter", "name", "phase", "tid", "w_start", "w_end",
+        "step_begin", "step_end", "first_start", "last_end",
+        "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
+        "n_launch_calls", "launch_call_ns", "layers", "kernels_per_layer", "n_attention",
+    )
+
+
+def _launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """Launch API calls of each step: those inside its host window, else those that launched it."""
+    launch_api = api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end").sort("start")
+    out = []
+    windowed = steps.filter(pl.col("w_start").is_not_null())
+    for by, w in (
+        (["pid", "tid"], windowed.filter(pl.col("tid").is_not_null())),
+        (["pid"], windowed.filter(pl.col("tid").is_null())),
+    ):
+        if w.is_empty():
+            continue
+        # A window split over several devices shares its host calls: count them for each step.
+        ws = w.select(*by, "w_start", "w_end", "step").sort("w_start")
+        windows = ws.unique([*by, "w_start"], keep="first").rename({"step": "first_step"})
+        hit = launch_api.join_asof(windows, left_on="start", right_on="w_start", by=by, strategy="backward")
+        hit = hit.filter(pl.col("start") <= pl.col("w_end"))
+        per_window = hit.group_by(*by, "w_start").agg(
+            n_launch_calls=pl.len().cast(pl.Int64), launch_call_ns=(pl.col("end") - pl.col("start")).sum())
+        out.append(ws.join(per_window, on=[*by, "w_start"], how="left").select(
+            "step", "n_launch_calls", "launch_call_ns"))
+    bare = steps.filter(pl.col("w_start").is_null()).select("step")
+    if bare.height:
+        calls = (
+            acts.join(bare, on="step", how="semi")
+            .filter(pl.col("launch_start").is_not_null())
+            .select("step", "pid", "corr").unique()
+            .join(launch_api.select("pid", "corr", "start", "end"), on=["pid", "corr"])
+            .group_by("step").agg(n_launch_calls=pl.len().cast(pl.Int64),
+                                  launch_call_ns=(pl.col("end") - pl.col("start")).sum())
+        )
+        out.append(calls)
+    if not out:
+        return pl.DataFrame(schema={"step": pl.Int64, "n_launch_calls": pl.Int64, "launch_call_ns": pl.Int64})
+    return pl.concat(out, how="vertical_relaxed")
+
+
+def _layers(acts: pl.DataFrame) -> pl.DataFrame:
+    seqs = (
+        acts.filter(pl.col("is_kernel")).group_by("step")
+        .agg(pl.col("demangled_id").sort_by("start").alias("seq"))
+        .with_columns(sig=pl.col("seq").hash())
+    )
+    uniq = seqs.unique("sig", keep="first")
+    found = {}
+    for sig, seq in zip(uniq["sig"].to_list(), uniq["seq"].to_list()):
+        found[sig] = detect_layers(np.asarray(seq, dtype=np.int64))
+    return seqs.select(
+        "step",
+        pl.col("sig").replace_strict({k: v[0] for k, v in found.items()}, default=None,
+                                     return_dtype=pl.Int64).alias("layers"),
+        pl.col("sig").replace_strict({k: v[1] for k, v in found.items()}, default=None,
+                                     return_dtype=pl.Int64).alias("kernels_per_layer"),
+    )

@@ -1,0 +1,47 @@
+"""The thin command line: each command loads, makes one library call, renders.
+
+Heavy imports (polars, the analyses) happen inside the commands so `stepscope --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Explains where the time and the bytes of one LLM inference engine step go.",
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Explains where the time and the bytes of one LLM inference engine step go."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line to stderr and exit: the only way a command reports a user-facing error."""
+    typer.echo(f"stepscope: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+# --- command registrations -------------------------------------------------------------
+# Each module below owns its commands and registers them on `app` when imported.
+from stepscope.commands import analyze as _analyze  # noqa: E402,F401
+
+
+def main() -> None:
+    from stepscope.errors import StepscopeError
+
+    try:
+        app()
+    except StepscopeError as e:  # a library error that escaped a command
+        typer.echo(f"stepscope: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("stepscope: interrupted", err=True)
+        sys.exit(130)
+

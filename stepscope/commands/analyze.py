@@ -1,0 +1,61 @@
+"""`stepscope analyze`: a trace → its per-step inventory."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stepscope.cli import app, fail
+
+STEPS_HELP = "which steps to report: all, first, or a step index"
+
+
+def bundled_trace() -> Path:
+    """The real H200 decode-step trace shipped inside the package (the README's first command)."""
+    return Path(str(resources.files("stepscope.data").joinpath("fixtures/default.sqlite")))
+
+
+def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Optional[Path]):
+    from stepscope.analysis.classify import load_rules
+    from stepscope.analysis.inventory import analyze_trace
+    from stepscope.ingest import read_trace
+
+    return analyze_trace(read_trace(trace or bundled_trace()), step_regex, load_rules(rules))
+
+
+def check_steps_option(steps: str) -> str:
+    if steps not in ("all", "first") and not steps.isdigit():
+        fail(f"--steps takes all, first or a step index, not {steps!r}")
+    return steps
+
+
+@app.command()
+def analyze(
+    trace: Optional[Path] = typer.Argument(None, help="nsys SQLite export (default: a bundled real H200 trace)"),
+    step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX step range names"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+    steps: str = typer.Option("all", "--steps", help=STEPS_HELP),
+) -> None:
+    """Split a trace into steps and inventory each step's kernels by class."""
+    from stepscope.errors import StepscopeError
+
+    check_steps_option(steps)
+    try:
+        inv = load_inventory(trace, step_regex, rules)
+    except StepscopeError as e:
+        fail(str(e))
+    from stepscope.render.json import analyze_document, dumps, select_steps
+
+    if json_out:
+        typer.echo(dumps(analyze_document(inv, steps)))
+        return
+    ids = select_steps(inv, steps)
+    if not ids:
+        fail(f"no step {steps} in this trace (it has steps {inv.step_ids()[0]}–{inv.step_ids()[-1]})")
+    from stepscope.render.terminal import render_analyze
+
+    render_analyze(inv, ids)

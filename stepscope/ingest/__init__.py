@@ -1,0 +1,36 @@
+"""Readers: each file format → the one `stepscope.model.Trace`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepscope.errors import InputError
+from stepscope.model import Trace
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read any supported trace file, dispatching on its content rather than trusting its name."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head.startswith(b"SQLite format 3"):
+            from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
+
+            return read_nsys_sqlite(path)
+        if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
+            try:
+                from stepscope.ingest.kineto import read_kineto
+            except ImportError:
+                raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
+            return read_kineto(path)
+        if path.suffix == ".nsys-rep":
+            raise InputError(
+                f"{path} is an nsys report, not its SQLite export; run: "
+                f"nsys export --type sqlite {path}"
+            )
+    from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
+
+    return read_nsys_sqlite(path)  # gives the precise "not a SQLite file" message

@@ -1,0 +1,86 @@
+"""The one normalized trace model every reader produces and every analysis consumes.
+
+A `Trace` is a bundle of polars frames. Readers (nsys SQLite, PyTorch-profiler JSON) fill it;
+analyses only read it. Times are integer nanoseconds on one clock per trace; names are kept
+as integer ids into `strings` so that million-kernel traces never materialize a million
+Python strings (decode ids with `Trace.name_of` / `Trace.decode`).
+
+Frames and their columns (dtype in brackets):
+
+kernels   pid[i64] device[i64] stream[i64] corr[i64] start[i64] end[i64]
+          short_id[i64] demangled_id[i64] grid_x/y/z[i64] block_x/y/z[i64]
+          graph_node_id[i64, null when not a graph node]
+memops    pid device stream corr start end [i64], kind[str: memcpy|memset], bytes[i64]
+api       pid tid corr start end name_id [i64]; runtime *and* driver calls
+nvtx      pid tid start end [i64], name[str]; ranges only (instant markers dropped)
+strings   id[i64] value[str]; only the ids that occur in the frames above
+gpus      device[i64] name[str] sm_count[i64] memory_bandwidth_bps[i64] total_memory_bytes[i64]
+processes pid[i64] name[str]
+
+`pid` and `tid` are OS ids (unpacked from nsys's globalPid/globalTid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+I64 = pl.Int64
+
+KERNEL_SCHEMA = {
+    "pid": I64, "device": I64, "stream": I64, "corr": I64, "start": I64, "end": I64,
+    "short_id": I64, "demangled_id": I64,
+    "grid_x": I64, "grid_y": I64, "grid_z": I64, "block_x": I64, "block_y": I64, "block_z": I64,
+    "graph_node_id": I64,
+}
+MEMOP_SCHEMA = {
+    "pid": I64, "device": I64, "stream": I64, "corr": I64, "start": I64, "end": I64,
+    "kind": pl.String, "bytes": I64,
+}
+API_SCHEMA = {"pid": I64, "tid": I64, "corr": I64, "start": I64, "end": I64, "name_id": I64}
+NVTX_SCHEMA = {"pid": I64, "tid": I64, "start": I64, "end": I64, "name": pl.String}
+STRING_SCHEMA = {"id": I64, "value": pl.String}
+GPU_SCHEMA = {
+    "device": I64, "name": pl.String, "sm_count": I64,
+    "memory_bandwidth_bps": I64, "total_memory_bytes": I64,
+}
+PROCESS_SCHEMA = {"pid": I64, "name": pl.String}
+
+
+def empty(schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+@dataclass
+class Trace:
+    """A normalized trace: what one profiler run recorded, independent of its file format."""
+
+    path: Path
+    format: str  # "nsys-sqlite" | "kineto-json"
+    kernels: pl.DataFrame
+    memops: pl.DataFrame
+    api: pl.DataFrame
+    nvtx: pl.DataFrame
+    strings: pl.DataFrame
+    gpus: pl.DataFrame = field(default_factory=lambda: empty(GPU_SCHEMA))
+    processes: pl.DataFrame = field(default_factory=lambda: empty(PROCESS_SCHEMA))
+    nsys_version: str | None = None
+    schema_version: str | None = None
+    # cudaGraphLaunch replays recorded without per-kernel rows (--cuda-graph-trace=graph).
+    graph_level_launches: int = 0
+    # nsys's own cost, from PROFILER_OVERHEAD: rows and summed duration.
+    profiler_overhead_count: int = 0
+    profiler_overhead_ns: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
+        """An expression mapping an id column to its string (for use in with_columns)."""
+        col = pl.col(ids) if isinstance(ids, str) else ids
+        return col.replace_strict(
+            self.strings["id"], self.strings["value"], default=None, return_dtype=pl.String
+        ).alias(alias)
+
+    def string_map(self) -> dict[int, str]:
+        return dict(zip(self.strings["id"].to_list(), self.strings["value"].to_list()))

@@ -1,0 +1,77 @@
+"""Rich terminal report: one table per step kind, the class breakdown and a coverage line."""
+
+from __future__ import annotations
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from stepscope.analysis.classify import CLASSES
+from stepscope.analysis.inventory import Inventory
+
+
+def us(ns) -> str:
+    return "–" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def ms(ns) -> str:
+    return "–" if ns is None else f"{ns / 1e6:,.3f} ms"
+
+
+def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
+    """Steps grouped by kind: same process, device, delimiter, phase and kernel count."""
+    s = inv.steps.filter(pl.col("step").is_in(ids))
+    kinds = []
+    for _, grp in s.group_by(["pid", "device", "delimiter", "phase", "n_kernels"], maintain_order=True):
+        kinds.append((grp.row(0, named=True), grp["step"].to_list()))
+    return kinds
+
+
+def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None) -> None:
+    console = console or Console()
+    t = inv.trace
+    console.print(f"[bold]{t.path}[/]  nsys {t.nsys_version or '?'} · schema {t.schema_version or '?'}"
+                  f" · {inv.trace.kernels.height:,} kernels · {len(inv.step_ids())} steps")
+    for g in t.gpus.iter_rows(named=True):
+        console.print(f"  GPU {g['device']}: {g['name']} ({g['sm_count']} SMs)")
+    for w in inv.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    for first, members in step_kinds(inv, ids):
+        _render_kind(inv, first, members, console)
+        if extra is not None:
+            extra(first["step"], members, console)
+
+
+def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console) -> None:
+    s = inv.steps.filter(pl.col("step").is_in(members))
+    med = {c: s[c].median() for c in ("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
+                                      "kernel_time_sum_ns", "n_launch_calls", "launch_call_ns")}
+    phase = first["phase"] or "phase unknown"
+    title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
+             f"device {first['device']} · {len(members)} step(s)")
+    console.rule(f"[bold]{title}")
+    layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
+    console.print(
+        f"step time {ms(med['step_time_ns'])} · GPU busy {ms(med['gpu_busy_ns'])} · span "
+        f"{ms(med['gpu_span_ns'])} · idle {ms(med['idle_ns'])} · {first['n_kernels']} kernels "
+        f"({layers}) · {int(med['n_launch_calls'])} launch calls, {ms(med['launch_call_ns'])} in them"
+        + ("  [dim](medians over the steps of this kind)[/]" if len(members) > 1 else ""))
+    c = inv.classes.filter(pl.col("step") == first["step"])
+    total = c["time_ns"].sum() or 1
+    table = Table(show_edge=False, header_style="bold")
+    for col, j in (("class", "left"), ("count", "right"), ("time µs", "right"), ("mean µs", "right"),
+                   ("share", "right")):
+        table.add_column(col, justify=j)
+    order = {k: i for i, k in enumerate(CLASSES)}
+    for r in sorted(c.iter_rows(named=True), key=lambda r: (-r["time_ns"], order.get(r["class"], 99))):
+        table.add_row(r["class"], str(r["count"]), us(r["time_ns"]), us(r["time_ns"] / r["count"]),
+                      f"{100 * r['time_ns'] / total:.1f}%")
+    console.print(table)
+    other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
+    share = other["time_ns"].sum() / total
+    console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
+                  + (f"; other {100 * share:.1f}%:" if other.height else ""))
+    for r in other.head(10).iter_rows(named=True):
+        console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {r['name']}")
+    if other.height > 10:
+        console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
