@@ -1,0 +1,163 @@
+"""`stepscope cells`: measure, import and show per-kernel HBM byte cells (ncu)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from stepscope.cli import app, fail
+
+cells_app = typer.Typer(
+    no_args_is_help=True,
+    help="HBM byte cells: per-kernel DRAM bytes measured by ncu (sentinel microbenchmarks).",
+)
+app.add_typer(cells_app, name="cells")
+
+
+def _guard(fn):
+    """Run a command body; library errors become one line and a non-zero exit."""
+    from stepscope.errors import StepscopeError
+
+    try:
+        return fn()
+    except StepscopeError as e:
+        fail(str(e), e.exit_code)
+
+
+@cells_app.command("import")
+def import_cmd(
+    ncu_csv: List[Path] = typer.Argument(..., help="raw `ncu --csv --page raw` outputs"),
+    out: Path = typer.Option(..., "-o", "--out", help="cells file (.parquet; a .csv is written next to it)"),
+    gpu: Optional[str] = typer.Option(None, help="GPU name, when the CSV does not carry it"),
+    model: Optional[str] = typer.Option(None, help="model card the launches belong to"),
+) -> None:
+    """Turn raw ncu CSV files (==PROF== lines included) into a cells table."""
+    from stepscope.bytes.cells import import_ncu, write_cells
+
+    def body():
+        df = import_ncu(ncu_csv, gpu=gpu, model=model)
+        paths = write_cells(df, out)
+        typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")
+
+    _guard(body)
+
+
+@cells_app.command("show")
+def show_cmd(
+    files: List[Path] = typer.Argument(..., help="cells files (.parquet/.csv) or raw ncu CSVs"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Print the ledger of each profiled launch: read, write, amplification, L2 hit, bandwidth."""
+    from stepscope.bytes.cells import gpus_of, ledger, read_many
+    from stepscope.bytes.hbm import peak_hbm_bps
+
+    def body():
+        df = read_many(files)
+        gpus = gpus_of(df)
+        peak = peak_hbm_bps(gpus[0]) if len(gpus) == 1 else None
+        led = ledger(df, peak)
+        if as_json:
+            typer.echo(json.dumps(_json(led, gpus, peak), indent=1))
+        else:
+            _render(led, gpus, peak)
+
+    _guard(body)
+
+
+def _json(led, gpus, peak) -> dict:
+    keep = ["cell", "op", "proj", "tokens", "launch", "kernel", "grid", "block",
+            "dram_read_bytes", "dram_write_bytes", "dram_bytes", "duration_ns", "l2_hit_pct",
+            "achieved_bps", "cell_min_bytes", "amplification", "matched", "error", "gpu"]
+    rows = led.select([c for c in keep if c in led.columns]).to_dicts()
+    return {"gpus": gpus, "peak_hbm_bps": peak, "cells": rows}
+
+
+def _fmt_bytes(b) -> str:
+    if b is None:
+        return "—"
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(b) >= div:
+            return f"{b / div:.2f} {unit}"
+    return f"{int(b)} B"
+
+
+def _render(led, gpus, peak) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"byte cells — {', '.join(gpus) or 'GPU unknown'}"
+              + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
+    for col, just in (("cell", "left"), ("#", "right"), ("kernel", "left"), ("grid", "left"),
+                      ("read", "right"), ("write", "right"), ("min (cell)", "right"),
+                      ("ampl.", "right"), ("L2 hit", "right"), ("time", "right"),
+                      ("GB/s", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in led.iter_rows(named=True):
+        if r.get("error"):
+            t.add_row(r.get("cell") or "?", "", f"[red]error: {r['error']}[/]", "", "", "", "",
+                      "", "", "", "")
+            continue
+        kern = (r.get("kernel") or "")[:60]
+        if r.get("matched") is False:
+            kern = f"[dim]{kern} (not the op's regex)[/]"
+        amp = r.get("amplification")
+        t.add_row(
+            r.get("cell") or "", "" if r.get("launch") is None else str(r["launch"]), kern,
+            r.get("grid") or "", _fmt_bytes(r.get("dram_read_bytes")),
+            _fmt_bytes(r.get("dram_write_bytes")), _fmt_bytes(r.get("cell_min_bytes")),
+            f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
+            f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else "—",
+            f"{r['duration_ns'] / 1e3:.1f} µs" if r.get("duration_ns") is not None else "—",
+            f"{r['achieved_bps'] / 1e9:.0f}" if r.get("achieved_bps") is not None else "—",
+        )
+    con.print(t)
+
+
+@cells_app.command("run")
+def run_cmd(
+    model: Optional[str] = typer.Option(None, help="card name or config.json (default: the sweep's)"),
+    sweep: Optional[Path] = typer.Option(None, help="sweep TOML (default recipes/sweeps/llama_default.toml)"),
+    out: Path = typer.Option(Path("cells-out"), help="output folder"),
+    cells_per_process: int = typer.Option(0, help="cells per sentinel process: 1 = one ncu call per cell, 0 = all in one"),
+    cell: Optional[List[str]] = typer.Option(None, help="run only these cells (repeatable)"),
+    smoke: bool = typer.Option(False, help="run the sweep's smoke subset (2-3 cells)"),
+    ncu: Optional[str] = typer.Option(None, help="ncu executable"),
+    timeout: float = typer.Option(300.0, help="seconds per sentinel process"),
+    deadline: Optional[float] = typer.Option(None, help="seconds for the whole sweep; later cells are skipped"),
+    print_commands: bool = typer.Option(False, help="print the ncu command lines and exit"),
+) -> None:
+    """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv."""
+    from stepscope.bytes import sweep as sw
+
+    def body():
+        s = sw.load_sweep(sweep)
+        names = list(cell or []) or (s.smoke if smoke else None)
+        specs = s.select(names)
+        if print_commands:
+            ncu_path = ncu or "ncu"
+            for spec in specs:
+                typer.echo(" ".join(sw.cell_command(ncu_path, s, spec, model)))
+            return
+        from stepscope.bytes.cells import frame, write_cells
+
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "sweep.log", "a") as log:
+            res = sw.run_sweep(s, out, model=model, cells=names,
+                               cells_per_process=cells_per_process, ncu=ncu,
+                               timeout_s=timeout, log=log, deadline_s=deadline)
+        df = frame(res.rows)
+        paths = write_cells(df, out / "cells")
+        ok = len(specs) - len(res.failed)
+        typer.echo(f"{ok}/{len(specs)} cells measured on {res.gpu or 'unknown GPU'} "
+                   f"(ncu {res.ncu_version}) in {res.seconds:.0f} s -> "
+                   f"{', '.join(map(str, paths))}")
+        if res.failed:
+            typer.echo(f"failed: {', '.join(res.failed)} (see {out / 'sweep.log'})", err=True)
+        if ok == 0:
+            raise typer.Exit(1)
+
+    _guard(body)
