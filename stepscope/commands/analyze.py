@@ -48,14 +48,16 @@ def analyze(
         inv = load_inventory(trace, step_regex, rules)
     except StepscopeError as e:
         fail(str(e))
+    from stepscope.analysis.diagnosis import diagnose
     from stepscope.render.json import analyze_document, dumps, select_steps
 
+    diag = diagnose(inv)
     if json_out:
-        typer.echo(dumps(analyze_document(inv, steps)))
+        typer.echo(dumps(analyze_document(inv, steps, diag.step_sections)))
         return
     ids = select_steps(inv, steps)
     if not ids:
         fail(f"no step {steps} in this trace (it has steps {inv.step_ids()[0]}–{inv.step_ids()[-1]})")
-    from stepscope.render.terminal import render_analyze
+    from stepscope.render.terminal import render_analyze, render_diagnosis
 
-    render_analyze(inv, ids)
+    render_analyze(inv, ids, extra=lambda step, members, console: render_diagnosis(diag, step, console))

@@ -75,3 +75,32 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {r['name']}")
     if other.height > 10:
         console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
+
+
+def render_diagnosis(diag, step: int, console: Console) -> None:
+    """Gaps by kind, launch overhead and the Equation 1.3 verdict of one step."""
+    sec = diag.step_sections(step)
+    g, f, lau = sec["gaps"], sec["floors"], sec["launch"]
+    table = Table(show_edge=False, header_style="bold", title="GPU idle by cause", title_justify="left")
+    for col in ("gap kind", "count", "time µs"):
+        table.add_column(col, justify="left" if col == "gap kind" else "right")
+    for kind in ("host_bound", "sync", "device_side"):
+        table.add_row(kind.replace("_", "-"), str(g[kind]["count"]), us(g[kind]["time_ns"]))
+    console.print(table)
+    for r in g["top"][:3]:
+        console.print(f"  gap {us(r['gap_ns'])} µs ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
+                      f"{r['next_name']}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
+    if lau.get("interval_median_ns") is not None:
+        console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])} µs, "
+                      f"p90 {us(lau['interval_p90_ns'])} µs · launch latency median "
+                      f"{us(lau.get('latency_median_ns'))} µs")
+    po = lau["profiler_overhead"]
+    if po["count"]:
+        console.print(f"[dim]nsys's own overhead in this trace: {po['count']} records, {ms(po['time_ns'])} "
+                      "(host cost per launch is inflated by tracing)[/]")
+    bound = f["verdict"]
+    colour = "red" if bound == "launch-bound" else "green"
+    console.print(
+        f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
+        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} (GPU busy); "
+        f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")

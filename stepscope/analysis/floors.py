@@ -1,0 +1,41 @@
+"""Equation 1.3 of the seed (`t_step = max(N_k · t_launch, t_GPU)`), per step.
+
+CPU floor = launch calls × typical host cost per launch (the median inter-launch interval;
+with a single launch call, e.g. one cudaGraphLaunch, that call's duration); device floor =
+gpu_busy_ns. The step is launch-bound when the CPU floor is the larger.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from stepscope.analysis.gaps import find_gaps, gap_totals
+from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.launch import launch_summary
+
+
+def verdict_expr(cpu: str = "cpu_floor_ns", dev: str = "device_floor_ns") -> pl.Expr:
+    return pl.when(pl.col(cpu) > pl.col(dev)).then(pl.lit("launch-bound")).otherwise(pl.lit("device-bound"))
+
+
+def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None) -> pl.DataFrame:
+    launch = launch_summary(inv)[0] if launch is None else launch
+    gaps = find_gaps(inv) if gaps is None else gaps
+    host = gap_totals(gaps, inv.step_ids()).filter(pl.col("kind") == "host_bound").select(
+        "step", pl.col("time_ns").alias("host_bound_gap_ns"))
+    s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns").join(
+        launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
+    ).join(host, on="step", how="left")
+    t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
+    s = s.with_columns(
+        t_launch_ns=t_launch,
+        cpu_floor_ns=(pl.col("n_launch_calls") * t_launch).cast(pl.Int64),
+        device_floor_ns=pl.col("gpu_busy_ns"),
+    ).with_columns(
+        verdict=verdict_expr(),
+        # how many times the binding floor exceeds the other one
+        margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
+                / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
+    )
+    return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
+                    "host_bound_gap_ns")
