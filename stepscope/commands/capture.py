@@ -1,0 +1,88 @@
+"""Live capture commands: `stepscope trace`, `stepscope models`, `stepscope doctor`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stepscope.cli import app
+
+
+@app.command()
+def trace(
+    model: str = typer.Option("llama-3.1-8b", "--model", "-m",
+                              help="bundled model card (see `stepscope models`) or a config.json"),
+    engine: Optional[str] = typer.Option(None, "--engine",
+                                         help="vllm or torch (default: vllm when installed)"),
+    mode: str = typer.Option("eager", "--mode", help="eager, graph or both"),
+    phase: str = typer.Option("decode", "--phase", help="decode or prefill"),
+    batch: int = typer.Option(1, "--batch", help="sequences in the step"),
+    context: int = typer.Option(2048, "--context",
+                                help="decode: tokens already cached; prefill: prompt length"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel width (GPUs)"),
+    layers: Optional[int] = typer.Option(None, "--layers",
+                                         help="run fewer layers than the model has"),
+    out: Path = typer.Option(Path("stepscope-out"), "--out", "-o",
+                             help="folder for the .nsys-rep, .sqlite and engine log"),
+    warmup: int = typer.Option(3, "--warmup", hidden=True),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Run one engine step under Nsight Systems and explain where its time goes."""
+    from stepscope.capture.run import TraceRequest, run_trace
+
+    req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
+                       context=context, tp=tp, layers=layers, out=out, json=as_json,
+                       warmup=warmup)
+    captures = run_trace(req)
+    failed = [c for c in captures if c.analysis_rc not in (0, None)]
+    if as_json:
+        typer.echo(json.dumps({"captures": [c.to_dict() for c in captures]}, indent=2))
+    else:
+        for c in captures:
+            if len(captures) > 1:
+                typer.echo(f"== {c.mode} ({c.sqlite}) ==")
+            typer.echo(c.analysis if isinstance(c.analysis, str) else json.dumps(c.analysis))
+    if failed:
+        raise typer.Exit(failed[0].analysis_rc or 1)
+
+
+@app.command()
+def models(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List the bundled model cards (shapes only, no weights)."""
+    from stepscope.capture.models import list_cards
+
+    cards = [c.summary() for c in list_cards()]
+    if as_json:
+        typer.echo(json.dumps(cards, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="model cards (or pass --model path/to/config.json)")
+    for col in ("name", "architecture", "layers", "hidden", "heads", "kv heads", "head dim",
+                "intermediate", "vocab", "dtype", "params"):
+        t.add_column(col, justify="left" if col in ("name", "architecture", "dtype") else "right")
+    for c in cards:
+        t.add_row(c["name"], c["architecture"], str(c["num_hidden_layers"]),
+                  str(c["hidden_size"]), str(c["num_attention_heads"]),
+                  str(c["num_key_value_heads"]), str(c["head_dim"]),
+                  str(c["intermediate_size"]), str(c["vocab_size"]), c["torch_dtype"],
+                  f"{c['params'] / 1e9:.2f} B")
+    Console().print(t)
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """What this machine can capture: nsys, ncu, GPUs, torch/CUDA, vLLM."""
+    from stepscope.capture.doctor import diagnose, render
+
+    d = diagnose()
+    if as_json:
+        typer.echo(json.dumps(d, indent=2))
+        return
+    from rich.console import Console
+
+    render(d, Console())
