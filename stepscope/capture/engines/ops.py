@@ -259,16 +259,50 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(a) * x[..., d:].float()).to(x.dtype)
 
 
+try:  # torch >= 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    _FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                       SDPBackend.EFFICIENT_ATTENTION]
+except Exception:  # pragma: no cover - old torch
+    sdpa_kernel = None  # type: ignore[assignment]
+    _FUSED_BACKENDS = []
+
+# Whether a fused SDPA kernel accepts GQA directly on this torch/GPU (decided on first use,
+# i.e. during warm-up, never inside a CUDA-graph capture).
+_NATIVE_GQA: bool | None = None
+
+
+def _repeat_kv(q, k, v):
+    rep = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+
 def _sdpa(q, k, v, causal: bool):
-    """SDPA with GQA: `enable_gqa=True` where torch has it, else repeated KV heads."""
-    try:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    except TypeError:  # torch < 2.5
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+    """SDPA over `[B, H, S, D]` tensors, with GQA (fewer K/V heads than query heads).
+
+    On CUDA, GQA goes to a fused kernel (`enable_gqa=True` under FlashAttention / cuDNN /
+    efficient attention, never the unfused math path, whose softmax kernel is not attention);
+    when none accepts it, K/V heads are repeated (extra copy kernels) and MHA is used.
+    """
+    global _NATIVE_GQA
+    if q.shape[1] == k.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if q.is_cuda and sdpa_kernel is not None and _NATIVE_GQA is not False:
+        try:
+            with sdpa_kernel(_FUSED_BACKENDS):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            _NATIVE_GQA = True
+            return out
+        except (RuntimeError, TypeError):
+            _NATIVE_GQA = False
+    if not q.is_cuda:
+        try:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        except TypeError:  # torch < 2.5
+            pass
+    k, v = _repeat_kv(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
@@ -288,11 +322,15 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """One new query token per sequence against the first `context_len` cached positions
     (the new token's K/V included); q `[B, Hq*D]`, caches `[B*slots, Hkv, D]`; returns
     `[B, Hq*D]`."""
-    qh = q.reshape(batch, 1, num_heads, head_dim).transpose(1, 2)
+    # GQA decode packs the query heads that share a KV head into the query-length dimension
+    # (one query token attends to all cached positions, so no mask is involved): plain MHA
+    # over `num_kv_heads` heads with `group` query rows, which every fused SDPA kernel takes.
+    group = num_heads // num_kv_heads
+    qh = q.reshape(batch, num_kv_heads, group, head_dim)
     kc = k_cache.view(batch, -1, num_kv_heads, head_dim)[:, :context_len].transpose(1, 2)
     vc = v_cache.view(batch, -1, num_kv_heads, head_dim)[:, :context_len].transpose(1, 2)
-    out = _sdpa(qh, kc, vc, causal=False)
-    return out.transpose(1, 2).reshape(batch, num_heads * head_dim)
+    out = F.scaled_dot_product_attention(qh, kc, vc, is_causal=False)
+    return out.reshape(batch, num_heads * head_dim)
 
 
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
