@@ -60,7 +60,8 @@ def import_ncu(paths: list[str | Path], gpu: str | None = None,
     """Raw ncu CSV files -> cells table (one row per profiled launch; no cell metadata)."""
     parsed = ncu_csv.parse_files(list(paths))
     rows = []
-    for i, d in enumerate(sorted(parsed.launches, key=lambda x: (x["source"], x.get("id") or 0))):
+    order = {src: i for i, src in enumerate(parsed.sources)}  # files in the order given
+    for d in sorted(parsed.launches, key=lambda x: (order.get(x["source"], 0), x.get("id") or 0)):
         r = ncu_csv.launch_record(d)
         name = r.pop("device__attribute_display_name", None)
         r.update({"gpu": gpu or (name if isinstance(name, str) else None), "model": model,

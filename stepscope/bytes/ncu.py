@@ -98,7 +98,11 @@ def parse_dim3(text: str | None) -> tuple[int, int, int] | None:
     """'(112, 1, 1)' -> (112, 1, 1)."""
     if not text:
         return None
-    nums = re.findall(r"\d+", text)
+    # parts are separated by ", "; a part may itself carry a thousands separator ("1,002")
+    inner = text.strip().strip("()")
+    sep = r",\s+" if re.search(r",\s", inner) else r","
+    parts = [p.replace(",", "").strip() for p in re.split(sep, inner)]
+    nums = [p for p in parts if p.isdigit()]
     if not nums:
         return None
     vals = [int(n) for n in nums[:3]] + [1] * (3 - min(3, len(nums)))
