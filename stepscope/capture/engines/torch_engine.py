@@ -50,6 +50,7 @@ class StepSpec:
     layers: int | None = None  # None: the card's layer count
     warmup: int = 3
     seed: int = 0
+    shard_from_full: bool = False  # tests: every TP width computes the same step
 
     @property
     def tokens(self) -> int:
@@ -82,7 +83,7 @@ class LlamaStep:
     def __init__(self, card: Card, *, layers: int | None = None, batch: int = 1,
                  max_slots: int = 16, tp: int = 1, rank: int = 0, group=None,
                  device: str | torch.device = "cuda", dtype: torch.dtype | None = None,
-                 seed: int = 0, init_std: float = 0.02):
+                 seed: int = 0, init_std: float = 0.02, shard_from_full: bool = False):
         if card.architecture not in LLAMA_LIKE:
             raise ValueError(f"the torch engine runs Llama-like models, not {card.architecture}")
         self.card = card
@@ -102,8 +103,9 @@ class LlamaStep:
         self.vocab_local = -(-card.vocab_size // tp)
         self.head_dim = d
         self.hidden = h
+        self.shard_from_full = bool(shard_from_full)
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed * 1000 + rank)
+        gen.manual_seed(seed * 1000 + (0 if self.shard_from_full else rank))
 
         def w(*shape):
             t = torch.empty(*shape, dtype=self.dtype, device=self.device)
@@ -112,21 +114,54 @@ class LlamaStep:
         def ones(n):
             return torch.ones(n, dtype=self.dtype, device=self.device)
 
+        hq_all, hkv_all, inter_all = card.num_attention_heads, card.num_key_value_heads, \
+            card.intermediate_size
+        group = hq_all // hkv_all
+        q0 = rank * self.hq  # first query head of this rank
+        kv0 = q0 // group  # its KV head (KV heads are replicated when fewer than ranks)
+        i0 = rank * self.inter
+        v0 = rank * self.vocab_local
+
+        def qkv_rows(t):  # rows of this rank's q, k, v heads from the full fused weight
+            q = t[q0 * d:(q0 + self.hq) * d]
+            k = t[(hq_all + kv0) * d:(hq_all + kv0 + self.hkv) * d]
+            v = t[(hq_all + hkv_all + kv0) * d:(hq_all + hkv_all + kv0 + self.hkv) * d]
+            return torch.cat([q, k, v]).contiguous()
+
+        def weight(full_shape, local_shape, shard):
+            """Per-rank random weights; or, with shard_from_full, this rank's slice of the
+            full model's weights (so that any TP width computes the same step: tests)."""
+            if self.shard_from_full and tp > 1:
+                return shard(w(*full_shape))
+            return w(*local_shape) if not self.shard_from_full else w(*full_shape)
+
+        def lm_rows(t):
+            out = torch.zeros(self.vocab_local, h, dtype=self.dtype, device=self.device)
+            part = t[v0:v0 + self.vocab_local]
+            out[:part.shape[0]] = part
+            return out
+
         self.embed = w(card.vocab_size, h)
         qkv_out = (self.hq + 2 * self.hkv) * d
+        qkv_full = (hq_all + 2 * hkv_all) * d
         self.layer_weights = []
         for _ in range(self.layers):
             self.layer_weights.append({
                 "in_norm": ones(h),
-                "qkv": w(qkv_out, h),
-                "qkv_bias": w(qkv_out) if card.qkv_bias else None,
-                "o": w(h, self.hq * d),
+                "qkv": weight((qkv_full, h), (qkv_out, h), qkv_rows),
+                "qkv_bias": weight((qkv_full,), (qkv_out,), qkv_rows) if card.qkv_bias else None,
+                "o": weight((h, hq_all * d), (h, self.hq * d),
+                            lambda t: t[:, q0 * d:(q0 + self.hq) * d].contiguous()),
                 "post_norm": ones(h),
-                "gate_up": w(2 * self.inter, h),
-                "down": w(h, self.inter),
+                "gate_up": weight((2 * inter_all, h), (2 * self.inter, h),
+                                  lambda t: torch.cat([t[i0:i0 + self.inter],
+                                                       t[inter_all + i0:inter_all + i0
+                                                         + self.inter]]).contiguous()),
+                "down": weight((h, inter_all), (h, self.inter),
+                               lambda t: t[:, i0:i0 + self.inter].contiguous()),
             })
         self.final_norm = ones(h)
-        self.lm_head = w(self.vocab_local, h)
+        self.lm_head = weight((card.vocab_size, h), (self.vocab_local, h), lm_rows)
         n_slots = self.batch * self.max_slots
         self.k_cache = [torch.zeros(n_slots, self.hkv, d, dtype=self.dtype, device=self.device)
                         for _ in range(self.layers)]
@@ -198,7 +233,11 @@ class LlamaStep:
         if self.tp > 1:
             gathered = torch.empty((self.tp * logits.shape[0], logits.shape[1]),
                                    dtype=logits.dtype, device=logits.device)
-            dist.all_gather_into_tensor(gathered, logits.contiguous(), group=self.group)
+            if logits.is_cuda:
+                dist.all_gather_into_tensor(gathered, logits.contiguous(), group=self.group)
+            else:  # gloo (CPU tests) has no all_gather_into_tensor
+                dist.all_gather(list(gathered.chunk(self.tp)), logits.contiguous(),
+                                group=self.group)
             logits = (gathered.view(self.tp, -1, self.vocab_local).permute(1, 0, 2)
                       .reshape(-1, self.tp * self.vocab_local))
         logits = logits[:, : self.card.vocab_size]
@@ -244,7 +283,8 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
     torch.manual_seed(spec.seed)
     max_slots = spec.context + 1 if spec.phase == "decode" else spec.context
     model = LlamaStep(card, layers=layers, batch=spec.batch, max_slots=max_slots, tp=spec.tp,
-                      rank=rank, group=group, device=dev, seed=spec.seed)
+                      rank=rank, group=group, device=dev, seed=spec.seed,
+                      shard_from_full=spec.shard_from_full)
     if spec.phase == "decode":
         ids, pos, slots = model.decode_inputs(spec.context, spec.seed)
     else:
@@ -328,9 +368,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[StepSpec, str, str]:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (tests only)")
+    p.add_argument("--shard-from-full", action="store_true",
+                   help="slice each rank's weights from one full model (tests)")
     a = p.parse_args(argv)
     spec = StepSpec(model=a.model, phase=a.phase, batch=a.batch, context=a.context,
-                    mode=a.mode, tp=a.tp, layers=a.layers, warmup=a.warmup, seed=a.seed)
+                    mode=a.mode, tp=a.tp, layers=a.layers, warmup=a.warmup, seed=a.seed,
+                    shard_from_full=a.shard_from_full)
     return spec, a.model, a.device
 
 
