@@ -61,16 +61,14 @@ def models(as_json: bool = typer.Option(False, "--json", help="machine-readable 
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="model cards (or pass --model path/to/config.json)")
-    for col in ("name", "architecture", "layers", "hidden", "heads", "kv heads", "head dim",
-                "intermediate", "vocab", "dtype", "params"):
-        t.add_column(col, justify="left" if col in ("name", "architecture", "dtype") else "right")
+    t = Table(title="model cards (or --model path/to/config.json)", box=None)
+    t.add_column("name", no_wrap=True)
+    for col in ("layers", "hidden", "heads/kv", "head dim", "inter", "vocab", "params"):
+        t.add_column(col, justify="right", no_wrap=True)
     for c in cards:
-        t.add_row(c["name"], c["architecture"], str(c["num_hidden_layers"]),
-                  str(c["hidden_size"]), str(c["num_attention_heads"]),
-                  str(c["num_key_value_heads"]), str(c["head_dim"]),
-                  str(c["intermediate_size"]), str(c["vocab_size"]), c["torch_dtype"],
-                  f"{c['params'] / 1e9:.2f} B")
+        t.add_row(c["name"], str(c["num_hidden_layers"]), str(c["hidden_size"]),
+                  f"{c['num_attention_heads']}/{c['num_key_value_heads']}", str(c["head_dim"]),
+                  str(c["intermediate_size"]), str(c["vocab_size"]), f"{c['params'] / 1e9:.2f}B")
     Console().print(t)
 
 

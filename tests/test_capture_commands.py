@@ -1,0 +1,170 @@
+"""The exact engine and analyzer command lines built for each `stepscope trace` option."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stepscope.capture import run
+from stepscope.capture.engines import vllm_engine
+from stepscope.capture.run import TraceRequest
+
+PY = "/usr/bin/python3"
+TORCH_MOD = "stepscope.capture.engines.torch_engine"
+
+
+def req(**kw) -> TraceRequest:
+    base = dict(model="llama-3.1-8b", engine="torch", out=Path("/o"))
+    base.update(kw)
+    return TraceRequest(**base)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_torch_engine_decode(mode):
+    cmd = run.engine_command(req(), "torch", mode, python=PY)
+    assert cmd == [PY, "-m", TORCH_MOD, "--model", "llama-3.1-8b", "--phase", "decode",
+                   "--batch", "1", "--context", "2048", "--mode", mode, "--tp", "1",
+                   "--warmup", "3"]
+
+
+def test_torch_engine_prefill_layers_batch():
+    cmd = run.engine_command(req(phase="prefill", batch=4, context=512, layers=2), "torch",
+                             "eager", python=PY)
+    assert cmd == [PY, "-m", TORCH_MOD, "--model", "llama-3.1-8b", "--phase", "prefill",
+                   "--batch", "4", "--context", "512", "--mode", "eager", "--tp", "1",
+                   "--warmup", "3", "--layers", "2"]
+
+
+def test_torch_engine_tp_goes_through_torch_distributed_run():
+    cmd = run.engine_command(req(tp=2), "torch", "graph", python=PY)
+    assert cmd == [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   "-m", TORCH_MOD, "--model", "llama-3.1-8b", "--phase", "decode",
+                   "--batch", "1", "--context", "2048", "--mode", "graph", "--tp", "2",
+                   "--warmup", "3"]
+
+
+def test_local_config_paths_become_absolute(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m/config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    cmd = run.engine_command(req(model="m/config.json"), "torch", "eager", python=PY)
+    assert cmd[cmd.index("--model") + 1] == str(tmp_path / "m/config.json")
+
+
+def test_vllm_engine_command():
+    cmd = run.engine_command(req(tp=2, layers=4, batch=8), "vllm", "graph", python=PY)
+    assert cmd == [PY, "-m", "stepscope.capture.engines.vllm_engine", "--model",
+                   "llama-3.1-8b", "--phase", "decode", "--batch", "8", "--context", "2048",
+                   "--mode", "graph", "--tp", "2", "--layers", "4"]
+
+
+def test_full_nsys_command_for_a_capture():
+    r = req(batch=8, mode="both")
+    assert r.modes == ["eager", "graph"]
+    base = r.out / run.base_name(r, "graph")
+    from stepscope.capture.nsys import profile_command
+
+    cmd = profile_command("/n/nsys", base, run.engine_command(r, "torch", "graph", python=PY))
+    assert cmd[:2] == ["/n/nsys", "profile"]
+    assert cmd[cmd.index("-o") + 1] == "/o/llama-3.1-8b_decode_b8_graph"
+    assert cmd[cmd.index("-o") + 2:] == run.engine_command(r, "torch", "graph", python=PY)
+
+
+def test_base_names():
+    assert run.base_name(req(), "eager") == "llama-3.1-8b_decode_b1_eager"
+    assert run.base_name(req(phase="prefill", tp=2), "graph") == \
+        "llama-3.1-8b_prefill_b1_graph_tp2"
+    assert run.slug("/a/b/my-model/config.json") == "my-model"
+    assert run.slug("/a/shape.json") == "shape"
+
+
+def test_capture_file_names():
+    cap = run.Capture(mode="eager", base=Path("/o/x_decode_b1_eager"), command=[])
+    assert cap.sqlite == Path("/o/x_decode_b1_eager.sqlite")
+    assert cap.nsys_rep == Path("/o/x_decode_b1_eager.nsys-rep")
+    assert cap.log == Path("/o/x_decode_b1_eager.engine.log")
+
+
+def test_engine_env():
+    env = run.engine_env("torch", {"PYTHONPATH": "/other"})
+    assert env["PYTHONPATH"].split(":") == [str(run.PACKAGE_ROOT), "/other"]
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in env
+    env = run.engine_env("vllm", {})
+    assert env["PYTHONPATH"] == str(run.PACKAGE_ROOT)
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert env["VLLM_NVTX_SCOPES_FOR_PROFILING"] == "1"
+
+
+def test_analyze_command():
+    cmd = run.analyze_command(Path("/o/x.sqlite"), True, python=PY)
+    assert cmd == [PY, "-c", run.CLI_SHIM, "analyze", "/o/x.sqlite", "--json"]
+    assert run.analyze_command(Path("/o/x.sqlite"), False, python=PY)[-1] == "/o/x.sqlite"
+
+
+def test_engine_log_phases():
+    assert run._engine_phase("stepscope-engine: phase=warmup steps=3") == ("warmup", None)
+    assert run._engine_phase("noise") == (None, None)
+    ph, res = run._engine_phase('stepscope-engine: result={"range": "step x"}')
+    assert ph == "export" and res == {"range": "step x"}
+
+
+def test_last_error_line(tmp_path):
+    log = tmp_path / "e.log"
+    log.write_text("# cmd\nTraceback (most recent call last):\n  File x\n"
+                   "torch.OutOfMemoryError: CUDA out of memory.\nnsys: done\n")
+    assert run.last_error_line(log) == "torch.OutOfMemoryError: CUDA out of memory."
+    log.write_text("stepscope-engine: error=no CUDA device visible to torch\n")
+    assert run.last_error_line(log) == "no CUDA device visible to torch"
+
+
+# --- vLLM configuration (vLLM itself is not installed) -----------------------------------
+def test_vllm_llm_kwargs_eager_and_graph():
+    kw = vllm_engine.llm_kwargs("/tmp/m", phase="decode", batch=8, context=2048, mode="eager",
+                                tp=2)
+    assert kw["model"] == "/tmp/m" and kw["load_format"] == "dummy"
+    assert kw["skip_tokenizer_init"] is True and kw["enforce_eager"] is True
+    assert kw["tensor_parallel_size"] == 2 and kw["max_num_seqs"] == 8
+    plen = vllm_engine.prompt_len("decode", 2048)
+    assert kw["max_num_batched_tokens"] >= 8 * plen  # the prefill is one step
+    assert kw["max_model_len"] >= plen + vllm_engine.max_tokens("decode")
+    assert "profiler_config" not in kw
+    kw = vllm_engine.llm_kwargs("/tmp/m", phase="prefill", batch=1, context=2048, mode="graph",
+                                tp=1, profiler_config={"profiler": "cuda"})
+    assert kw["enforce_eager"] is False and kw["profiler_config"] == {"profiler": "cuda"}
+
+
+def test_vllm_step_selection():
+    # prefill: the first step after start_profile; decode: step D, at exactly `context` cached
+    assert vllm_engine.profile_window("prefill") == (0, 1)
+    d, n = vllm_engine.profile_window("decode")
+    assert n == 1 and d == vllm_engine.DECODE_DELAY
+    assert vllm_engine.prompt_len("prefill", 2048) == 2048
+    assert vllm_engine.prompt_len("decode", 2048) + d - 1 == 2048
+    assert vllm_engine.max_tokens("decode") > d
+    assert vllm_engine.legacy_profiler_env("decode") == {
+        "VLLM_TORCH_CUDA_PROFILE": "1", "VLLM_PROFILER_DELAY_ITERS": str(d),
+        "VLLM_PROFILER_MAX_ITERS": "1"}
+
+
+def test_vllm_model_dir_and_prompts(tmp_path):
+    from stepscope.capture.models import load_card
+
+    cfg = load_card("llama-3.1-8b").to_config(2)
+    d = vllm_engine.write_model_dir(cfg, tmp_path / "m")
+    written = json.loads((d / "config.json").read_text())
+    assert written["num_hidden_layers"] == 2 and written["architectures"] == ["LlamaForCausalLM"]
+    ps = vllm_engine.token_prompts(3, 17, 128256)
+    assert len(ps) == 3 and all(len(p["prompt_token_ids"]) == 17 for p in ps)
+    assert ps == vllm_engine.token_prompts(3, 17, 128256)  # deterministic
+
+
+def test_vllm_engine_without_vllm_says_so(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM installed")
+    rc = vllm_engine.main(["--model", "llama-3.1-8b"])
+    assert rc == 2
+    assert "vLLM is not installed" in capsys.readouterr().err
