@@ -161,3 +161,8 @@ def run_cmd(
             raise typer.Exit(1)
 
     _guard(body)
+
+
+# `stepscope budget` lives in its own module; importing it here registers it on `app`
+# (cli.py imports this module), so the byte side needs one registration line in cli.py.
+from stepscope.commands import budget as _budget  # noqa: E402,F401
