@@ -105,3 +105,9 @@ def test_hbm_table():
     assert peak_hbm_bps("Tesla T4") is None
     assert canonical_gpu("NVIDIA H200 NVL") == "H200"
     assert same_gpu("NVIDIA H200", "H200") and not same_gpu("NVIDIA H200", "NVIDIA H100 80GB HBM3")
+
+
+def test_capture_card_object_is_accepted():
+    models = pytest.importorskip("stepscope.capture.models")
+    card = models.load_card("llama-3.1-8b")
+    assert mb.shape_of(card) == mb.shape_of("llama-3.1-8b")

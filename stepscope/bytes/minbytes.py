@@ -108,6 +108,14 @@ def load_card(card: dict | str | Path) -> dict:
     """A card dict from a dict, a config.json path, or a card name."""
     if isinstance(card, dict):
         return card
+    cfg = getattr(card, "config", None)  # stepscope.capture.models.Card
+    if isinstance(cfg, dict) and "hidden_size" in cfg:
+        return cfg
+    if hasattr(card, "hidden_size"):
+        keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "num_hidden_layers", "vocab_size", "torch_dtype",
+                "rms_norm_eps", "rope_theta")
+        return {k: getattr(card, k) for k in keys if hasattr(card, k)}
     p = Path(card)
     if p.suffix == ".json" or p.exists():
         if not p.exists():
