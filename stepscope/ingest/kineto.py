@@ -1,0 +1,276 @@
+"""Reader for PyTorch-profiler (Kineto) chrome traces: `.json` or `.json.gz` → `Trace`.
+
+Written by `torch.profiler.profile(...).export_chrome_trace`, `tensorboard_trace_handler`
+and vLLM's torch profiler. What is read (everything else is ignored):
+
+  cat "kernel"                       → kernels (device, stream, grid, block from `args`)
+  cat "gpu_memcpy" / "gpu_memset"    → memops (bytes from `args`)
+  cat "cuda_runtime" / "cuda_driver" → api rows (runtime and driver calls, like nsys)
+  cat "user_annotation"              → nvtx rows (`ProfilerStep#N`, vLLM's `execute_…`,
+                                       any `record_function` range) so step segmentation works
+  ph "M" process_name                → processes;  top-level `deviceProperties` → gpus
+
+GPU activities and their launching calls are joined on `args["correlation"]` (CUPTI's
+correlation id, unique within the profiled process). Kineto writes GPU rows with the device
+index as `pid`; the model wants the launching process there, so each GPU row takes the pid of
+its launching call (the host process of the trace when the call is missing).
+
+Timestamps are microseconds with a fractional part; they are converted to integer
+nanoseconds exactly from the decimal text (round(ts * 1000) on floats would lose the last
+nanosecond on traces whose clock is ~5e12 µs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+import polars as pl
+
+from stepscope.errors import InputError
+from stepscope.model import (
+    API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
+    STRING_SCHEMA, Trace, empty,
+)
+
+KERNEL_CATS = {"kernel"}
+MEMOP_CATS = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+API_CATS = {"cuda_runtime", "cuda_driver"}
+ANNOTATION_CATS = {"user_annotation"}
+
+
+def ns(v) -> int | None:
+    """Kineto µs (int, or the decimal text kept by the JSON parser) → integer ns, exactly."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v * 1000
+    if isinstance(v, float):
+        return round(v * 1000)
+    s = str(v).strip()
+    if "e" in s or "E" in s:
+        return round(float(s) * 1000)
+    neg = s.startswith("-")
+    whole, _, frac = s.lstrip("+-").partition(".")
+    frac = (frac + "000")
+    out = int(whole or "0") * 1000 + int(frac[:3])
+    if frac[3:4] and int(frac[3]) >= 5:  # round half up on the sub-ns digits
+        out += 1
+    return -out if neg else out
+
+
+def _int(v) -> int | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    try:
+        return int(str(v))
+    except ValueError:
+        try:
+            return int(float(str(v)))
+        except ValueError:
+            return None
+
+
+def _dim3(v) -> tuple[int | None, int | None, int | None]:
+    if isinstance(v, (list, tuple)):
+        vals = [_int(x) for x in list(v)[:3]]
+        return tuple(vals + [1] * (3 - len(vals)))  # type: ignore[return-value]
+    return (None, None, None)
+
+
+def load_json(path: Path) -> object:
+    """Parse a .json or .json.gz trace, keeping floats as their decimal text."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise InputError(
+                f"{path} is a damaged or truncated gzip file ({e}); copy or export the trace again"
+            ) from None
+    try:
+        return json.loads(raw, parse_float=str)
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a PyTorch-profiler trace (not UTF-8 JSON)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the trace may be truncated: "
+            "export it again"
+        ) from None
+
+
+def _events(doc: object, path: Path) -> list[dict]:
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events = doc["traceEvents"]
+    elif isinstance(doc, list) and doc and all(isinstance(e, dict) and "ph" in e for e in doc[:100]):
+        events = doc  # chrome-trace "JSON array" form
+    else:
+        raise InputError(
+            f"{path} is JSON but not a PyTorch-profiler (Kineto) trace: it has no traceEvents list; "
+            "give a trace written by torch.profiler's export_chrome_trace"
+        )
+    return [e for e in events if isinstance(e, dict)]
+
+
+class _Strings:
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def id(self, s: str) -> int:
+        i = self.ids.get(s)
+        if i is None:
+            i = self.ids[s] = len(self.ids)
+        return i
+
+    def frame(self) -> pl.DataFrame:
+        if not self.ids:
+            return empty(STRING_SCHEMA)
+        return pl.DataFrame({"id": list(self.ids.values()), "value": list(self.ids)}, schema=STRING_SCHEMA)
+
+
+def read_kineto(path: str | Path) -> Trace:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; give a .json or .json.gz PyTorch-profiler trace")
+    doc = load_json(path)
+    events = _events(doc, path)
+    strings = _Strings()
+    kernels: list[tuple] = []
+    memops: list[tuple] = []
+    api: list[tuple] = []
+    nvtx: list[tuple] = []
+    processes: dict[int, str] = {}
+    skipped = 0
+
+    for e in events:
+        ph = e.get("ph")
+        if ph == "M":
+            if e.get("name") == "process_name":
+                pid = _int(e.get("pid"))
+                name = (e.get("args") or {}).get("name")
+                if pid is not None and isinstance(name, str):
+                    processes.setdefault(pid, name)
+            continue
+        if ph != "X":
+            continue
+        cat = e.get("cat")
+        if cat not in KERNEL_CATS and cat not in MEMOP_CATS and cat not in API_CATS and cat not in ANNOTATION_CATS:
+            continue
+        start, dur = ns(e.get("ts")), ns(e.get("dur"))
+        if start is None or dur is None:
+            skipped += 1
+            continue
+        end = start + max(dur, 0)
+        args = e.get("args") or {}
+        name = str(e.get("name", ""))
+        if cat in API_CATS or cat in ANNOTATION_CATS:
+            pid, tid = _int(e.get("pid")), _int(e.get("tid"))
+            if pid is None or tid is None:
+                skipped += 1
+                continue
+            if cat in API_CATS:
+                api.append((pid, tid, _int(args.get("correlation")), start, end, strings.id(name)))
+            else:
+                nvtx.append((pid, tid, start, end, name))
+            continue
+        corr = _int(args.get("correlation"))
+        device = _int(args.get("device"))
+        if device is None:
+            device = _int(e.get("pid"))
+        stream = _int(args.get("stream"))
+        if stream is None:
+            stream = _int(e.get("tid"))
+        if cat in KERNEL_CATS:
+            sid = strings.id(name)
+            gx, gy, gz = _dim3(args.get("grid"))
+            bx, by, bz = _dim3(args.get("block"))
+            node = _int(args.get("graph node id"))
+            kernels.append((None, device, stream, corr, start, end, sid, sid, gx, gy, gz, bx, by, bz,
+                            node if node else None))
+        else:
+            memops.append((None, device, stream, corr, start, end, MEMOP_CATS[cat], _int(args.get("bytes"))))
+
+    if not kernels:
+        kinds = "no events" if not events else f"{len(events)} events but no GPU kernel events (cat 'kernel')"
+        raise InputError(
+            f"{path} is a trace with {kinds}: profile with "
+            "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])"
+        )
+
+    api_df = pl.DataFrame(api, schema=list(API_SCHEMA.items()), orient="row") if api else empty(API_SCHEMA)
+    kern = pl.DataFrame(kernels, schema=list(KERNEL_SCHEMA.items()), orient="row")
+    mem = pl.DataFrame(memops, schema=list(MEMOP_SCHEMA.items()), orient="row") if memops else empty(MEMOP_SCHEMA)
+    host_pid = _host_pid(api_df, nvtx, processes)
+    kern, mem = _launching_pid(kern, api_df, host_pid), _launching_pid(mem, api_df, host_pid)
+
+    warnings: list[str] = []
+    if skipped:
+        warnings.append(f"{skipped} trace events without a usable ts/dur/pid/tid were skipped")
+    if api_df.is_empty():
+        warnings.append("the trace has no cuda_runtime/cuda_driver events: kernels cannot be joined "
+                        "to their launching calls")
+    return Trace(
+        path=path, format="kineto-json", kernels=kern, memops=mem, api=api_df,
+        nvtx=pl.DataFrame(nvtx, schema=list(NVTX_SCHEMA.items()), orient="row") if nvtx else empty(NVTX_SCHEMA),
+        strings=strings.frame(), gpus=_gpus(doc), processes=_processes(processes, api_df),
+        nsys_version=None, schema_version=_schema_version(doc), warnings=warnings,
+    )
+
+
+def _host_pid(api: pl.DataFrame, nvtx: list[tuple], processes: dict[int, str]) -> int:
+    if api.height:
+        return int(api["pid"].mode().sort()[0])
+    if nvtx:
+        return int(nvtx[0][0])
+    return next(iter(processes), 0)
+
+
+def _launching_pid(acts: pl.DataFrame, api: pl.DataFrame, host_pid: int) -> pl.DataFrame:
+    """Each GPU row takes the pid of its launching call (same correlation id)."""
+    if acts.is_empty():
+        return acts
+    cols = acts.columns
+    if api.height:
+        owner = api.filter(pl.col("corr").is_not_null()).group_by("corr").agg(pl.col("pid").first().alias("_pid"))
+        acts = acts.join(owner, on="corr", how="left")
+    else:
+        acts = acts.with_columns(pl.lit(None, pl.Int64).alias("_pid"))
+    return acts.with_columns(pl.col("_pid").fill_null(host_pid).alias("pid")).select(cols)
+
+
+def _gpus(doc: object) -> pl.DataFrame:
+    props = doc.get("deviceProperties") if isinstance(doc, dict) else None
+    if not isinstance(props, list) or not props:
+        return empty(GPU_SCHEMA)
+    rows = []
+    for p in props:
+        if not isinstance(p, dict):
+            continue
+        rows.append((_int(p.get("id")), p.get("name"), _int(p.get("numSms")), None, _int(p.get("totalGlobalMem"))))
+    rows = [r for r in rows if r[0] is not None]
+    if not rows:
+        return empty(GPU_SCHEMA)
+    return pl.DataFrame(rows, schema=list(GPU_SCHEMA.items()), orient="row").unique("device").sort("device")
+
+
+def _processes(names: dict[int, str], api: pl.DataFrame) -> pl.DataFrame:
+    pids = set(api["pid"].unique().to_list()) if api.height else set(names)
+    rows = [(p, names[p]) for p in sorted(pids) if p in names]
+    return pl.DataFrame(rows, schema=list(PROCESS_SCHEMA.items()), orient="row") if rows else empty(PROCESS_SCHEMA)
+
+
+def _schema_version(doc: object) -> str | None:
+    v = doc.get("schemaVersion") if isinstance(doc, dict) else None
+    return None if v is None else f"kineto {v}"
