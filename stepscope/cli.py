@@ -33,6 +33,7 @@ def fail(message: str, code: int = 2) -> None:
 from stepscope.commands import analyze as _analyze  # noqa: E402,F401
 from stepscope.commands import capture as _capture  # noqa: E402,F401
 from stepscope.commands import cells as _cells  # noqa: E402,F401
+from stepscope.commands import report as _report  # noqa: E402,F401
 
 
 def main() -> None:
@@ -46,4 +47,12 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("stepscope: interrupted", err=True)
         sys.exit(130)
+    except Exception as e:  # a bug, not bad input: still one line unless asked for the traceback
+        import os
+
+        if os.environ.get("STEPSCOPE_DEBUG"):
+            raise
+        typer.echo(f"stepscope: internal error: {type(e).__name__}: {e} "
+                   "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
+        sys.exit(3)
 

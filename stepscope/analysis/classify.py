@@ -136,7 +136,7 @@ def nvtx_attribution(
     )
     hit = (
         launches.drop_nulls("launch_start").sort("launch_start")
-        .join_asof(ranges, left_on="launch_start", right_on="r_start", by=["pid", "tid"], strategy="backward")
+        .join_asof(ranges, left_on="launch_start", right_on="r_start", by=["pid", "tid"], strategy="backward", check_sortedness=False)
         .filter(pl.col("r_end") >= pl.col("launch_start"))
     )
     return hit.select("row", "nvtx_class")

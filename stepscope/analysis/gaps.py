@@ -2,7 +2,9 @@
 
 A gap opens when an activity starts after everything before it (by start) on the device has
 ended. It is attributed, in this order:
-  sync        a synchronizing API call of the process overlaps the gap
+  sync        a synchronizing API call of the process returned inside the gap: the host
+              waited for the GPU to drain and only then asked for more (a sync that spans the
+              whole gap only shows the host waiting on work already queued)
   host_bound  the late activity's launching call started after the previous work ended
   device_side the launch was issued in time (or the trace lacks the launching call)
 """
@@ -43,13 +45,12 @@ def find_gaps(inv: Inventory) -> pl.DataFrame:
         return pl.DataFrame(schema=GAP_SCHEMA)
     names = inv.api.select("name_id", "api_name").unique("name_id")
     g = g.join(names, left_on="launch_name_id", right_on="name_id", how="left").rename({"api_name": "next_api"})
-    sync = inv.api.filter(pl.col("is_sync")).select(
-        "pid", pl.col("start").alias("s_start"), pl.col("end").alias("s_end")).sort("s_start")
+    sync = inv.api.filter(pl.col("is_sync")).select("pid", pl.col("end").alias("s_end")).sort("s_end")
     g = g.sort("gap_end")
     if sync.height:
-        g = g.join_asof(sync, left_on="gap_end", right_on="s_start", by="pid", strategy="backward",
+        g = g.join_asof(sync, left_on="gap_end", right_on="s_end", by="pid", strategy="backward",
                         check_sortedness=False)
-        in_sync = pl.col("s_end").is_not_null() & (pl.col("s_end") > pl.col("gap_start"))
+        in_sync = pl.col("s_end").is_not_null() & (pl.col("s_end") >= pl.col("gap_start"))
     else:
         in_sync = pl.lit(False)
     kind = (

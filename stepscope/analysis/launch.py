@@ -30,7 +30,7 @@ def step_launch_calls(inv: Inventory) -> pl.DataFrame:
             continue
         ws = w.select(*by, "w_start", "w_end", "step").sort("w_start")
         hit = launch_api.sort("start").join_asof(ws, left_on="start", right_on="w_start", by=by,
-                                                 strategy="backward")
+                                                 strategy="backward", check_sortedness=False)
         hit = hit.filter(pl.col("start") <= pl.col("w_end"))
         # a window over several devices shares its calls with each of its steps
         multi = ws.join(ws.select(*by, "w_start", pl.col("step").alias("step_all")), on=[*by, "w_start"])

@@ -130,7 +130,6 @@ def _no_windows() -> pl.DataFrame:
 
 def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """(row, window) for activities whose launching call starts inside a window."""
-    windows = windows.sort("w_start").with_row_index("window")
     out = []
     launched = acts.filter(pl.col("launch_start").is_not_null()).select("row", "pid", "tid", "launch_start")
     launched = launched.sort("launch_start")
@@ -142,7 +141,7 @@ def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
             continue
         hit = launched.join_asof(
             w.select(*by, "w_start", "w_end", "window"), left_on="launch_start", right_on="w_start",
-            by=by, strategy="backward",
+            by=by, strategy="backward", check_sortedness=False,
         ).filter(pl.col("launch_start") <= pl.col("w_end"))
         out.append(hit.select("row", "window"))
     return pl.concat(out) if out else pl.DataFrame(schema={"row": pl.UInt32, "window": pl.UInt32})
