@@ -60,6 +60,7 @@ class StepSpec:
 
 def step_range_name(spec: StepSpec, model_name: str, layers: int) -> str:
     """The NVTX range around the profiled step (the analyzer reads these fields)."""
+    model_name = "-".join(model_name.split()) or "model"
     return (
         f"step phase={spec.phase} batch={spec.batch} tokens={spec.tokens} "
         f"context={spec.context} model={model_name} mode={spec.mode} tp={spec.tp} "
