@@ -321,9 +321,10 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
 
     name = step_range_name(spec, card.name, layers)
     say(f"phase=capture range={name!r}", rank)
-    t_step = time.perf_counter()
     if on_cuda:
         torch.cuda.profiler.start()
+    t_step = time.perf_counter()  # host wall of the step alone (nsys's start excluded)
+    if on_cuda:
         torch.cuda.nvtx.range_push(name)
     if graph is not None:
         graph.replay()
