@@ -1,0 +1,90 @@
+"""`stepscope report` (HTML / Markdown, chosen by -o's extension) and `stepscope export` (Perfetto)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stepscope.cli import app, fail
+
+REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+
+
+def _load(trace: Path, step_regex: Optional[str], rules: Optional[Path]):
+    from stepscope.analysis.classify import load_rules
+    from stepscope.analysis.inventory import analyze_trace
+    from stepscope.ingest import read_trace
+
+    return analyze_trace(read_trace(trace), step_regex, load_rules(rules))
+
+
+@app.command()
+def report(
+    trace: Path = typer.Argument(..., help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)"),
+    output: Path = typer.Option(..., "-o", "--output", help="report.html (self-contained, offline) or report.md"),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="a second trace: its step is drawn beside the first"),
+    cells: Optional[Path] = typer.Option(None, "--cells", help="cells table (stepscope cells): adds the byte budget"),
+    step: Optional[str] = typer.Option(None, "--step", help="step index to show (default: a typical step); 'first'"),
+    compare_step: Optional[str] = typer.Option(None, "--compare-step", help="step index of the --compare trace"),
+    step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX / annotation step names"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
+) -> None:
+    """Write one step's report: timeline, class breakdown, gaps, floors and verdict."""
+    from stepscope.errors import StepscopeError
+
+    fmt = REPORT_FORMATS.get(output.suffix.lower())
+    if fmt is None:
+        fail(f"-o {output}: the extension picks the format; use .html or .md")
+    try:
+        from stepscope.render.output import write_atomic
+        from stepscope.render.report_data import budget_for, pick_step, step_view
+
+        inv = _load(trace, step_regex, rules)
+        view = step_view(inv, pick_step(inv, step), chosen="as asked" if step else None)
+        other = None
+        if compare is not None:
+            inv2 = _load(compare, step_regex, rules)
+            other = step_view(inv2, pick_step(inv2, compare_step), chosen="as asked" if compare_step else None)
+        budget, budget_note = budget_for(view, cells)
+        if fmt == "html":
+            from stepscope.render.html import render_html
+
+            text = render_html(view, other, budget=budget, budget_note=budget_note)
+        else:
+            from stepscope.render.markdown import render_markdown
+
+            text = render_markdown(view, other, budget=budget, budget_note=budget_note)
+        write_atomic(output, text)
+    except StepscopeError as e:
+        fail(str(e))
+    typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {view.step} of {trace}"
+               + (f" vs step {other.step} of {compare}" if other else ""))
+
+
+@app.command()
+def export(
+    trace: Path = typer.Argument(..., help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)"),
+    output: Path = typer.Option(..., "-o", "--output", help="Chrome trace JSON for ui.perfetto.dev"),
+    steps: str = typer.Option("all", "--steps", help="all, first, N, N-M or a comma list"),
+    step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX / annotation step names"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
+) -> None:
+    """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream,
+    host launch calls, and flow arrows from each launch call to its kernel."""
+    from stepscope.errors import StepscopeError
+
+    try:
+        from stepscope.render.output import write_atomic
+        from stepscope.render.perfetto import dumps, export_document
+        from stepscope.render.report_data import parse_steps
+
+        inv = _load(trace, step_regex, rules)
+        ids = parse_steps(steps, inv.step_ids())
+        doc = export_document(inv, ids)
+        write_atomic(output, dumps(doc))
+    except StepscopeError as e:
+        fail(str(e))
+    n = sum(1 for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") not in ("launch", "step"))
+    typer.echo(f"wrote {output}: {len(ids)} step(s), {n:,} GPU activities; open it at https://ui.perfetto.dev")

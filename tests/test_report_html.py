@@ -1,0 +1,148 @@
+"""`stepscope report -o report.html`: a self-contained page, opened in headless Chromium.
+
+The page must load offline with no console errors, mark itself rendered, and hold the expected
+charts; the screenshot is kept under the test's tmp folder (and regenerated for the README with
+`STEPSCOPE_SCREENSHOT=docs/img/report.png pytest tests/test_report_html.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from stepscope.analysis.inventory import analyze_trace
+from stepscope.cli import app
+from stepscope.ingest import read_trace
+from stepscope.render.report_data import pick_step
+from tests import kineto_fake
+from tests.conftest import EXTERNAL, FIXTURES, need
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+GRAPH = FIXTURES / "llama8b_decode_b1_graph.sqlite"
+
+
+def chromium(args: list[str], html: Path) -> subprocess.CompletedProcess:
+    cmd = [CHROMIUM, "--headless=new", "--disable-gpu", "--no-sandbox", "--no-first-run",
+           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args, html.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=html.parent)
+
+
+def render(tmp_path: Path, *args: str, name: str = "report.html") -> Path:
+    out = tmp_path / name
+    r = CliRunner().invoke(app, ["report", *args, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_html_is_self_contained(tmp_path):
+    out = render(tmp_path, str(need(GRAPH)), "--compare", str(need(EAGER)))
+    html = out.read_text()
+    assert out.stat().st_size < 1_000_000  # ~420 KB for two 420-kernel steps
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from the network
+    assert "<link" not in html and "@import" not in html
+    for element in ('id="timeline"', 'id="class-breakdown"', 'id="class-table"', 'id="gap-histograms"',
+                    'id="summary"', 'id="verdict-0"', 'id="verdict-1"', 'class="launch graph-launch"', 'class="graph-replay"'):
+        assert element in html, element
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs Debian's chromium)")
+def test_html_opens_in_headless_chromium(tmp_path):
+    out = render(tmp_path, str(need(GRAPH)), "--compare", str(need(EAGER)))
+    dom = chromium(["--dump-dom"], out)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    assert 'data-ready="1"' in dom.stdout
+    assert not re.search(r"<html[^>]*data-js-error", dom.stdout)
+    assert 'data-charts="' in dom.stdout and int(re.search(r'data-charts="(\d+)"', dom.stdout)[1]) >= 6
+    # one rect per GPU activity of each shown step
+    n = 0
+    for path in (GRAPH, EAGER):
+        inv = analyze_trace(read_trace(path))
+        n += inv.acts.filter(pl.col("step") == pick_step(inv)).height
+    assert dom.stdout.count('class="k"') == n
+    shot = Path(os.environ.get("STEPSCOPE_SCREENSHOT") or tmp_path / "report.png").resolve()
+    r = chromium([f"--screenshot={shot}", "--window-size=1400,1700", "--hide-scrollbars"], out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000  # not a blank page
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_html_of_a_kineto_trace_and_a_foreign_export(tmp_path):
+    k = kineto_fake.write(tmp_path / "t.json.gz")
+    paths = [render(tmp_path, str(k), "--step-regex", r"^ProfilerStep#\d+$", name="k.html")]
+    foreign = EXTERNAL / "nsysai_mfu_2gpu_before.sqlite"
+    if foreign.exists():
+        paths.append(render(tmp_path, str(foreign), name="f.html"))
+    for p in paths:
+        dom = chromium(["--dump-dom"], p)
+        assert 'data-ready="1"' in dom.stdout
+        assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+def test_markdown_report(tmp_path):
+    out = render(tmp_path, str(need(EAGER)), "--compare", str(need(GRAPH)), name="report.md")
+    md = out.read_text()
+    assert md.startswith("## stepscope: llama8b_decode_b1_eager.sqlite · step 0 vs llama8b_decode_b1_graph.sqlite")
+    assert "| gemm | 129 |" in md
+    assert "**launch-bound**" in md and "**device-bound**" in md
+    for h in ("### Summary", "### Floors and verdict", "### Classes", "### Gaps", "### Top kernels"):
+        assert h in md
+    # every table row has as many cells as its header
+    for block in md.split("\n\n"):
+        rows = [r for r in block.splitlines() if r.startswith("| ")]
+        if rows:
+            assert len({r.replace("\\|", "").count("|") for r in rows}) == 1, block
+
+
+def test_report_bad_inputs(tmp_path):
+    k = kineto_fake.write(tmp_path / "t.json")
+    r = CliRunner().invoke(app, ["report", str(k), "-o", str(tmp_path / "r.pdf")])
+    assert r.exit_code != 0 and ".html or .md" in r.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2, 3]")
+    r = CliRunner().invoke(app, ["report", str(bad), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code != 0 and "not a PyTorch-profiler" in r.output
+    assert not (tmp_path / "r.html").exists()
+    r = CliRunner().invoke(app, ["report", str(k), "--step", "99", "--step-regex", r"^ProfilerStep#\d+$",
+                                 "-o", str(tmp_path / "r.html")])
+    assert r.exit_code != 0 and "no step 99" in r.output
+    r = CliRunner().invoke(app, ["report", str(k), "-o", str(tmp_path / "missing" / "r.html"),
+                                 "--step-regex", r"^ProfilerStep#\d+$"])
+    assert r.exit_code != 0 and "does not exist" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "t.json"]
+
+
+def test_cells_byte_budget_section(tmp_path):
+    """--cells: the byte budget per class (issue 5), or a note when this build lacks it."""
+    inv = analyze_trace(read_trace(need(EAGER)))
+    try:
+        from stepscope.bytes.budget import step_kernels_from_inventory
+        from stepscope.bytes.cells import frame, write_cells
+    except ImportError:
+        k = kineto_fake.write(tmp_path / "t.json")
+        out = render(tmp_path, str(k), "--step-regex", r"^ProfilerStep#\d+$", "--cells", str(tmp_path / "c.parquet"))
+        assert "byte budget unavailable" in out.read_text()
+        return
+    # a stand-in cells table: every launch configuration of the step measured at 1 MB read + 1 KB written
+    sk = step_kernels_from_inventory(inv, 0)
+    rows = [dict(gpu="NVIDIA H200", model="llama-3.1-8b", cell=f"c{i}", kernel=r["demangled"] or r["name"],
+                 launch=0, tokens=1, matched=True, dram_read_bytes=1_000_000, dram_write_bytes=1000,
+                 duration_ns=1000, **{d: r[d] for d in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")})
+            for i, r in enumerate(sk.iter_rows(named=True))]
+    cells = write_cells(frame(rows), tmp_path / "cells")[0]
+    html = render(tmp_path, str(EAGER), "--cells", str(cells)).read_text()
+    assert 'id="budget"' in html and "Byte budget" in html
+    md = render(tmp_path, str(EAGER), "--cells", str(cells), name="r.md").read_text()
+    calls = sk["count"].sum()
+    measured = (1_000_000 + 1000) * calls
+    assert f"step: {measured / 1e6:,.1f} MB measured" in md
+    assert "| gemm | 129.1 MB |" in md  # 129 GEMM calls × 1.001 MB
