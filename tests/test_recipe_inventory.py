@@ -1,0 +1,131 @@
+"""The nsys recipe `recipes/stepscope_inventory`: its analysis functions on real exports, and the
+Recipe class driven through a stand-in of nsys's `nsys_recipe` package (the real run is on the
+H200 box: see the README's nsys-recipe section)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stepscope.api import open_trace
+from tests.conftest import FIXTURES, ROOT, need
+
+RECIPE = ROOT / "recipes" / "stepscope_inventory" / "stepscope_inventory.py"
+REPORTS = [FIXTURES / "llama8b_decode_b1_eager.sqlite", FIXTURES / "llama8b_decode_b8_eager.sqlite"]
+
+
+def load_recipe_module(name: str = "stepscope_inventory_under_test"):
+    spec = importlib.util.spec_from_file_location(name, RECIPE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_metadata_names_the_module():
+    import json
+
+    meta = json.loads((RECIPE.parent / "metadata.json").read_text())
+    assert meta["module_name"] == RECIPE.stem == RECIPE.parent.name
+
+
+def test_inventory_and_reduce_match_stepscope():
+    mod = load_recipe_module()
+    results = [mod.inventory_of(need(p)) for p in REPORTS]
+    out = mod.reduce_inventories(results[::-1])
+    assert out["files"]["report"].tolist() == sorted(p.name for p in REPORTS)
+    for p in REPORTS:
+        inv = open_trace(p).inventory
+        got = out["inventory"][out["inventory"]["report"] == p.name]
+        assert got["count"].sum() == inv.classes["count"].sum()
+        assert got["time_ns"].sum() == inv.classes["time_ns"].sum()
+        assert (out["steps"][out["steps"]["report"] == p.name]["n_kernels"].tolist()
+                == inv.steps["n_kernels"].to_list())
+    gemm = out["summary"][(out["summary"]["class"] == "gemm")]
+    assert gemm["median_count"].tolist() == [129.0, 129.0]
+
+
+STUB = {
+    "nsys_recipe/__init__.py": "",
+    "nsys_recipe/log.py": """
+        import logging
+        logger = logging.getLogger("nsys_recipe")
+        def time(label):
+            return lambda f: f
+    """,
+    "nsys_recipe/lib/__init__.py": "",
+    "nsys_recipe/lib/args.py": """
+        import enum
+        class Option(enum.Enum):
+            INPUT = "input"
+            CSV = "csv"
+    """,
+    "nsys_recipe/lib/recipe.py": """
+        import argparse, json, os
+        from nsys_recipe.lib.args import Option
+        class _Parser(argparse.ArgumentParser):
+            def add_recipe_argument(self, opt, *a, **k):
+                if opt is Option.INPUT:
+                    return self.add_argument("--input", nargs="+", required=k.get("required", False))
+                if opt is Option.CSV:
+                    return self.add_argument("--csv", action="store_true")
+                return self.add_argument(opt, *a, **k)
+        class Recipe:
+            def __init__(self, parsed_args):
+                self._parsed_args = parsed_args
+                self._output_files = []
+                self._analysis_dict = {}
+            def run(self, context):
+                os.makedirs(self._parsed_args.output, exist_ok=True)
+            def add_output_file(self, name):
+                path = os.path.join(self._parsed_args.output, name)
+                self._output_files.append(path)
+                return path
+            def create_analysis_file(self):
+                with open(os.path.join(self._parsed_args.output, "analysis.json"), "w") as f:
+                    json.dump({k: str(v) for k, v in self._analysis_dict.items()}, f)
+            @classmethod
+            def get_argument_parser(cls):
+                p = _Parser()
+                p.add_argument("--output")
+                return p
+    """,
+}
+
+
+class SerialContext:
+    def map(self, fn, items, **kw):
+        return [fn(i, **kw) for i in items]
+
+    def wait(self, futures):
+        return futures
+
+
+def test_recipe_class_runs_under_a_stand_in_nsys_recipe(tmp_path, monkeypatch):
+    for rel, text in STUB.items():
+        f = tmp_path / "stub" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    for m in [m for m in sys.modules if m.startswith("nsys_recipe")]:
+        monkeypatch.delitem(sys.modules, m)
+    mod = load_recipe_module("stepscope_inventory_with_stub")
+    assert mod.recipe is not None
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not sqlite")
+    args = mod.StepscopeInventory.get_argument_parser().parse_args(
+        ["--input", *map(str, map(need, REPORTS)), str(bad), "--csv", "--output", str(tmp_path / "out")])
+    r = mod.StepscopeInventory(args)
+    r.run(SerialContext())
+    out = tmp_path / "out"
+    names = sorted(p.name for p in out.iterdir())
+    for base in ("files", "steps", "inventory", "summary"):
+        assert f"{base}.parquet" in names and f"{base}.csv" in names
+    files = pd.read_parquet(out / "files.parquet")
+    assert files["report"].tolist() == sorted(p.name for p in REPORTS)  # the bad report is logged and skipped
+    assert (out / "analysis.json").exists()
