@@ -66,10 +66,6 @@ def test_handmade_trace_step_figures_by_hand(tmp_path):
     assert dict(zip(c["class"], c["count"])) == {"gemm": 1, "norm": 1, "framework": 1, "comm": 1, "memops": 1}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "analysis/inventory.py _launch_calls: windows = ws.unique(...) does not keep the w_start order, "
-    "then join_asof(check_sortedness=False) matches launch calls to the wrong window, so some steps "
-    "get 0 launch calls at random; unique(..., maintain_order=True) fixes it (lead's file)"))
 def test_handmade_trace_launch_calls_by_hand(tmp_path):
     inv = analyze_trace(read_kineto(kineto_fake.write(tmp_path / "t.json")), PROFILER_STEP)
     s = inv.steps

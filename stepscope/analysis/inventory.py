@@ -173,7 +173,7 @@ def _launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) ->
             continue
         # A window split over several devices shares its host calls: count them for each step.
         ws = w.select(*by, "w_start", "w_end", "step").sort("w_start")
-        windows = ws.unique([*by, "w_start"], keep="first").rename({"step": "first_step"})
+        windows = ws.unique([*by, "w_start"], keep="first", maintain_order=True).rename({"step": "first_step"})
         hit = launch_api.join_asof(windows, left_on="start", right_on="w_start", by=by, strategy="backward", check_sortedness=False)
         hit = hit.filter(pl.col("start") <= pl.col("w_end"))
         per_window = hit.group_by(*by, "w_start").agg(

@@ -20,7 +20,7 @@ import polars as pl
 
 from stepscope.errors import InputError
 
-DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?)$"
+DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
 
 LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch")
 GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
@@ -85,7 +85,12 @@ def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
     names = nvtx.select("name").unique().drop_nulls()
     pat = re.compile(step_regex)
     keep = names.filter(pl.Series([bool(pat.search(n)) for n in names["name"].to_list()], dtype=pl.Boolean))
-    w = nvtx.join(keep, on="name", how="semi")
+    w = nvtx.join(keep, on="name", how="semi").sort("pid", "tid", "start")
+    # Nested step ranges (torch.profiler's ProfilerStep#N around a named `step ...` range):
+    # the innermost one is the step; a range that holds the next one on its thread is dropped.
+    holds_next = (pl.col("end").shift(-1).over("pid", "tid") <= pl.col("end")) & (
+        pl.col("start").shift(-1).over("pid", "tid") >= pl.col("start"))
+    w = w.filter(~holds_next.fill_null(False))
     return w.select("pid", "tid", pl.col("start").alias("w_start"), pl.col("end").alias("w_end"),
                     "name", pl.lit("nvtx").alias("delimiter"))
 
