@@ -31,6 +31,7 @@ def fail(message: str, code: int = 2) -> None:
 # --- command registrations -------------------------------------------------------------
 # Each module below owns its commands and registers them on `app` when imported.
 from stepscope.commands import analyze as _analyze  # noqa: E402,F401
+from stepscope.commands import verdicts as _verdicts  # noqa: E402,F401
 from stepscope.commands import capture as _capture  # noqa: E402,F401
 from stepscope.commands import cells as _cells  # noqa: E402,F401
 from stepscope.commands import report as _report  # noqa: E402,F401

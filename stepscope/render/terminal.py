@@ -104,3 +104,64 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
         f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} (GPU busy); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
+
+
+def render_compare(doc: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    a, b = doc["a"], doc["b"]
+    console.rule(f"[bold]A {a['path']}  vs  B {b['path']}")
+    t = Table(show_edge=False, header_style="bold")
+    for col in ("figure (median per step)", "A", "B", "B − A"):
+        t.add_column(col, justify="left" if col.startswith("figure") else "right")
+    rows = [("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU idle", "idle_ns"),
+            ("CPU floor", "cpu_floor_ns"), ("device floor", "device_floor_ns")]
+    for label, k in rows:
+        t.add_row(label, ms(a[k]), ms(b[k]), ms(b[k] - a[k]))
+    for kind in ("host_bound", "sync", "device_side"):
+        va, vb = a["idle_by_kind_ns"][kind], b["idle_by_kind_ns"][kind]
+        t.add_row(f"  idle {kind.replace('_', '-')}", ms(va), ms(vb), ms(vb - va))
+    t.add_row("kernels", str(a["n_kernels"]), str(b["n_kernels"]), str(b["n_kernels"] - a["n_kernels"]))
+    t.add_row("launch calls", str(a["n_launch_calls"]), str(b["n_launch_calls"]),
+              str(b["n_launch_calls"] - a["n_launch_calls"]))
+    t.add_row("verdict", a["verdict"], b["verdict"], "")
+    console.print(t)
+    c = Table(show_edge=False, header_style="bold", title="per class (time per step)", title_justify="left")
+    for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
+        c.add_column(col, justify="left" if col == "class" else "right")
+    for cls, r in sorted(doc["classes"].items(), key=lambda kv: -abs(kv[1]["delta_time_ns"])):
+        c.add_row(cls, us(r["a_time_ns"]), us(r["b_time_ns"]), us(r["delta_time_ns"]),
+                  f"{r['a_count']:g}", f"{r['b_count']:g}")
+    console.print(c)
+    for label, key in (("added in B", "kernels_added"), ("removed in B", "kernels_removed")):
+        names = doc[key]
+        if names:
+            shown = ", ".join(f"{n['name']} ×{n['count_per_step']:g}" for n in names[:6])
+            console.print(f"kernels {label}: {shown}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
+    console.print(f"[bold]speedup (A/B): {doc['speedup']}×[/]")
+    console.print(doc["verdict"])
+
+
+def render_tp(doc: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(show_edge=False, header_style="bold", title="Equation 1.3 per TP width", title_justify="left")
+    for col in ("TP", "CPU floor", "device floor", "step", "bound"):
+        t.add_column(col, justify="left" if col == "bound" else "right")
+    for r in doc["projection"]:
+        colour = "red" if r["bound"] == "launch-bound" else "green"
+        t.add_row(str(r["tp"]), ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
+                  f"[{colour}]{r['bound']}[/]")
+    console.print(t)
+    w = doc["launch_bound_from_tp"]
+    console.print(f"[bold]launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
+                  if w else "device-bound at every width projected")
+    for n in doc["notes"]:
+        console.print(f"[dim]{n}[/]")
+    if "ranks" in doc:
+        r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
+        for col in ("pid", "device", "step", "NCCL", "NCCL waiting"):
+            r.add_column(col, justify="right")
+        for x in doc["ranks"]:
+            r.add_row(str(x["pid"]), str(x["device"]), ms(x["step_time_ns"]), ms(x["comm_time_ns"]),
+                      ms(x["comm_wait_ns"]))
+        console.print(r)
+        console.print(f"rank skew: {ms(doc['rank_skew_ns'])}")

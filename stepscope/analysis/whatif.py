@@ -1,0 +1,66 @@
+"""What-if CUDA graph: predict a graph-mode step from an eager trace alone.
+
+A graph replay removes the host from the step: what remains is the device work, a small
+device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
+before the first node runs. So
+
+    predicted = graph_launch_lead_ns + gpu_busy_ns(eager) + n_kernels × node_gap_ns
+
+The two constants are measured from graph traces (`graph_constants`); the defaults below were
+measured on the committed H200 fixtures (llama8b_decode_b{1,8}_graph.sqlite, nsys 2025.3 with
+--cuda-graph-trace=node) and a test recomputes them from those files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from stepscope.analysis.inventory import Inventory
+
+
+@dataclass(frozen=True)
+class GraphConstants:
+    node_gap_ns: float          # idle per kernel inside a replay (device-side launch latency)
+    graph_launch_lead_ns: float  # step begin → first kernel of the replay
+    source: str
+
+
+# Mean of llama8b_decode_b1_graph and llama8b_decode_b8_graph (H200, nsys node tracing).
+DEFAULT = GraphConstants(node_gap_ns=516.955, graph_launch_lead_ns=1041037.0,
+                         source="H200 fixtures llama8b_decode_b{1,8}_graph.sqlite")
+
+
+def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
+    """Measure the constants from the graph-replay steps of a trace (None if it has none)."""
+    s = _graph_steps(inv)
+    if s.is_empty():
+        return None
+    return GraphConstants(
+        node_gap_ns=float((s["idle_ns"] / s["n_kernels"]).mean()),
+        graph_launch_lead_ns=float((s["first_start"] - s["step_begin"]).mean()),
+        source=source,
+    )
+
+
+def _graph_steps(inv: Inventory) -> pl.DataFrame:
+    graph_launch_steps = (
+        inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null())
+        .select("step").unique()
+    )
+    return inv.steps.join(graph_launch_steps, on="step", how="semi")
+
+
+def is_graph_trace(inv: Inventory) -> bool:
+    return not _graph_steps(inv).is_empty()
+
+
+def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT) -> pl.DataFrame:
+    """Per eager step: the predicted graph-mode step time."""
+    s = inv.steps
+    return s.select(
+        "step",
+        (consts.graph_launch_lead_ns + pl.col("gpu_busy_ns") + pl.col("n_kernels") * consts.node_gap_ns)
+        .round(0).cast(pl.Int64).alias("predicted_graph_step_time_ns"),
+    )

@@ -1,0 +1,122 @@
+"""`stepscope compare` and `stepscope tp`: from inventories to verdicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stepscope.cli import app, fail
+
+
+def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path]):
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.commands.analyze import load_inventory
+    from stepscope.errors import StepscopeError
+
+    try:
+        return diagnose(load_inventory(path, step_regex, rules))
+    except StepscopeError as e:
+        fail(str(e))
+
+
+@app.command()
+def compare(
+    a: Path = typer.Argument(..., help="trace A (typically eager, or 'before')"),
+    b: Path = typer.Argument(..., help="trace B (typically CUDA graph, or 'after')"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+    fail_above: Optional[float] = typer.Option(
+        None, "--fail-above", metavar="PCT",
+        help="exit 1 when B's step time is worse than A's by more than PCT percent (CI gating)"),
+    graph_gap_ns: Optional[float] = typer.Option(None, "--graph-gap-ns", help="what-if: device gap per graph node"),
+    graph_launch_ns: Optional[float] = typer.Option(None, "--graph-launch-ns", help="what-if: graph launch lead"),
+    step_regex: Optional[str] = typer.Option(None, "--step-regex"),
+    rules: Optional[Path] = typer.Option(None, "--rules"),
+) -> None:
+    """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
+    from stepscope.analysis.compare import compare as run_compare
+    from stepscope.analysis.whatif import DEFAULT, GraphConstants
+
+    consts = GraphConstants(
+        graph_gap_ns if graph_gap_ns is not None else DEFAULT.node_gap_ns,
+        graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
+        DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
+    )
+    doc = run_compare(_diagnosis(a, step_regex, rules), _diagnosis(b, step_regex, rules), consts)
+    if json_out:
+        from stepscope.render.json import dumps
+
+        typer.echo(dumps(doc))
+    else:
+        from stepscope.render.terminal import render_compare
+
+        render_compare(doc)
+    for w in doc["warnings"]:
+        typer.echo(f"stepscope: warning: {w}", err=True)
+    if fail_above is not None and doc["speedup"] and (1 / doc["speedup"] - 1) * 100 > fail_above:
+        typer.echo(f"stepscope: B's step time is {100 * (1 / doc['speedup'] - 1):.1f}% worse than A's "
+                   f"(limit {fail_above}%)", err=True)
+        raise typer.Exit(1)
+
+
+def _widths(text: str) -> list[int]:
+    try:
+        w = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--widths takes comma-separated integers like 1,2,4,8, not {text!r}")
+    if not w or any(x < 1 for x in w):
+        fail(f"--widths takes positive integers like 1,2,4,8, not {text!r}")
+    return w
+
+
+@app.command()
+def tp(
+    trace: Optional[Path] = typer.Argument(None, help="a trace to project (one or more ranks)"),
+    widths: str = typer.Option("1,2,4,8", "--widths", help="TP widths to project"),
+    kernels: Optional[int] = typer.Option(None, "--kernels", help="numbers alone: launches per step"),
+    launch_us: Optional[float] = typer.Option(None, "--launch-us", help="numbers alone: host µs per launch"),
+    device_ms: Optional[float] = typer.Option(None, "--device-ms", help="numbers alone: device floor at TP=1"),
+    collective_us: Optional[float] = typer.Option(None, "--collective-us", help="cost of one all-reduce (µs)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+    step_regex: Optional[str] = typer.Option(None, "--step-regex"),
+    rules: Optional[Path] = typer.Option(None, "--rules"),
+) -> None:
+    """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
+    from stepscope.analysis import tp as tpm
+
+    ws = _widths(widths)
+    numbers = (kernels, launch_us, device_ms)
+    ranks = None
+    if trace is None:
+        if None in numbers:
+            fail("give a trace, or all of --kernels, --launch-us and --device-ms")
+        layers = 32 if collective_us else 0
+        proj = tpm.project(kernels, launch_us * 1e3, device_ms * 1e6, 0.0, ws, 1, layers,
+                           (collective_us or 0) * 1e3 * tpm.ALLREDUCES_PER_LAYER)
+        if collective_us:
+            proj.notes.append(f"collective: {tpm.ALLREDUCES_PER_LAYER} all-reduces × {collective_us} µs "
+                              "per layer, 32 layers assumed")
+    else:
+        if any(v is not None for v in numbers):
+            fail("give either a trace or --kernels/--launch-us/--device-ms, not both")
+        d = _diagnosis(trace, step_regex, rules)
+        proj = tpm.project_trace(d.inv, d.floors, ws, collective_us)
+        r = tpm.rank_table(d.inv)
+        if r.select("pid", "device").unique().height > 1:
+            ranks = r
+        else:
+            proj.notes.append("single-rank trace: the collective cost is estimated, not measured")
+    doc = {"inputs": proj.inputs, "projection": proj.rows, "launch_bound_from_tp": proj.launch_bound_from_tp,
+           "notes": proj.notes}
+    if ranks is not None:
+        doc["ranks"] = ranks.drop("step").to_dicts()
+        doc["rank_skew_ns"] = int(ranks["step_time_ns"].max() - ranks["step_time_ns"].min())
+    if json_out:
+        from stepscope.render.json import dumps
+
+        typer.echo(dumps(doc))
+        return
+    from stepscope.render.terminal import render_tp
+
+    render_tp(doc)
