@@ -52,6 +52,14 @@ def _names_per_step(inv) -> dict[str, float]:
     return dict(zip(k["name"].to_list(), [c / n for c in k["count"].to_list()]))
 
 
+def _name_overlap(a: dict[str, float], b: dict[str, float]) -> float:
+    """Weighted Jaccard similarity of two kernel-name → launches-per-step maps."""
+    names = set(a) | set(b)
+    inter = sum(min(a.get(n, 0), b.get(n, 0)) for n in names)
+    union = sum(max(a.get(n, 0), b.get(n, 0)) for n in names)
+    return inter / union if union else 1.0
+
+
 def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dict:
     sa, sb = summarize(a), summarize(b)
     warnings = []
@@ -61,6 +69,11 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
     elif sa["layers"] and sb["layers"] and sa["layers"] != sb["layers"]:
         warnings.append(f"the traces have different layer counts ({sa['layers']} vs {sb['layers']}): "
                         "they may be of different models")
+    else:
+        shared = _name_overlap(sa["kernel_names"], sb["kernel_names"])
+        if shared < 0.3:
+            warnings.append(f"the traces share only {100 * shared:.0f}% of their kernel launches by name: "
+                            "they may be of different models or workloads")
     speedup = sa["step_time_ns"] / sb["step_time_ns"] if sb["step_time_ns"] else None
     classes = sorted(set(sa["classes"]) | set(sb["classes"]))
     deltas = {

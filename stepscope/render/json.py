@@ -34,7 +34,7 @@ def gpus_list(inv: Inventory) -> list[dict]:
 
 def steps_list(inv: Inventory, ids: list[int], extra=None) -> list[dict]:
     """One dict per step; `extra(step_id) -> dict` adds sections (gaps, launch, floors)."""
-    sel = pl.Series(ids, dtype=pl.Int64)
+    sel = list(ids)
     steps = inv.steps.filter(pl.col("step").is_in(sel))
     classes = inv.classes.filter(pl.col("step").is_in(sel))
     kernels = inv.kernels.filter(pl.col("step").is_in(sel))

@@ -1,0 +1,214 @@
+"""Gaps, floors, compare, what-if graph and the TP model, on the real H200 fixtures."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from stepscope.analysis import tp as tpm
+from stepscope.analysis.compare import compare
+from stepscope.analysis.diagnosis import diagnose
+from stepscope.analysis.whatif import DEFAULT, graph_constants, predict_graph_step
+from stepscope.api import open_trace
+from stepscope.cli import app
+from tests.conftest import EXTERNAL, FIXTURES, need, ro
+
+EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+GRAPH = FIXTURES / "llama8b_decode_b1_graph.sqlite"
+TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"
+ALL_FIXTURES = sorted(FIXTURES.glob("llama8b_*.sqlite"))
+
+
+def diag(path):
+    return diagnose(open_trace(need(path)).inventory)
+
+
+# Plain SQL: kernels+memops launched from inside the NVTX step range, each with the running max
+# of the ends before it, its launching call's start, and whether a sync call returned in its gap.
+GAPS_SQL = """
+WITH step AS (
+  SELECT n.start AS s0, n.end AS s1, ((n.globalTid >> 24) & 16777215) AS pid, n.globalTid AS gtid
+  FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+  WHERE coalesce(n.text, s.value) LIKE 'step %' AND n.eventType IN (59, 60)
+  ORDER BY n.start LIMIT 1 OFFSET {offset}
+), api AS (
+  SELECT r.correlationId AS corr, ((r.globalTid >> 24) & 16777215) AS pid, r.start AS ls, r.globalTid AS gtid
+  FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.eventClass IN (0, 1)
+), acts AS (
+  SELECT start, end, correlationId AS corr, ((globalPid >> 24) & 16777215) AS pid, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL
+  UNION ALL SELECT start, end, correlationId, ((globalPid >> 24) & 16777215), deviceId FROM CUPTI_ACTIVITY_KIND_MEMSET
+), mine AS (
+  SELECT a.start, a.end, api.ls FROM acts a
+  JOIN api ON api.corr = a.corr AND api.pid = a.pid
+  JOIN step ON api.gtid = step.gtid AND api.ls BETWEEN step.s0 AND step.s1
+), o AS (
+  SELECT start, end, ls,
+         max(end) OVER (ORDER BY start, end ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+  FROM mine
+), g AS (
+  SELECT start - prev AS gap, ls > prev AS late,
+         EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                 WHERE (s.value LIKE 'cudaDeviceSynchronize%' OR s.value LIKE 'cudaStreamSynchronize%'
+                        OR s.value LIKE 'cudaEventSynchronize%')
+                   AND r.end BETWEEN o.prev AND o.start) AS synced
+  FROM o WHERE prev IS NOT NULL AND start > prev
+)
+SELECT
+  sum(CASE WHEN synced THEN 1 ELSE 0 END), sum(CASE WHEN synced THEN gap ELSE 0 END),
+  sum(CASE WHEN NOT synced AND late THEN 1 ELSE 0 END), sum(CASE WHEN NOT synced AND late THEN gap ELSE 0 END),
+  sum(CASE WHEN NOT synced AND NOT late THEN 1 ELSE 0 END), sum(CASE WHEN NOT synced AND NOT late THEN gap ELSE 0 END)
+FROM g
+"""
+
+
+@pytest.mark.parametrize("path", [EAGER, GRAPH, FIXTURES / "llama8b_prefill_b1_eager.sqlite"], ids=lambda p: p.name)
+def test_gap_attribution_matches_sql(path):
+    d = diag(path)
+    sync_n, sync_ns, host_n, host_ns, dev_n, dev_ns = ro(path).execute(GAPS_SQL.format(offset=0)).fetchone()
+    t = {r["kind"]: (r["count"], r["time_ns"]) for r in d.gap_totals.iter_rows(named=True)}
+    assert t["sync"] == (sync_n, sync_ns or 0)
+    assert t["host_bound"] == (host_n, host_ns or 0)
+    assert t["device_side"] == (dev_n, dev_ns or 0)
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES + [EXTERNAL / "nsysai_mfu_2gpu_before.sqlite",
+                                                 EXTERNAL / "pipit_cloverleaf.sqlite"], ids=lambda p: p.name)
+def test_gap_kinds_add_up_to_idle(path):
+    d = diag(path)
+    total = d.gap_totals.group_by("step").agg(pl.col("time_ns").sum())
+    chk = d.inv.steps.select("step", "idle_ns").join(total, on="step")
+    assert chk.height == d.inv.steps.height
+    assert (chk["time_ns"] == chk["idle_ns"]).all()
+
+
+def test_eager_step_is_launch_bound_and_graph_step_device_bound():
+    e, g = diag(EAGER).floors.row(0, named=True), diag(GRAPH).floors.row(0, named=True)
+    assert e["verdict"] == "launch-bound" and g["verdict"] == "device-bound"
+    # CPU floor = launch calls × median inter-launch interval, recomputed in SQL
+    con = ro(EAGER)
+    starts = [r[0] for r in con.execute("""
+        SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+        JOIN NVTX_EVENTS n ON n.text LIKE 'step %' OR n.textId IN (SELECT id FROM StringIds WHERE value LIKE 'step %')
+        WHERE (s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%' OR s.value LIKE 'cudaGraphLaunch%')
+          AND r.start BETWEEN n.start AND n.end AND r.globalTid = n.globalTid ORDER BY r.start""")]
+    iv = sorted(b - a for a, b in zip(starts, starts[1:]))
+    med = (iv[len(iv) // 2 - 1] + iv[len(iv) // 2]) / 2 if len(iv) % 2 == 0 else iv[len(iv) // 2]
+    assert e["cpu_floor_ns"] == int(len(starts) * round(med))
+
+
+def test_graph_constants_are_the_committed_fixtures():
+    b1 = graph_constants(open_trace(need(GRAPH)).inventory)
+    b8 = graph_constants(open_trace(need(FIXTURES / "llama8b_decode_b8_graph.sqlite")).inventory)
+    assert DEFAULT.node_gap_ns == pytest.approx((b1.node_gap_ns + b8.node_gap_ns) / 2, abs=0.01)
+    assert DEFAULT.graph_launch_lead_ns == pytest.approx((b1.graph_launch_lead_ns + b8.graph_launch_lead_ns) / 2)
+    assert 300 < b1.node_gap_ns < 800  # the ~0.5 µs between kernels inside a graph
+
+
+@pytest.mark.parametrize("batch", ["b1", "b8"])
+def test_whatif_graph_prediction_within_10_percent(batch):
+    eager = open_trace(need(FIXTURES / f"llama8b_decode_{batch}_eager.sqlite")).inventory
+    graph = open_trace(need(FIXTURES / f"llama8b_decode_{batch}_graph.sqlite")).inventory
+    pred = predict_graph_step(eager)["predicted_graph_step_time_ns"][0]
+    ref = graph.steps["step_time_ns"].min()
+    assert abs(pred - ref) / ref < 0.10
+
+
+def test_compare_eager_vs_graph():
+    doc = compare(diag(EAGER), diag(GRAPH))
+    a, b = doc["a"], doc["b"]
+    assert doc["speedup"] == pytest.approx(a["step_time_ns"] / b["step_time_ns"], rel=1e-4)
+    assert doc["speedup"] > 3
+    assert a["n_launch_calls"] == 420 and b["n_launch_calls"] == 1
+    assert doc["kernels_added"] == [] and doc["kernels_removed"] == []
+    assert abs(doc["prediction_error"]) < 0.10
+    assert "launch-bound" in doc["verdict"] and "device-bound" in doc["verdict"]
+
+
+def test_compare_cli_json_and_fail_above():
+    r = CliRunner().invoke(app, ["compare", str(need(EAGER)), str(need(GRAPH)), "--json"])
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert {"speedup", "predicted_graph_step_time_ns", "classes", "verdict"} <= set(doc)
+    # graph → eager is a regression of several hundred percent
+    r = CliRunner().invoke(app, ["compare", str(GRAPH), str(EAGER), "--fail-above", "10"])
+    assert r.exit_code == 1
+    r = CliRunner().invoke(app, ["compare", str(EAGER), str(GRAPH), "--fail-above", "10"])
+    assert r.exit_code == 0
+
+
+def test_compare_warns_for_different_models():
+    doc = compare(diag(EAGER), diag(EXTERNAL / "nsysai_mfu_2gpu_before.sqlite"))
+    assert doc["warnings"] and "different models" in doc["warnings"][0]
+    assert compare(diag(EAGER), diag(GRAPH))["warnings"] == []
+
+
+def test_seed_worked_example_tp4_launch_bound():
+    # seed 003: 500 kernels × 7 µs = 3.5 ms CPU floor, 10.7 ms device floor at TP=1
+    p = tpm.project(500, 7_000, 10.7e6, widths=(1, 2, 4, 8))
+    assert [r["step_time_ns"] for r in p.rows] == [10_700_000, 5_350_000, 3_500_000, 3_500_000]
+    assert [r["device_floor_ns"] for r in p.rows] == [10_700_000, 5_350_000, 2_675_000, 1_337_500]
+    assert p.launch_bound_from_tp == 4
+
+
+def test_seed_exercise_4():
+    # 640 kernels × 8 µs, 4.2 ms device floor: 5.12 ms at TP=1, 2 and 4, launch-bound throughout
+    p = tpm.project(640, 8_000, 4.2e6, widths=(1, 2, 4))
+    assert [r["step_time_ns"] for r in p.rows] == [5_120_000] * 3
+    assert [r["device_floor_ns"] for r in p.rows] == [4_200_000, 2_100_000, 1_050_000]
+    assert p.launch_bound_from_tp == 1
+
+
+def test_tp_numbers_cli_json():
+    r = CliRunner().invoke(app, ["tp", "--kernels", "640", "--launch-us", "8", "--device-ms", "4.2",
+                                 "--widths", "1,2,4", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["launch_bound_from_tp"] == 1
+    assert [x["cpu_floor_ns"] for x in doc["projection"]] == [5_120_000] * 3
+
+
+def test_tp_trace_projection_reproduces_its_own_width():
+    d = diag(GRAPH)
+    p = tpm.project_trace(d.inv, d.floors)
+    assert p.rows[0]["tp"] == 1 and p.rows[0]["device_floor_ns"] == d.inv.steps["gpu_busy_ns"][0]
+    assert any("estimated" in n for n in p.notes)
+    d2 = diag(TP2)
+    p2 = tpm.project_trace(d2.inv, d2.floors)
+    at2 = next(r for r in p2.rows if r["tp"] == 2)
+    assert at2["device_floor_ns"] == p2.inputs["gpu_busy_ns"] - p2.inputs["comm_wait_ns"]
+
+
+def test_rank_table_on_tp2_capture():
+    inv = open_trace(need(TP2)).inventory
+    r = tpm.rank_table(inv)
+    assert r.height == 2 and sorted(r["device"].to_list()) == [0, 1]
+    assert (r["comm_wait_ns"] <= r["comm_time_ns"]).all()
+    con = ro(TP2)
+    for row in r.iter_rows(named=True):
+        n = con.execute("""SELECT sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                           JOIN StringIds s ON s.id = k.shortName
+                           WHERE s.value LIKE 'ncclDevKernel%' AND k.deviceId = ?""", (row["device"],)).fetchone()[0]
+        assert row["comm_time_ns"] == n
+    # the default all-reduce cost is this fixture's mean transfer time per collective
+    n_coll = inv.classes.filter(pl.col("class") == "comm")["count"].to_list()
+    transfer = ((r["comm_time_ns"] - r["comm_wait_ns"]) / pl.Series(n_coll)).mean()
+    assert tpm.DEFAULT_ALLREDUCE_NS == pytest.approx(transfer, abs=100)
+
+
+def test_tp_cli_on_multi_rank_trace():
+    r = CliRunner().invoke(app, ["tp", str(need(TP2)), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["ranks"]) == 2 and doc["rank_skew_ns"] >= 0
+    assert {"tp", "cpu_floor_ns", "device_floor_ns", "step_time_ns", "bound"} == set(doc["projection"][0])
+
+
+def test_analyze_json_has_gaps_launch_floors():
+    r = CliRunner().invoke(app, ["analyze", str(need(EAGER)), "--json"])
+    step = json.loads(r.stdout)["steps"][0]
+    assert set(step["gaps"]) >= {"host_bound", "sync", "device_side"}
+    assert step["floors"]["verdict"] == "launch-bound"
+    assert step["launch"]["by_api"][0]["count"] > 0
