@@ -8,14 +8,29 @@ Join, in order, saying which way each kernel was joined (`join` column):
 
 1. `launch`: same kernel (function base name, compared between nsys's short/demangled name and
    ncu's printed name) **and** same grid **and** same block as a measured launch. Among
-   several such cells the one whose token count is nearest the step's wins.
+   several such cells the one whose token count is nearest the step's wins. When cells of
+   several ops tie (cuBLASLt dispatches one kernel, one launch shape, for qkv, o and down at
+   2048 tokens; one splitKreduce launch shape follows both the o and the down projection at
+   one token), the row's calls are shared among those cells in proportion to the calls of
+   their ops in the step plan (one kernel row per cell, `shared` = how many cells).
 2. `name`: same kernel base name, other launch configuration: the cell at the nearest token
-   count (bytes of a different shape: an approximation, flagged).
+   count.
 3. `op`: no cell with this kernel: the cell of the op the kernel's class stands for (norm →
    add_norm, rope, kv_cache_write → kv_write, activation → silu_mul, embedding, sampling →
-   argmax, attention_* → attn_*) at the nearest token count, taking that cell's heaviest
-   launch. GEMMs are never joined this way (the projection cannot be told from the class).
-4. none: listed in `unjoined_kernels`, never silently counted as zero.
+   argmax, attention_* → attn_*) at the nearest token count. One to one: the cell's launches
+   (heaviest first) go to the class's unjoined kernels of the step (longest first); a kernel
+   left over (e.g. cuDNN's split-KV `lean_reduction_kernel` when the cell's attention ran as
+   one launch) is listed, not given the attention's bytes twice. GEMMs are never joined this
+   way (the projection cannot be told from the class).
+4. `trace`: memsets/memcpys of the step (class `memops`) carry their bytes in the trace
+   itself: a memset writes them, a device-to-device copy reads and writes them.
+5. none: listed in `unjoined_kernels` with the reason, never silently counted as zero.
+
+A cell measured at another shape than the step's (decode attention measured at batch 64 for
+a batch-1 step; light ops at 1 token for an 8-token step) is scaled by the ratio of the two
+minimums: bytes × min(step's op call) / min(cell) (`scale` column; 1.0 at the same shape).
+A kernel the trace classed `framework`/`other` that joins a cell of a planned op is counted
+in that op's class (`trace_class` keeps the trace's).
 
 Per (class, op) row: calls, measured bytes per call, measured step bytes, minimum
 (`stepscope.bytes.minbytes.step_rows`), amplification = measured / minimum, removable =
@@ -112,14 +127,37 @@ def _usable_cells(cells: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _pick(cands: list[dict], tokens: int) -> dict:
-    return min(cands, key=lambda r: (abs((r.get("tokens") or 0) - tokens), r.get("cell") or ""))
+def _pick(cands: list[dict], tokens: int, want: dict[str, int] | None = None) -> dict:
+    """The candidate cell nearest in token count: to the token count the step plan gives the
+    cell's op (`want`: op label -> tokens; the prefill LM head runs on 1 row, not 2048), else
+    to `tokens`."""
+    return min(cands, key=lambda r: (_dist(r, tokens, want), r.get("cell") or ""))
+
+
+def _dist(r: dict, tokens: int, want: dict[str, int] | None = None) -> int:
+    t = (want or {}).get(_op_label(r.get("op"), r.get("proj")) or "", tokens)
+    return abs((r.get("tokens") or 0) - t)
+
+
+def _split(count: int, cells: list[dict], weights: list[float]) -> list[int]:
+    """Share `count` calls among cells in proportion to weights (largest remainders)."""
+    tot = sum(weights) or 1.0
+    exact = [count * w / tot for w in weights]
+    n = [int(x) for x in exact]
+    order = sorted(range(len(cells)), key=lambda i: (-(exact[i] - n[i]), -weights[i]))
+    for i in order[: count - sum(n)]:
+        n[i] += 1
+    return n
 
 
 def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int,
            context: int, phase: str, gpu_name: str | None = None,
-           peak_bps: float | None = None) -> BudgetResult:
-    """Join one step's kernels to measured cells and set the bytes against the minimum."""
+           peak_bps: float | None = None, tp: int = 1) -> BudgetResult:
+    """Join one step's kernels to measured cells and set the bytes against the minimum.
+
+    `tp` > 1 (one rank of a tensor-parallel step) is only warned about: the minimum and the
+    sweep's cells are those of the whole (TP=1) model.
+    """
     need = {"name", "class", "count", "time_ns", *DIMS}
     missing = need - set(step_kernels.columns)
     if missing:
@@ -129,6 +167,10 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         gpus = sorted({g for g in (cells["gpu"].to_list() if "gpu" in cells.columns else []) if g})
         peak_bps = peak_hbm_bps(gpu_name) or (peak_hbm_bps(gpus[0]) if gpus else None)
     tokens = batch if phase == "decode" else batch * context
+    plan_rows = step_rows(card, batch, context, phase)
+    plan_by_op = {r["op"]: r for r in plan_rows}
+    want = {op: r["tokens"] for op, r in plan_by_op.items()
+            if not op.startswith("attn_")}  # attention cells: tokens = the class's count
     usable = _usable_cells(cells).to_dicts()
     by_launch: dict[tuple, list[dict]] = {}
     by_base: dict[str, list[dict]] = {}
@@ -140,49 +182,120 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         if r.get("op"):
             by_op.setdefault(r["op"], []).append(r)
 
-    out = []
+    def scale_of(hit: dict) -> float:
+        label = _op_label(hit.get("op"), hit.get("proj"))
+        cmin = hit.get("cell_min_bytes")
+        p = plan_by_op.get(label or "")
+        if not cmin or p is None:
+            return 1.0
+        return p["min_bytes_per_call"] / cmin
+
+    def row_of(k: dict, hit: dict | None, how: str | None, count: int, time_ns: int,
+               shared: int = 1, reason: str | None = None) -> dict:
+        cls = k["class"]
+        label = _op_label(hit.get("op"), hit.get("proj")) if hit else None
+        if hit and cls in ("framework", "other", "unknown") and label in plan_by_op:
+            cls = plan_by_op[label]["class"]
+        sc = scale_of(hit) if hit else None
+        bpc = int(round(hit["bytes_per_call"] * sc)) if hit else None
+        return {
+            "name": k.get("name"), "demangled": k.get("demangled"), "class": cls,
+            "trace_class": k["class"],
+            "grid": (f"({k['grid_x']}, {k['grid_y']}, {k['grid_z']})"
+                     if k.get("grid_x") is not None else None),
+            "block": (f"({k['block_x']}, {k['block_y']}, {k['block_z']})"
+                      if k.get("block_x") is not None else None),
+            "count": int(count), "time_ns": int(time_ns), "join": how,
+            "cell": hit.get("cell") if hit else None, "op": label,
+            "cell_bytes_per_call": int(hit["bytes_per_call"]) if hit else None,
+            "scale": sc, "bytes_per_call": bpc, "shared": shared if hit else None,
+            "measured_bytes": bpc * int(count) if hit else None,
+            "reason": reason,
+        }
+
+    out: list[dict] = []
+    pending: list[dict] = []  # kernels for the one-to-one op join
     sk = step_kernels
     if "demangled" not in sk.columns:
         sk = sk.with_columns(pl.lit(None, pl.String).alias("demangled"))
     for k in sk.to_dicts():
         cls = k["class"]
         t = batch if cls == "sampling" else (context if cls == "attention_prefill" else tokens)
-        bases = {b for b in (kernel_base(k.get("name")), kernel_base(k.get("demangled"))) if b}
-        hit, how = None, None
+        k["_t"] = t
+        if cls == "memops" or k.get("trace_bytes") is not None:
+            # a memset writes, a device-to-device copy reads and writes, the bytes it records
+            tb = int(k.get("trace_bytes") or 0)
+            nm = (k.get("name") or "").lower()
+            tb *= 2 if ("dtod" in nm or "device to device" in nm) else 1
+            hit = {"cell": None, "op": nm or "memop", "proj": None, "bytes_per_call": 0}
+            r = row_of(k, hit, "trace", k["count"], k["time_ns"])
+            r.update(bytes_per_call=round(tb / max(1, int(k["count"]))), measured_bytes=tb,
+                     cell_bytes_per_call=None, scale=None)
+            out.append(r)
+            continue
+        bases = [b for b in dict.fromkeys(
+            (kernel_base(k.get("name")), kernel_base(k.get("demangled")))) if b]
+        hits, how = [], None
         for b in bases:
             cands = by_launch.get((b, *(k.get(d) for d in DIMS)))
             if cands:
-                hit, how = _pick(cands, t), "launch"
+                best = _dist(_pick(cands, t, want), t, want)
+                tied: dict[str, dict] = {}
+                for r in sorted(cands, key=lambda r: r.get("cell") or ""):
+                    if _dist(r, t, want) == best:
+                        tied.setdefault(r.get("cell") or "", r)
+                hits, how = list(tied.values()), "launch"
                 break
-        if hit is None:
+        if not hits:
             cands = [r for b in bases for r in by_base.get(b, [])]
             if cands:
-                hit, how = _pick(cands, t), "name"
-        if hit is None and cls in CLASS_TO_OP:
-            op = CLASS_TO_OP[cls]
-            if op == "add_norm" and "fused_add" not in (k.get("name") or "") + (
-                    k.get("demangled") or "") and "norm" in by_op:
-                op = "norm"
-            cands = by_op.get(op) or []
-            if cands:
-                near = _pick(cands, t)
-                same = [r for r in cands if r.get("cell") == near.get("cell")]
-                hit, how = max(same, key=lambda r: r["bytes_per_call"]), "op"
-        row = {
-            "name": k.get("name"), "demangled": k.get("demangled"), "class": cls,
-            "grid": f"({k['grid_x']}, {k['grid_y']}, {k['grid_z']})",
-            "block": f"({k['block_x']}, {k['block_y']}, {k['block_z']})",
-            "count": int(k["count"]), "time_ns": int(k["time_ns"]), "join": how,
-            "cell": hit.get("cell") if hit else None,
-            "op": _op_label(hit.get("op"), hit.get("proj")) if hit else None,
-            "bytes_per_call": int(hit["bytes_per_call"]) if hit else None,
-        }
-        row["measured_bytes"] = row["bytes_per_call"] * row["count"] if hit else None
-        out.append(row)
-    kschema = {"name": pl.String, "demangled": pl.String, "class": pl.String, "grid": pl.String,
-               "block": pl.String, "count": pl.Int64, "time_ns": pl.Int64, "join": pl.String,
-               "cell": pl.String, "op": pl.String, "bytes_per_call": pl.Int64,
-               "measured_bytes": pl.Int64}
+                hits, how = [_pick(cands, t, want)], "name"
+        if len(hits) == 1:
+            out.append(row_of(k, hits[0], how, k["count"], k["time_ns"]))
+        elif hits:
+            w = [float((plan_by_op.get(_op_label(h.get("op"), h.get("proj")) or "") or {})
+                       .get("calls") or 1) for h in hits]
+            shares = _split(int(k["count"]), hits, w)
+            for h, n in zip(hits, shares):
+                if n:
+                    out.append(row_of(k, h, how, n, round(k["time_ns"] * n / k["count"]),
+                                      shared=len(hits)))
+        else:
+            pending.append(k)
+
+    # one to one: an op cell's launches to the class's unjoined kernels
+    groups: dict[str, list[dict]] = {}
+    for k in pending:
+        cls = k["class"]
+        op = CLASS_TO_OP.get(cls)
+        if op == "add_norm" and "fused_add" not in (k.get("name") or "") + (
+                k.get("demangled") or "") and "norm" in by_op:
+            op = "norm"
+        if op is None or not by_op.get(op):
+            why = ("no cell for this kernel" + (" or its class" if op else "")
+                   + ("" if cls != "comm" else " (communication is not an HBM cell)"))
+            out.append(row_of(k, None, None, k["count"], k["time_ns"], reason=why))
+            continue
+        groups.setdefault(op, []).append(k)
+    for op, ks in groups.items():
+        near = _pick(by_op[op], ks[0]["_t"], want)
+        launches = sorted((r for r in by_op[op] if r.get("cell") == near.get("cell")),
+                          key=lambda r: -r["bytes_per_call"])
+        ks = sorted(ks, key=lambda k: -k["time_ns"])
+        for i, k in enumerate(ks):
+            if i < len(launches):
+                out.append(row_of(k, launches[i], "op", k["count"], k["time_ns"]))
+            else:
+                out.append(row_of(
+                    k, None, None, k["count"], k["time_ns"],
+                    reason=f"cell {near.get('cell')} ({len(launches)} launch(es)) is joined to "
+                           f"this class's longer kernel(s); no cell for this one"))
+    kschema = {"name": pl.String, "demangled": pl.String, "class": pl.String,
+               "trace_class": pl.String, "grid": pl.String, "block": pl.String,
+               "count": pl.Int64, "time_ns": pl.Int64, "join": pl.String, "cell": pl.String,
+               "op": pl.String, "cell_bytes_per_call": pl.Int64, "scale": pl.Float64,
+               "bytes_per_call": pl.Int64, "shared": pl.Int64, "measured_bytes": pl.Int64,
+               "reason": pl.String}
     kern = pl.DataFrame(out, schema=kschema)
 
     # measured side, per (class, op); unjoined kernels keep their class with op null
@@ -192,7 +305,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         .then(pl.col("measured_bytes").sum()).otherwise(None).alias("measured_bytes"),
         pl.col("time_ns").sum().alias("time_ns"),
     )
-    plan = pl.DataFrame(step_rows(card, batch, context, phase)).select(
+    plan = pl.DataFrame(plan_rows).select(
         "class", "op", pl.col("calls").alias("min_calls"), "min_bytes")
     rows = meas.join(plan, on=["class", "op"], how="full", coalesce=True).with_columns(
         pl.col("calls").fill_null(0), pl.col("time_ns").fill_null(0))
@@ -224,13 +337,17 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         "min_floor_ns": int(minimum / peak_bps * 1e9) if peak_bps else None,
         "time_ns": int(kern["time_ns"].sum()), "calls": int(kern["count"].sum()),
         "joined": {j: int(kern.filter(pl.col("join") == j)["count"].sum())
-                   for j in ("launch", "name", "op")},
+                   for j in ("launch", "name", "op", "trace")},
         "unjoined_kernels": [
             {"name": r["name"], "class": r["class"], "grid": r["grid"], "block": r["block"],
-             "count": r["count"]} for r in unjoined.to_dicts()],
-        "batch": batch, "context": context, "phase": phase,
+             "count": r["count"], "reason": r["reason"]} for r in unjoined.to_dicts()],
+        "batch": batch, "context": context, "phase": phase, "tp": tp,
     }
     warnings = []
+    if tp and tp > 1:
+        warnings.append(f"this step is one rank of TP={tp}, but the minimum and the cells are "
+                        "TP=1 (whole-model shapes): sharded GEMMs/attention are joined by name "
+                        "at full width or not at all, and measured vs minimum is not comparable")
     if unjoined.height:
         warnings.append(f"{int(unjoined['count'].sum())} kernel call(s) of {unjoined.height} "
                         "kernel(s) have no cell: their bytes are not in measured_bytes")
@@ -238,6 +355,14 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
     if approx.height:
         warnings.append(f"{approx.height} kernel(s) joined by name/op only (another launch "
                         "configuration was measured): their bytes are approximate")
+    scaled = kern.filter((pl.col("scale") - 1).abs() > 0.01)
+    if scaled.height:
+        warnings.append(f"{scaled.height} kernel(s) joined to a cell of another shape: their "
+                        "bytes are scaled by the ratio of the minimums (`scale`)")
+    shared = kern.filter(pl.col("shared") > 1)
+    if shared.height:
+        warnings.append(f"{shared['name'].n_unique()} kernel launch shape(s) measured for "
+                        "several ops: their calls are shared among those ops by the step plan")
     res = BudgetResult(kern, rows, classes, step, peak_bps, gpu_name, warnings)
     res.self_check()
     return res
@@ -249,10 +374,25 @@ def _floor(col: str, peak_bps: float | None) -> pl.Expr:
     return (pl.col(col) / peak_bps * 1e9).round(0).cast(pl.Int64)
 
 
-def step_kernels_from_inventory(inv, step: int) -> pl.DataFrame:
-    """One step's kernels with launch configuration, from the analyzer's Inventory."""
-    a = inv.acts.filter((pl.col("step") == step) & pl.col("is_kernel"))
-    return (a.group_by("name", "demangled", "class", *DIMS)
-            .agg(pl.len().cast(pl.Int64).alias("count"),
-                 (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
-            .sort("time_ns", descending=True))
+def step_kernels_from_inventory(inv, step: int, memops: bool = False) -> pl.DataFrame:
+    """One step's kernels with launch configuration, from the analyzer's Inventory; with
+    `memops`, the step's memsets/memcpys too (class `memops`, null launch dims,
+    `trace_bytes` = the bytes the trace records; `budget` joins them by those bytes)."""
+    a = inv.acts.filter(pl.col("step") == step)
+    if "bytes" not in a.columns:
+        a = a.with_columns(pl.lit(None, pl.Int64).alias("bytes"))
+    k = (a.filter(pl.col("is_kernel"))
+         .group_by("name", "demangled", "class", *DIMS)
+         .agg(pl.len().cast(pl.Int64).alias("count"),
+              (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+         .with_columns(pl.lit(None, pl.Int64).alias("trace_bytes")))
+    if not memops:
+        return k.sort("time_ns", descending=True)
+    m = (a.filter(~pl.col("is_kernel"))
+         .group_by("name", "demangled", "class")
+         .agg(pl.len().cast(pl.Int64).alias("count"),
+              (pl.col("end") - pl.col("start")).sum().alias("time_ns"),
+              pl.col("bytes").sum().cast(pl.Int64).alias("trace_bytes"))
+         .with_columns([pl.lit(None, pl.Int64).alias(d) for d in DIMS]))
+    return pl.concat([k, m.select(k.columns)], how="vertical_relaxed").sort(
+        "time_ns", descending=True)

@@ -84,8 +84,9 @@ def _run(trace, cells_path, model, batch, context, phase, step):
     peak = None
     if gpus.height and gpus["memory_bandwidth_bps"][0]:
         peak = float(gpus["memory_bandwidth_bps"][0])
-    sk = step_kernels_from_inventory(inv, sid)
-    res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak)
+    sk = step_kernels_from_inventory(inv, sid, memops=True)
+    tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
+    res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
     doc = {"trace": str(trace), "cells": str(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
@@ -123,8 +124,9 @@ def _render(doc, res) -> None:
             f"{c['class']} {_b(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
     con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
-              f"{j['op']} by op; {len(st['unjoined_kernels'])} kernel(s) without a cell")
+              f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; {len(st['unjoined_kernels'])} kernel(s) without a cell")
     for u in st["unjoined_kernels"][:15]:
-        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {u['name']}")
+        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {u['name']}"
+                  + (f" [dim]({u['reason']})[/]" if u.get("reason") else ""))
     for w in doc.get("warnings", []):
         con.print(f"[yellow]warning:[/] {w}")

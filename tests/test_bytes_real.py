@@ -1,0 +1,211 @@
+"""The byte side on the real H200 data: the committed ncu CSVs and sweep (fixtures/ncu/) and
+the committed llama-3.1-8b step traces. Expected values are read here independently (Python's
+csv module over the raw ncu text, plain SQL over the traces, hand arithmetic), never taken
+from the code under test."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, need, ro
+from stepscope.bytes import ncu
+from stepscope.bytes.cells import import_ncu
+
+NCU = FIXTURES / "ncu"
+RAW = NCU / "h200_llama8b_ncu_raw.csv"
+SMOKE = NCU / "smoke_ncu_raw.csv"
+SWEEP = NCU / "h200_llama8b_sweep.parquet"
+SINGLE = NCU / "h200_llama8b_single_cells.csv"
+
+
+def csv_rows(path) -> list[dict]:
+    """Every profiled launch of a raw ncu text, with the csv module: lines before each
+    `"ID",` header are log lines, the row after the header is the units row."""
+    out, header = [], None
+    for row in csv.reader(path.read_text().splitlines()):
+        if not row or row[0].startswith("=="):
+            header = None if row and row[0].startswith("==STEPSCOPE") else header
+            continue
+        if row[0] == "ID":
+            header = row
+            continue
+        if header and row[0].strip():
+            out.append(dict(zip(header, row)))
+    return out
+
+
+def num(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+@pytest.mark.parametrize("path", [RAW, SMOKE], ids=["sweep", "smoke"])
+def test_reader_matches_csv_module_on_real_ncu(path):
+    want = csv_rows(need(path))
+    assert want, "no launches read by the csv module"
+    res = ncu.parse_files([path])
+    got = [ncu.launch_record(d) for d in res.launches]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g["kernel"] == w["Kernel Name"]
+        assert g["grid"] == w["Grid Size"] and g["block"] == w["Block Size"]
+        gx, gy, gz = (int(x) for x in w["Grid Size"].strip("()").split(", "))
+        assert (g["grid_x"], g["grid_y"], g["grid_z"]) == (gx, gy, gz)
+        assert g["dram_read_bytes"] == num(w["dram__bytes_read.sum"])
+        assert g["dram_write_bytes"] == num(w["dram__bytes_write.sum"])
+        assert g["duration_ns"] == num(w["gpu__time_duration.sum"])
+        assert g["l2_hit_pct"] == pytest.approx(float(w["lts__t_sector_hit_rate.pct"]))
+    # the real files carry thousands separators in the byte counts, and ==PROF== lines
+    assert any("," in w["dram__bytes_read.sum"] for w in want)
+    assert any(ln.startswith("==PROF== Connected") for ln in res.log_lines)
+    assert res.units["dram__bytes_read.sum"] == "byte"
+
+
+def test_import_real_ncu_names_the_gpu():
+    df = import_ncu([need(RAW)])
+    want = csv_rows(RAW)
+    assert df.height == len(want)
+    assert set(df["gpu"].to_list()) == {"NVIDIA H200"}
+    lm = [w for w in want if w["Kernel Name"].startswith("nvjet_sm90_tst_256x8_64x6")]
+    assert num(lm[0]["dram__bytes_read.sum"]) in df["dram_read_bytes"].to_list()
+
+
+def test_sweep_cells_are_the_raw_launches_in_order():
+    """The committed cells table = the raw ncu launches minus the marker spin kernels."""
+    cells = pl.read_parquet(need(SWEEP))
+    assert cells.height == pl.read_csv(NCU / "h200_llama8b_sweep.csv").height
+    assert cells["error"].is_null().all() and cells["matched"].all()
+    assert cells["cell"].n_unique() == 52
+    raw = [w for w in csv_rows(RAW) if "spin_kernel" not in w["Kernel Name"]]
+    raw = raw[: cells.height]  # the raw text ends with the two single-cell runs
+    assert [num(w["dram__bytes_read.sum"]) for w in raw] == cells["dram_read_bytes"].to_list()
+    assert [w["Kernel Name"] for w in raw] == cells["kernel"].to_list()
+
+
+def _cell(cells, name):
+    return cells.filter(pl.col("cell") == name)
+
+
+def test_sweep_against_the_seed_h200_references():
+    cells = pl.read_parquet(need(SWEEP))
+    # decode LM head reads ~1.05 GB (seed: "1.05 GB per step")
+    lm = _cell(cells, "gemm_lm_head_m1").row(0, named=True)
+    assert lm["dram_read_bytes"] == pytest.approx(1.05e9, rel=0.01)
+    assert 4096 * 128256 * 2 <= lm["dram_read_bytes"]  # the weight, read once
+    # decode GEMM amplification 1.00-1.07 (all launches of the cell, split-K reduce included)
+    for proj, (k, n) in {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+                         "down": (14336, 4096), "lm_head": (4096, 128256)}.items():
+        c = _cell(cells, f"gemm_{proj}_m1")
+        moved = (c["dram_read_bytes"] + c["dram_write_bytes"]).sum()
+        minimum = (k * n + k + n) * 2  # W + x + y, bf16, one token
+        assert c["cell_min_bytes"][0] == minimum
+        assert 0.99 <= moved / minimum <= 1.07, proj
+    # QKV at M=2048 moves more than its 92.3 MB minimum (seed: amplification 1.46)
+    q = _cell(cells, "gemm_qkv_m2048")
+    qmin = (4096 * 6144 + 2048 * 4096 + 2048 * 6144) * 2
+    assert qmin == q["cell_min_bytes"][0] == 92_274_688
+    moved = int((q["dram_read_bytes"] + q["dram_write_bytes"]).sum())
+    assert moved > 1.3 * qmin
+    # the seed-way single-cell cross-check agrees within 1%
+    s = [w for w in csv.DictReader(need(SINGLE).open()) if w["cell"] == "gemm_qkv_m2048"][0]
+    assert int(s["dram_read_bytes"]) + int(s["dram_write_bytes"]) == pytest.approx(moved, rel=0.01)
+
+
+# --- stepscope budget on the committed step traces -----------------------------------------
+
+DECODE_MIN_B1 = 15_289_851_408  # minbytes hand values (test_bytes_minbytes): the seed's 15.29 GB
+
+
+def _budget(trace):
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, ["budget", str(need(FIXTURES / trace)), "--cells", str(SWEEP),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _sql_counts(trace):
+    with ro(FIXTURES / trace) as con:
+        k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+        m, b = con.execute("SELECT count(*), coalesce(sum(bytes), 0) "
+                           "FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()
+    return k, m, b
+
+
+@pytest.mark.parametrize("trace", [
+    "llama8b_decode_b1_eager.sqlite", "llama8b_decode_b1_graph.sqlite",
+    "llama8b_decode_b8_eager.sqlite", "llama8b_decode_b8_graph.sqlite",
+    "llama8b_prefill_b1_eager.sqlite"])
+def test_budget_on_real_step(trace):
+    d = _budget(trace)
+    st, kern = d["step"], d["kernels"]
+    n_kernels, n_memsets, memset_bytes = _sql_counts(trace)  # one step per capture
+    assert st["calls"] == n_kernels + n_memsets
+    # every kernel joined or explicitly listed
+    listed = sum(u["count"] for u in st["unjoined_kernels"])
+    assert sum(st["joined"].values()) + listed == st["calls"]
+    assert sum(k["count"] for k in kern if k["join"] is None) == listed
+    assert all(u["reason"] for u in st["unjoined_kernels"])
+    assert st["joined"]["trace"] == n_memsets
+    assert sum(k["measured_bytes"] for k in kern if k["join"] == "trace") == memset_bytes
+    # the step total is the sum of its rows (and of its kernels)
+    assert st["measured_bytes"] == sum(r["measured_bytes"] or 0 for r in d["rows"])
+    assert st["measured_bytes"] == sum(k["measured_bytes"] or 0 for k in kern)
+    assert st["min_bytes"] == sum(r["min_bytes"] or 0 for r in d["rows"])
+    # every planned op is measured with as many calls as the plan has
+    for r in d["rows"]:
+        if r["min_calls"]:
+            assert r["calls"] == r["min_calls"], r
+    # sane: above the minimum, not by much (weights dominate the decode step)
+    amp = st["measured_bytes"] / st["min_bytes"]
+    if "decode" in trace:
+        assert 1.0 < amp < 1.05
+    else:
+        assert 1.2 < amp < 1.7  # prefill GEMMs at M=2048 re-read their operands
+
+
+def test_budget_decode_b1_figures():
+    d = _budget("llama8b_decode_b1_eager.sqlite")
+    st = d["step"]
+    assert st["min_bytes"] == DECODE_MIN_B1
+    assert st["measured_bytes"] == pytest.approx(15.53e9, rel=0.005)
+    rows = {(r["class"], r["op"]): r for r in d["rows"]}
+    cells = pl.read_parquet(SWEEP)
+    lm = _cell(cells, "gemm_lm_head_m1")
+    assert rows[("gemm", "gemm:lm_head")]["measured_bytes"] == int(
+        (lm["dram_read_bytes"] + lm["dram_write_bytes"]).sum())
+    # split-K reduce: one launch shape after both o and down, 32 calls each
+    sk = [k for k in d["kernels"] if k["class"] == "splitk_reduce"]
+    assert sorted((k["op"], k["count"]) for k in sk) == [("gemm:down", 32), ("gemm:o", 32)]
+    # cuDNN decode attention (another kernel than the sweep's batch-64 cell): joined by op,
+    # scaled to batch 1 -> ~ its 8.4 MB per-layer minimum; the split-KV combine is listed
+    att = rows[("attention_decode", "attn_decode")]
+    assert att["calls"] == 32
+    kv = 2048 * 8 * 128 * 2 * 2  # K+V of one layer, bf16
+    assert kv <= att["measured_bytes_per_call"] <= 1.02 * (kv + 2 * 4096 * 2)
+    names = [u["name"] for u in st["unjoined_kernels"]]
+    assert names == ["lean_reduction_kernel"]
+
+
+def test_budget_prefill_shares_one_kernel_among_three_projections():
+    d = _budget("llama8b_prefill_b1_eager.sqlite")
+    coop = [k for k in d["kernels"] if k["name"].startswith("nvjet_sm90_tst_256x128_64x4")]
+    assert sorted((k["op"], k["count"]) for k in coop) == [
+        ("gemm:down", 32), ("gemm:o", 32), ("gemm:qkv", 32)]
+    # the prefill LM head runs on the last token: the M=1 cell, not the M=2048 one
+    lm = [k for k in d["kernels"] if k["op"] == "gemm:lm_head"]
+    assert [k["cell"] for k in lm] == ["gemm_lm_head_m1"]
+
+
+def test_budget_tp2_rank_is_flagged():
+    d = _budget("llama8b_decode_b1_eager_tp2.sqlite")
+    st = d["step"]
+    assert st["tp"] == 2 and any("TP=2" in w for w in d["warnings"])
+    listed = sum(u["count"] for u in st["unjoined_kernels"])
+    assert sum(st["joined"].values()) + listed == st["calls"]
+    assert {u["class"] for u in st["unjoined_kernels"]} >= {"comm"}
