@@ -126,3 +126,25 @@ def test_real_torch_profiler_trace(path):
     inv.self_check()
     assert inv.steps["delimiter"].unique().to_list() == ["nvtx"]
     assert inv.steps["n_kernels"].n_unique() == 1  # identical decode steps
+
+
+def test_torch_profiler_and_nsys_agree_on_the_same_step():
+    """The same torch-engine decode step on the same 2×H200 machine, once under nsys and once
+    under torch.profiler: identical kernel counts per class; the raw kernel counts per step
+    are read independently (json for Kineto, SQL for nsys)."""
+    import gzip
+    import json
+
+    from stepscope.api import open_trace
+    from tests.conftest import need, ro
+
+    kin_path = need(FIXTURES / "torch_profiler" / "llama8b_decode_b1_eager_x2.torch.json.gz")
+    nsys_path = need(FIXTURES / "llama8b_decode_b1_eager_x2.sqlite")
+    kin, nsys = open_trace(kin_path), open_trace(nsys_path)
+    n_sql = ro(nsys_path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    events = json.loads(gzip.decompress(kin_path.read_bytes()))["traceEvents"]
+    n_json = sum(1 for e in events if e.get("cat") == "kernel")
+    assert kin.table.height == 3 and n_json == 3 * n_sql  # three profiled steps
+    want = dict(zip(nsys.steps[0].classes["class"], nsys.steps[0].classes["count"]))
+    for step in kin.steps:
+        assert dict(zip(step.classes["class"], step.classes["count"])) == want

@@ -29,9 +29,9 @@ def find_gaps(inv: Inventory) -> pl.DataFrame:
     a = inv.acts.filter(pl.col("step").is_not_null()).sort("step", "start", "end")
     prev_end = pl.col("end").cum_max().shift(1).over("step")
     # name of the activity whose end closes the union before the gap: the one holding the max end
+    a = a.with_columns(prev_end=prev_end, _cum_end=pl.col("end").cum_max().over("step"))
     a = a.with_columns(
-        prev_end=prev_end,
-        prev_name=pl.when(pl.col("end") == pl.col("end").cum_max().over("step"))
+        prev_name=pl.when(pl.col("end") == pl.col("_cum_end"))
         .then(pl.col("name")).otherwise(None).forward_fill().shift(1).over("step"),
     )
     g = a.filter(pl.col("start") > pl.col("prev_end")).select(

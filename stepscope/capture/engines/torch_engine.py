@@ -352,6 +352,13 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
     say("result=" + json.dumps(result), rank)
     if world > 1:
         _barrier(cpu_group)
+        if graph is not None:
+            # Seen on 2×H200 (torch 2.11, NCCL 2.28.9): tearing down NCCL while a captured graph
+            # holds its collectives hangs the rank after the step is done (with and without nsys).
+            # The capture is complete here, so leave without the teardown.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         dist.destroy_process_group()
     return result
 
