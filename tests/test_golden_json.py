@@ -1,0 +1,81 @@
+"""Golden JSON: `stepscope analyze FILE --json --steps all` on every committed trace equals the
+stored document in tests/golden/<stem>.json — no figure changes when the data path changes.
+
+Compared after `tests/golden/regen.py`'s `canonical`: `trace.path` (machine-specific) dropped
+and the order among tied entries of ranked lists normalized; every number, float included, must
+be exactly as stored.  When a figure is meant to change, regenerate with
+`python tests/golden/regen.py [NAME ...]` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.golden.regen import EXTERNAL, GOLDEN, analyze, canonical, golden_path, traces
+
+TRACES = traces()
+MAX_GOLDEN_BYTES = 3 * 2**20
+
+
+def _diff(want, got, path="$", out=None, limit=20):
+    """Paths where two JSON values differ (at most `limit`)."""
+    out = [] if out is None else out
+    if len(out) >= limit:
+        return out
+    if type(want) is not type(got):
+        out.append(f"{path}: {want!r:.120} != {got!r:.120}")
+    elif isinstance(want, dict):
+        for k in list(want) + [k for k in got if k not in want]:
+            if k not in got:
+                out.append(f"{path}.{k}: missing")
+            elif k not in want:
+                out.append(f"{path}.{k}: unexpected")
+            else:
+                _diff(want[k], got[k], f"{path}.{k}", out, limit)
+    elif isinstance(want, list):
+        if len(want) != len(got):
+            out.append(f"{path}: {len(want)} entries != {len(got)}")
+        for i, (a, b) in enumerate(zip(want, got)):
+            _diff(a, b, f"{path}[{i}]", out, limit)
+    elif want != got:
+        out.append(f"{path}: {want!r:.120} != {got!r:.120}")
+    return out[:limit]
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=[t.stem for t in TRACES])
+def test_analyze_json_matches_golden(trace):
+    gold = golden_path(trace)
+    assert gold.exists(), f"no golden for {trace.name}: run python tests/golden/regen.py {trace.stem}"
+    want = json.loads(gold.read_text(encoding="utf-8"))
+    got = canonical(analyze(trace))
+    if got != want:
+        lines = _diff(want, got)
+        pytest.fail(f"{trace.name}: analyze --json differs from {gold.name} (stored != now):\n  "
+                    + "\n  ".join(lines))
+
+
+def test_canonical_keeps_order_between_different_figures():
+    k1 = {"name": "b", "time_ns": 5, "count": 1, "demangled": "z"}
+    k2 = {"name": "b", "time_ns": 5, "count": 2, "demangled": "a"}
+    k3 = {"name": "a", "time_ns": 3, "count": 1, "demangled": "q"}
+
+    def doc(*kernels):
+        return {"trace": {"path": "/x", "nsys_version": "1"}, "steps": [{"kernels": list(kernels)}]}
+
+    c = canonical(doc(k1, k2, k3))
+    assert c["trace"] == {"nsys_version": "1"}
+    # k1, k2 tie (time 5, name b): their order is normalized; the ranking 5 before 3 is kept
+    assert canonical(doc(k2, k1, k3)) == c
+    assert canonical(doc(k3, k1, k2)) != c
+    assert canonical(doc(k1, k2, dict(k3, time_ns=4))) != c
+
+
+def test_golden_files_small_and_not_stale():
+    files = sorted(GOLDEN.glob("*.json"))
+    assert sum(p.stat().st_size for p in files) <= MAX_GOLDEN_BYTES
+    if not EXTERNAL.is_dir():
+        pytest.skip(f"{EXTERNAL} not present: cannot tell stale golden files")
+    stale = {p.stem for p in files} - {t.stem for t in TRACES}
+    assert not stale, f"golden files without a trace: {sorted(stale)}"
