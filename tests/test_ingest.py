@@ -28,9 +28,14 @@ def test_every_external_export_reads_with_sql_counts(external):
     assert t.kernels["device"].n_unique() == devices
     n_memcpy = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()[0]
     assert t.memops.filter(pl.col("kind") == "memcpy").height == n_memcpy
-    # runtime + driver calls only (old exports also hold CUDA-backtrace rows, eventClass 67)
-    n_api = con.execute(
-        "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE eventClass IN (0, 1)").fetchone()[0]
+    # runtime + driver calls only (old exports also hold CUDA-backtrace rows, eventClass 67), and
+    # of those the launches, copies, sets, syncs and profiler start/stop
+    n_api = con.execute("""
+        SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+        WHERE r.eventClass IN (0, 1) AND (s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'
+           OR s.value LIKE 'cudaGraphLaunch%' OR s.value LIKE 'cudaMemcpy%' OR s.value LIKE 'cudaMemset%'
+           OR s.value LIKE 'cuMemcpy%' OR s.value LIKE 'cuMemset%' OR s.value LIKE '%Synchronize%'
+           OR s.value LIKE 'cudaStreamWaitEvent%' OR s.value LIKE '%ProfilerSt%')""").fetchone()[0]
     assert t.api.height == n_api
     # every kernel name id decodes
     names = set(t.strings["id"].to_list())
@@ -79,7 +84,9 @@ def test_cloverleaf_matches_pipit_csv_reading():
     assert ours["end"].to_list() == ref["end"].to_list()
     assert ours["name"].to_list() == ref["name"].to_list()
     api_csv = pl.read_csv(EXTERNAL / "pipit_cloverleaf_cuda_api_trace.csv")
-    api_ref = api_csv.filter(pl.col("Event Type") == "Enter").select(
+    # stepscope keeps launches, copies/sets, syncs and profiler calls (not cudaMalloc/cudaFree...)
+    kept = pl.col("Name").str.contains(r"^(cudaLaunch|cudaMemcpy|cudaDeviceSynchronize)")
+    api_ref = api_csv.filter((pl.col("Event Type") == "Enter") & kept).select(
         pl.col("Timestamp (ns)").alias("start"), pl.col("_matching_timestamp").alias("end")).sort("start")
     ours_api = t.api.select("start", "end").sort("start")
     assert ours_api.height == api_ref.height

@@ -23,32 +23,51 @@ class Diagnosis:
     launch: pl.DataFrame       # one row per step
     launch_by_api: pl.DataFrame
     floors: pl.DataFrame       # one row per step
+    _sections: dict | None = None
 
     def step_sections(self, step: int) -> dict:
         """The JSON sections a step of `analyze --json` gains: gaps, launch, floors."""
-        t = self.gap_totals.filter(pl.col("step") == step)
-        gaps = {r["kind"]: {"count": r["count"], "time_ns": r["time_ns"]} for r in t.iter_rows(named=True)}
-        gaps = {k: gaps.get(k, {"count": 0, "time_ns": 0}) for k in KINDS}
-        top = (self.gaps.filter(pl.col("step") == step).sort("gap_ns", descending=True).head(TOP_GAPS)
-               .select("gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api"))
-        gaps["top"] = top.to_dicts()
-        gaps["histogram"] = (self.histogram.filter(pl.col("step") == step).drop("step").to_dicts())
-        launch = self.launch.filter(pl.col("step") == step).drop("step").to_dicts()
-        launch = launch[0] if launch else {}
-        launch["by_api"] = self.launch_by_api.filter(pl.col("step") == step).drop("step").to_dicts()
-        launch["profiler_overhead"] = {
-            "count": self.inv.trace.profiler_overhead_count, "time_ns": self.inv.trace.profiler_overhead_ns}
-        f = self.floors.filter(pl.col("step") == step).row(0, named=True)
-        return {
-            "gaps": gaps,
-            "launch": launch,
-            "floors": {
-                "cpu_floor_ns": f["cpu_floor_ns"], "device_floor_ns": f["device_floor_ns"],
-                "verdict": f["verdict"], "t_launch_ns": f["t_launch_ns"],
-                "margin": round(f["margin"], 3) if f["margin"] is not None else None,
-                "host_bound_gap_ns": f["host_bound_gap_ns"],
-            },
-        }
+        if self._sections is None:
+            self._sections = self._build_sections()
+        return self._sections[step]
+
+    def _build_sections(self) -> dict[int, dict]:
+        """Every step's sections in one pass over each frame (no per-step filtering)."""
+        def by_step(frame: pl.DataFrame) -> dict[int, list[dict]]:
+            out: dict[int, list[dict]] = {}
+            for r in frame.iter_rows(named=True):
+                out.setdefault(r.pop("step"), []).append(r)
+            return out
+
+        totals = by_step(self.gap_totals)
+        top = by_step(
+            self.gaps.sort("gap_ns", descending=True).group_by("step", maintain_order=True).head(TOP_GAPS)
+            .select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api"))
+        hist = by_step(self.histogram)
+        launch = {r.pop("step"): r for r in self.launch.iter_rows(named=True)}
+        by_api = by_step(self.launch_by_api)
+        overhead = {"count": self.inv.trace.profiler_overhead_count, "time_ns": self.inv.trace.profiler_overhead_ns}
+        out = {}
+        for f in self.floors.iter_rows(named=True):
+            step = f["step"]
+            kinds = {r["kind"]: {"count": r["count"], "time_ns": r["time_ns"]} for r in totals.get(step, [])}
+            gaps = {k: kinds.get(k, {"count": 0, "time_ns": 0}) for k in KINDS}
+            gaps["top"] = top.get(step, [])
+            gaps["histogram"] = hist.get(step, [])
+            lau = dict(launch.get(step, {}))
+            lau["by_api"] = by_api.get(step, [])
+            lau["profiler_overhead"] = overhead
+            out[step] = {
+                "gaps": gaps,
+                "launch": lau,
+                "floors": {
+                    "cpu_floor_ns": f["cpu_floor_ns"], "device_floor_ns": f["device_floor_ns"],
+                    "verdict": f["verdict"], "t_launch_ns": f["t_launch_ns"],
+                    "margin": round(f["margin"], 3) if f["margin"] is not None else None,
+                    "host_bound_gap_ns": f["host_bound_gap_ns"],
+                },
+            }
+        return out
 
 
 def diagnose(inv: Inventory) -> Diagnosis:

@@ -26,10 +26,10 @@ GAP_SCHEMA = {
 
 
 def find_gaps(inv: Inventory) -> pl.DataFrame:
-    a = inv.acts.filter(pl.col("step").is_not_null()).sort("step", "start", "end")
-    prev_end = pl.col("end").cum_max().shift(1).over("step")
-    # name of the activity whose end closes the union before the gap: the one holding the max end
-    a = a.with_columns(prev_end=prev_end, _cum_end=pl.col("end").cum_max().over("step"))
+    # inv.acts is sorted by (step, start, end) and carries prev_end, the union's end before it
+    a = inv.acts.filter(pl.col("step").is_not_null())
+    a = a.with_columns(_cum_end=pl.col("end").cum_max().over("step"))
+    # the activity whose end closes the union before the gap: the last one holding the max end
     a = a.with_columns(
         prev_name=pl.when(pl.col("end") == pl.col("_cum_end"))
         .then(pl.col("name")).otherwise(None).forward_fill().shift(1).over("step"),

@@ -25,8 +25,10 @@ class Inventory:
     steps: pl.DataFrame      # one row per step, the figures of DEFINITIONS.md
     classes: pl.DataFrame    # step, class, count, time_ns
     kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
-    acts: pl.DataFrame       # every activity with step, class and launch columns (for gaps etc.)
+    acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
+                             # (step, start); prev_end/gap_ns: the union before it, the idle gap
     api: pl.DataFrame        # API calls with flags
+    launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
 
     def step_ids(self) -> list[int]:
@@ -52,7 +54,12 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     acts = activities(trace.kernels, trace.memops, api)
     seg = segment(trace, acts, api, step_regex)
     acts = _classify(seg, trace, rules, strings)
-    steps = _step_figures(seg.steps, acts, api)
+    # one sort for every interval figure: the running max of ends before each activity
+    acts = acts.sort("step", "start", "end", nulls_last=True).with_columns(
+        prev_end=pl.col("end").cum_max().shift(1).over("step"))
+    acts = acts.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - pl.col("prev_end"), 0).fill_null(0))
+    calls = step_launch_calls(seg.steps, acts, api)
+    steps = _step_figures(seg.steps, acts, calls)
     classes = (
         acts.filter(pl.col("step").is_not_null())
         .group_by("step", "class")
@@ -78,7 +85,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
             "they count only in steps delimited by the kernel sequence"
         )
-    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, warnings)
+    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings)
 
 
 def _classify(seg: Segmentation, trace: Trace, rules: RuleSet, strings: dict[int, str]) -> pl.DataFrame:
@@ -118,11 +125,9 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet, strings: dict[int
     return acts
 
 
-def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
-    a = acts.filter(pl.col("step").is_not_null()).sort("step", "start")
+def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    a = acts.filter(pl.col("step").is_not_null())
     dur = pl.col("end") - pl.col("start")
-    prev_end = pl.col("end").cum_max().shift(1).over("step")
-    a = a.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - prev_end, 0).fill_null(0))
     per = a.group_by("step").agg(
         n_kernels=pl.col("is_kernel").sum().cast(pl.Int64),
         kernel_time_sum_ns=dur.filter(pl.col("is_kernel")).sum(),
@@ -136,7 +141,8 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) ->
     per = per.with_columns(gpu_span_ns=pl.col("last_end") - pl.col("first_start"))
     per = per.with_columns(gpu_busy_ns=pl.col("gpu_span_ns") - pl.col("idle_ns"))
 
-    launches = _launch_calls(steps, a, api)
+    launches = calls.group_by("step").agg(
+        n_launch_calls=pl.len().cast(pl.Int64), launch_call_ns=(pl.col("end") - pl.col("start")).sum())
     s = steps.join(per, on="step", how="inner").join(launches, on="step", how="left").with_columns(
         pl.col("n_launch_calls").fill_null(0), pl.col("launch_call_ns").fill_null(0))
 
@@ -150,7 +156,7 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) ->
         step_end=pl.max_horizontal(pl.col("w_end").fill_null(pl.col("last_end")), "last_end"),
     ).with_columns(step_time_ns=pl.max_horizontal(pl.col("step_end") - pl.col("step_begin"), 0))
 
-    layers = _layers(a)
+    layers = _layers(a)  # a is sorted by (step, start)
     s = s.join(layers, on="step", how="left").sort("step")
     return s.select(
         "step", "pid", "device", "delimiter", "name", "phase", "tid", "w_start", "w_end",
@@ -160,10 +166,16 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) ->
     )
 
 
-def _launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
-    """Launch API calls of each step: those inside its host window, else those that launched it."""
-    launch_api = api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end").sort("start")
-    out = []
+def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """Every launch call of every step: (step, pid, tid, corr, start, end, api_name).
+
+    Window-delimited steps own the launch calls inside their host window (on their thread, or
+    any thread of the process for capture ranges); a window split over several devices shares
+    its calls with each of its steps. Other steps own the calls that launched their activities.
+    """
+    launch_api = (api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end", "api_name")
+                  .sort("start"))
+    parts = []
     windowed = steps.filter(pl.col("w_start").is_not_null())
     for by, w in (
         (["pid", "tid"], windowed.filter(pl.col("tid").is_not_null())),
@@ -171,35 +183,32 @@ def _launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) ->
     ):
         if w.is_empty():
             continue
-        # A window split over several devices shares its host calls: count them for each step.
         ws = w.select(*by, "w_start", "w_end", "step").sort("w_start")
         windows = ws.unique([*by, "w_start"], keep="first", maintain_order=True).rename({"step": "first_step"})
-        hit = launch_api.join_asof(windows, left_on="start", right_on="w_start", by=by, strategy="backward", check_sortedness=False)
+        hit = launch_api.join_asof(windows, left_on="start", right_on="w_start", by=by, strategy="backward",
+                                   check_sortedness=False)
         hit = hit.filter(pl.col("start") <= pl.col("w_end"))
-        per_window = hit.group_by(*by, "w_start").agg(
-            n_launch_calls=pl.len().cast(pl.Int64), launch_call_ns=(pl.col("end") - pl.col("start")).sum())
-        out.append(ws.join(per_window, on=[*by, "w_start"], how="left").select(
-            "step", "n_launch_calls", "launch_call_ns"))
+        hit = hit.join(ws.select(*by, "w_start", "step"), on=[*by, "w_start"])
+        parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))
     bare = steps.filter(pl.col("w_start").is_null()).select("step")
     if bare.height:
         calls = (
-            acts.join(bare, on="step", how="semi")
-            .filter(pl.col("launch_start").is_not_null())
+            acts.join(bare, on="step", how="semi").filter(pl.col("launch_start").is_not_null())
             .select("step", "pid", "corr").unique()
-            .join(launch_api.select("pid", "corr", "start", "end"), on=["pid", "corr"])
-            .group_by("step").agg(n_launch_calls=pl.len().cast(pl.Int64),
-                                  launch_call_ns=(pl.col("end") - pl.col("start")).sum())
+            .join(launch_api, on=["pid", "corr"])
+            .select("step", "pid", "tid", "corr", "start", "end", "api_name")
         )
-        out.append(calls)
-    if not out:
-        return pl.DataFrame(schema={"step": pl.Int64, "n_launch_calls": pl.Int64, "launch_call_ns": pl.Int64})
-    return pl.concat(out, how="vertical_relaxed")
+        parts.append(calls)
+    if not parts:
+        return pl.DataFrame(schema={"step": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "corr": pl.Int64,
+                                    "start": pl.Int64, "end": pl.Int64, "api_name": pl.String})
+    return pl.concat(parts, how="vertical_relaxed").sort("step", "start")
 
 
 def _layers(acts: pl.DataFrame) -> pl.DataFrame:
     seqs = (
-        acts.filter(pl.col("is_kernel")).group_by("step")
-        .agg(pl.col("demangled_id").sort_by("start").alias("seq"))
+        acts.filter(pl.col("is_kernel")).group_by("step", maintain_order=True)
+        .agg(pl.col("demangled_id").alias("seq"))
         .with_columns(sig=pl.col("seq").hash())
     )
     uniq = seqs.unique("sig", keep="first")

@@ -58,13 +58,14 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
                              pl.lit(None, pl.Int64).alias("bytes"))
     m = memops.rename({"kind": "memop"}).with_columns(pl.lit(False).alias("is_kernel"))
     acts = pl.concat([k, m], how="diagonal_relaxed") if m.height else k
-    # correlationId is unique only within a process; keep one call per (pid, corr).
-    calls = (
-        api.select("pid", "corr", "tid", pl.col("start").alias("launch_start"),
-                   pl.col("end").alias("launch_end"), pl.col("name_id").alias("launch_name_id"))
-        .unique(["pid", "corr"], keep="first")
-    )
-    acts = acts.join(calls, on=["pid", "corr"], how="left")
+    # correlationId is unique only within a process: join on (pid, corr), packed into one
+    # integer key (pid < 2^24, so the key is exact while corr < 2^39), which hashes faster.
+    key = (pl.col("pid") * (1 << 39) + pl.col("corr")).alias("_key")
+    calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
+                       pl.col("end").alias("launch_end"), pl.col("name_id").alias("launch_name_id"))
+    if calls["_key"].n_unique() != calls.height:  # keep one call per (pid, corr)
+        calls = calls.unique("_key", keep="first", maintain_order=True)
+    acts = acts.with_columns(key).join(calls, on="_key", how="left").drop("_key")
     return acts.with_row_index("row")
 
 
@@ -134,9 +135,10 @@ def _no_windows() -> pl.DataFrame:
 
 
 def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """(row, window) for activities whose launching call starts inside a window."""
+    """(row, device, window) for activities whose launching call starts inside a window."""
     out = []
-    launched = acts.filter(pl.col("launch_start").is_not_null()).select("row", "pid", "tid", "launch_start")
+    launched = acts.filter(pl.col("launch_start").is_not_null()).select(
+        "row", "device", "pid", "tid", "launch_start")
     launched = launched.sort("launch_start")
     for by, w in (
         (["pid", "tid"], windows.filter(pl.col("tid").is_not_null())),
@@ -148,8 +150,9 @@ def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
             w.select(*by, "w_start", "w_end", "window"), left_on="launch_start", right_on="w_start",
             by=by, strategy="backward", check_sortedness=False,
         ).filter(pl.col("launch_start") <= pl.col("w_end"))
-        out.append(hit.select("row", "window"))
-    return pl.concat(out) if out else pl.DataFrame(schema={"row": pl.UInt32, "window": pl.UInt32})
+        out.append(hit.select("row", "device", "window"))
+    return pl.concat(out) if out else pl.DataFrame(
+        schema={"row": pl.UInt32, "device": pl.Int64, "window": pl.UInt32})
 
 
 def find_period(keys: np.ndarray, min_repeats: int = 3, min_match: float = 0.8) -> int | None:
@@ -245,15 +248,14 @@ def segment(trace, acts: pl.DataFrame, api: pl.DataFrame, step_regex: str | None
     if windows.height:
         windows = windows.sort("w_start").with_row_index("window")
         hit = _assign_windows(acts, windows)
-        per_dev = (
-            hit.join(acts.select("row", "device"), on="row")
-            .join(windows.select("window", "pid", "tid", "w_start", "w_end", "name", "delimiter"), on="window")
-        )
-        keys = per_dev.select("window", "device").unique().join(
-            windows.select("window", "w_start"), on="window").sort("w_start", "device")
-        keys = keys.with_row_index("step")
-        per_dev = per_dev.join(keys.select("window", "device", "step"), on=["window", "device"])
-        assigned.append(per_dev.select("row", pl.col("step").cast(pl.Int64)))
+        # a step is (window, device); number them by window start, then device
+        wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
+        keys = hit.select(wd, "window", "device").unique("_wd").join(
+            windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
+        step_of = hit.with_columns(wd).select(
+            "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
+            .alias("step"))
+        assigned.append(step_of)
         steps_w = keys.join(windows.drop("w_start"), on="window").select(
             pl.col("step").cast(pl.Int64), "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
         step_rows_frame = steps_w
@@ -287,8 +289,11 @@ def segment(trace, acts: pl.DataFrame, api: pl.DataFrame, step_regex: str | None
             f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
             "check --step-regex or capture with an NVTX range per step"
         )
-    a = pl.concat(assigned).with_columns(pl.col("row").cast(pl.UInt32))
-    acts = acts.join(a, on="row", how="left")
+    a = pl.concat(assigned)
+    # rows are 0..n-1 in acts' order: scatter the step ids instead of joining on row
+    step = np.full(acts.height, -1, dtype=np.int64)
+    step[a["row"].to_numpy()] = a["step"].to_numpy()
+    acts = acts.with_columns(pl.Series("step", step).replace(-1, None))
     return Segmentation(step_rows_frame, acts, warnings)
 
 

@@ -23,7 +23,8 @@ def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Opti
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
 
-    return analyze_trace(read_trace(trace or bundled_trace()), step_regex, load_rules(rules))
+    trace_obj = read_trace(trace or bundled_trace(), launch_config=False)
+    return analyze_trace(trace_obj, step_regex, load_rules(rules))
 
 
 def check_steps_option(steps: str) -> str:

@@ -8,8 +8,11 @@ from stepscope.errors import InputError
 from stepscope.model import Trace
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read any supported trace file, dispatching on its content rather than trusting its name."""
+def read_trace(path: str | Path, launch_config: bool = True) -> Trace:
+    """Read any supported trace file, dispatching on its content rather than trusting its name.
+
+    `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
+    and the exports need them)."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
@@ -19,7 +22,7 @@ def read_trace(path: str | Path) -> Trace:
         if head.startswith(b"SQLite format 3"):
             from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
 
-            return read_nsys_sqlite(path)
+            return read_nsys_sqlite(path, launch_config)
         if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
             try:
                 from stepscope.ingest.kineto import read_kineto

@@ -26,6 +26,18 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 PID_SQL = "((({col}) >> 24) & 16777215)"
 TID_SQL = "(({col}) & 16777215)"
+API_PREFIXES = (
+    "cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpy", "cuMemcpy",
+    "cudaMemset", "cuMemset", "cudaDeviceSynchronize", "cudaStreamSynchronize",
+    "cudaEventSynchronize", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
+    "cudaStreamWaitEvent", "cudaProfilerStart", "cudaProfilerStop", "cuProfilerStart", "cuProfilerStop",
+)
+# GLOB is case-sensitive and uses the index-free prefix test SQLite is fastest at
+API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in API_PREFIXES)
+
+
+def _unpack_pid(col: str) -> pl.Expr:
+    return ((pl.col(col) // (1 << 24)) % (1 << 24)).alias(col)
 
 
 def is_sqlite(path: Path) -> bool:
@@ -36,16 +48,61 @@ def is_sqlite(path: Path) -> bool:
 def connect_readonly(path: Path) -> sqlite3.Connection:
     """Open an export read-only; `immutable` is not used so a file still being written is safe."""
     uri = Path(path).resolve().as_uri() + "?mode=ro"
-    con = sqlite3.connect(uri, uri=True)
+    con = sqlite3.connect(uri, uri=True, factory=_Connection)
     con.execute("PRAGMA query_only = 1")
     return con
 
 
 def _frame(con: sqlite3.Connection, sql: str, schema: dict) -> pl.DataFrame:
+    """Run a query into a frame with `schema` (names and dtypes by position).
+
+    Bulk tables go through ADBC's SQLite driver when it is installed: it hands rows over as
+    Arrow columns, several times faster than Python's row-by-row fetch. It opens the same
+    read-only URI. Without it, sqlite3 does the same work more slowly.
+    """
+    bulk = getattr(con, "_stepscope_adbc", None)
+    if bulk is not None:
+        import adbc_driver_manager
+
+        stmt = adbc_driver_manager.AdbcStatement(bulk[1])
+        try:
+            stmt.set_sql_query(sql)
+            stream, _ = stmt.execute_query()
+            df = pl.DataFrame(stream)  # the Arrow C stream, no pyarrow in between
+        finally:
+            stmt.close()
+        if df.height == 0:
+            return empty(schema)
+        df.columns = list(schema)
+        return df.cast(schema)
     rows = con.execute(sql).fetchall()
     if not rows:
         return empty(schema)
     return pl.DataFrame(rows, schema=list(schema.items()), orient="row")
+
+
+def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
+    # the low-level ADBC API: its DB-API layer would import pyarrow and pandas (~0.6 s)
+    try:
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+    except ImportError:
+        return
+    db = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
+    con._stepscope_adbc = (db, adbc_driver_manager.AdbcConnection(db))
+
+
+class _Connection(sqlite3.Connection):
+    """sqlite3 connection that may carry an ADBC twin for bulk reads."""
+
+    _stepscope_adbc = None
+
+    def close(self) -> None:
+        if self._stepscope_adbc is not None:
+            db, conn = self._stepscope_adbc
+            conn.close()
+            db.close()
+        super().close()
 
 
 class _Schema:
@@ -67,7 +124,7 @@ class _Schema:
         return self._cols[table]
 
     def col_or(self, table: str, col: str, default: str = "NULL") -> str:
-        return col if col in self.cols(table) else default
+        return col if col in self.cols(table) else f"{default} AS {col}"
 
 
 def _metadata(con: sqlite3.Connection, schema: _Schema) -> dict[str, str]:
@@ -77,7 +134,13 @@ def _metadata(con: sqlite3.Connection, schema: _Schema) -> dict[str, str]:
     return {}
 
 
-def read_nsys_sqlite(path: str | Path) -> Trace:
+def _is_db_error(e: Exception) -> bool:
+    return isinstance(e, sqlite3.DatabaseError) or type(e).__module__.startswith("adbc_driver")
+
+
+def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
+    """Read an export. `launch_config=False` skips the grid/block columns (left null), which
+    the per-step analysis does not need: on a million kernels that halves the kernel read."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
@@ -91,17 +154,21 @@ def read_nsys_sqlite(path: str | Path) -> Trace:
     try:
         con = connect_readonly(path)
         try:
-            return _read(con, path)
+            _Schema(con)  # fails fast, with sqlite3's message, on a corrupt file
+            _attach_adbc(con, path)
+            return _read(con, path, launch_config)
         finally:
             con.close()
-    except sqlite3.DatabaseError as e:
+    except Exception as e:
+        if not _is_db_error(e):
+            raise
         raise InputError(
             f"{path} is not a readable SQLite export ({e}); it may be truncated: export it again "
             "with nsys export --type sqlite"
         ) from None
 
 
-def _read(con: sqlite3.Connection, path: Path) -> Trace:
+def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Trace:
     schema = _Schema(con)
     meta = _metadata(con, schema)
     warnings: list[str] = []
@@ -118,11 +185,17 @@ def _read(con: sqlite3.Connection, path: Path) -> Trace:
         )
 
     k = KERNEL_TABLE
+    dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    cols = {c: t for c, t in KERNEL_SCHEMA.items() if launch_config or c not in dims}
+    sql_dims = "gridX, gridY, gridZ, blockX, blockY, blockZ," if launch_config else ""
+    # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
+    # added as nulls here rather than selected as NULL (which costs SQLite as much as data)
     kernels = _frame(con, f"""
-        SELECT {PID_SQL.format(col='globalPid')}, deviceId, streamId, correlationId, start, end,
-               shortName, demangledName,
-               gridX, gridY, gridZ, blockX, blockY, blockZ, {schema.col_or(k, 'graphNodeId')}
-        FROM {k}""", KERNEL_SCHEMA)
+        SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName,
+               {sql_dims} {schema.col_or(k, 'graphNodeId')}
+        FROM {k}""", cols).with_columns(_unpack_pid("pid"))
+    kernels = kernels.with_columns(
+        [pl.lit(None, pl.Int64).alias(c) for c in dims if c not in cols]).select(list(KERNEL_SCHEMA))
 
     memops = _read_memops(con, schema)
 
@@ -131,14 +204,19 @@ def _read(con: sqlite3.Connection, path: Path) -> Trace:
         name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
         # Runtime (0) and driver (1) calls only: old exports also hold CUDA backtrace rows (67)
         # that repeat a call's correlationId.
-        where = "WHERE eventClass IN (0, 1)" if "eventClass" in schema.cols(RUNTIME_TABLE) else ""
+        where = ["eventClass IN (0, 1)"] if "eventClass" in schema.cols(RUNTIME_TABLE) else []
+        if name_col == "nameId" and schema.has("StringIds"):
+            # Only the calls an analysis looks at: launches, copies/sets, syncs, profiler
+            # start/stop. Attribute queries and the like are most of a big trace's API rows.
+            where.append(f"nameId IN (SELECT id FROM StringIds WHERE {API_NAME_FILTER})")
         api = _frame(con, f"""
-            SELECT {PID_SQL.format(col='globalTid')}, {TID_SQL.format(col='globalTid')},
-                   correlationId, start, end, {name_col}
-            FROM {RUNTIME_TABLE} {where}""", API_SCHEMA)
+            SELECT globalTid AS pid, globalTid AS tid, correlationId, start, end, {name_col}
+            FROM {RUNTIME_TABLE} {'WHERE ' + ' AND '.join(where) if where else ''}""", API_SCHEMA)
+        api = api.with_columns(_unpack_pid("pid"), (pl.col("tid") % (1 << 24)).alias("tid"))
 
     nvtx = _read_nvtx(con, schema)
-    strings = _read_strings(con, schema)
+    strings = _read_strings(con, schema, pl.concat([
+        kernels["short_id"], kernels["demangled_id"], api["name_id"]]).unique().drop_nulls())
     gpus = _read_gpus(con, schema)
     processes = empty(PROCESS_SCHEMA)
     if schema.has("PROCESSES"):
@@ -176,9 +254,8 @@ def _read_memops(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
     for table, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if schema.has(table):
             parts.append(_frame(con, f"""
-                SELECT {PID_SQL.format(col='globalPid')}, deviceId, streamId, correlationId,
-                       start, end, '{kind}', bytes
-                FROM {table}""", MEMOP_SCHEMA))
+                SELECT globalPid, deviceId, streamId, correlationId, start, end, '{kind}' AS kind, bytes
+                FROM {table}""", MEMOP_SCHEMA).with_columns(_unpack_pid("pid")))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
 
 
@@ -197,15 +274,17 @@ def _read_nvtx(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
         WHERE n.eventType IN (59, 60) AND n.end IS NOT NULL""", NVTX_SCHEMA)
 
 
-def _read_strings(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
-    if not schema.has("StringIds"):
+def _read_strings(con: sqlite3.Connection, schema: _Schema, ids: pl.Series) -> pl.DataFrame:
+    """Decode only the string ids that occur (an export's StringIds can hold 100k+ strings)."""
+    if not schema.has("StringIds") or ids.len() == 0:
         return empty(STRING_SCHEMA)
-    used = [f"SELECT shortName FROM {KERNEL_TABLE}", f"SELECT demangledName FROM {KERNEL_TABLE}"]
-    if schema.has(RUNTIME_TABLE) and "nameId" in schema.cols(RUNTIME_TABLE):
-        used.append(f"SELECT nameId FROM {RUNTIME_TABLE}")
-    return _frame(
-        con, f"SELECT id, value FROM StringIds WHERE id IN ({' UNION '.join(used)})", STRING_SCHEMA
-    )
+    rows = []
+    id_list = ids.to_list()
+    for i in range(0, len(id_list), 30_000):  # stay under SQLite's bound-parameter limit
+        chunk = id_list[i:i + 30_000]
+        rows += con.execute(
+            f"SELECT id, value FROM StringIds WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+    return pl.DataFrame(rows, schema=list(STRING_SCHEMA.items()), orient="row") if rows else empty(STRING_SCHEMA)
 
 
 def _read_gpus(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
