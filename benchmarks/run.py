@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stepscope: {' '.join(ss_analyze + ['FILE'] + ss_extra)}", file=sys.stderr)
     print(f"nsys-ai:   {nsys_exe or '-'} {nsys_note}", file=sys.stderr)
 
+    load_start = os.getloadavg()
     tmpdir = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     rows: list[Row] = []
     problems: list[str] = []
@@ -405,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
+    load_end = os.getloadavg()
     md_table = table(rows, baseline_rss)
     print(md_table)
     print()
@@ -434,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
             + (f" — {nsys_note}" if nsys_note else ""),
             f"- repetitions: {args.reps} (stepscope, nsys-ai; fresh process each), "
             f"{args.floor_reps} (floor); the inflated files are in the OS page cache for every tool",
+            f"- 1-min load average at start / end: {load_start[0]:.2f} / {load_end[0]:.2f} on {m['nproc']} cores "
+            "(above ~1 means something else was running: the spread and the medians suffer)",
             "",
             "## Results",
             "",
