@@ -10,6 +10,7 @@ Frames and their columns (dtype in brackets):
 kernels   pid[i64] device[i64] stream[i64] corr[i64] start[i64] end[i64]
           short_id[i64] demangled_id[i64] grid_x/y/z[i64] block_x/y/z[i64]
           graph_node_id[i64, null when not a graph node]
+          (grid/block are absent when the reader was asked to skip them: launch_config=False)
 memops    pid device stream corr start end [i64], kind[str: memcpy|memset], bytes[i64]
 api       pid tid corr start end name_id [i64]; runtime *and* driver calls
 nvtx      pid tid start end [i64], name[str]; ranges only (instant markers dropped)

@@ -41,7 +41,8 @@ class Diagnosis:
 
         totals = by_step(self.gap_totals)
         top = by_step(
-            self.gaps.sort("gap_ns", descending=True).group_by("step", maintain_order=True).head(TOP_GAPS)
+            self.gaps.sort("gap_ns", "gap_start", descending=[True, False])
+            .group_by("step", maintain_order=True).head(TOP_GAPS)
             .select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api"))
         hist = by_step(self.histogram)
         launch = {r.pop("step"): r for r in self.launch.iter_rows(named=True)}

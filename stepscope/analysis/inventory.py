@@ -53,24 +53,24 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     api = api_flags(trace.api, strings)
     acts = activities(trace.kernels, trace.memops, api)
     seg = segment(trace, acts, api, step_regex)
-    acts = _classify(seg, trace, rules, strings)
+    acts, phases = _classify(seg, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
     acts = acts.sort("step", "start", "end", nulls_last=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
     acts = acts.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - pl.col("prev_end"), 0).fill_null(0))
     calls = step_launch_calls(seg.steps, acts, api)
-    steps = _step_figures(seg.steps, acts, calls)
+    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls)
+    in_step = acts.filter(pl.col("step").is_not_null())
+    count_time = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
     classes = (
-        acts.filter(pl.col("step").is_not_null())
-        .group_by("step", "class")
-        .agg(pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
-        .sort("step", "time_ns", descending=[False, True])
+        in_step.group_by("step", "class").agg(*count_time)
+        .with_columns(pl.col("class").cast(pl.String))
+        .sort("step", "time_ns", "class", descending=[False, True, False])
     )
     kernels = (
-        acts.filter(pl.col("step").is_not_null())
-        .group_by("step", "name", "demangled", "class")
-        .agg(pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
-        .sort("step", "time_ns", "name", descending=[False, True, False])
+        in_step.group_by("step", "name", "demangled", "class").agg(*count_time)
+        .with_columns(pl.col("name", "demangled", "class").cast(pl.String))
+        .sort("step", "time_ns", "name", "demangled", "class", descending=[False, True, False, False, False])
     )
     warnings = list(trace.warnings) + seg.warnings
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
@@ -88,41 +88,56 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings)
 
 
-def _classify(seg: Segmentation, trace: Trace, rules: RuleSet, strings: dict[int, str]) -> pl.DataFrame:
+def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
+              strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Activities with name, demangled and class; and each step's phase (step, phase)."""
     acts = seg.acts
-    names = (
-        acts.filter(pl.col("is_kernel")).select("short_id", "demangled_id").unique()
-    )
+    names = acts.filter(pl.col("is_kernel")).select("short_id", "demangled_id").unique()
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
     )
     names = classify_names(names, rules)
-    acts = acts.join(names, on=["short_id", "demangled_id"], how="left")
-    acts = acts.with_columns(
-        pl.when(pl.col("is_kernel")).then(pl.col("class")).otherwise(pl.lit("memops")).alias("class"),
-        pl.when(pl.col("is_kernel")).then(pl.col("name")).otherwise(pl.col("memop")).alias("name"),
-        pl.when(pl.col("is_kernel")).then(pl.col("demangled")).otherwise(pl.col("memop")).alias("demangled"),
-    )
+    # Names ride along as categoricals: a million kernels share a few hundred names, and a
+    # string column would hold a copy of a long demangled name per row.
+    key = pl.col("short_id") * (1 << 32) + pl.col("demangled_id")
+    n = names.height
+    # one small-int index per activity (memops get the slots after the kernel names)
+    memop_kinds = ["memcpy", "memset"]
+    idx = acts.select(
+        pl.when(pl.col("is_kernel"))
+        .then(key.replace_strict(names.select(key)[:, 0], pl.int_range(n, eager=True), default=None,
+                                 return_dtype=pl.Int64))
+        .otherwise(pl.col("memop").replace_strict(memop_kinds, [n, n + 1], default=None, return_dtype=pl.Int64))
+    ).to_series()
+
+    def mapped(col: str) -> pl.Series:
+        extra = ["memops", "memops"] if col == "class" else memop_kinds
+        table = pl.Series(col, names[col].to_list() + extra, dtype=pl.String).cast(pl.Categorical)
+        return table.gather(idx).alias(col)
+
+    acts = acts.with_columns(mapped("name"), mapped("demangled"), mapped("class"))
     # NVTX module ranges around the launching call beat the kernel name.
     attributed = nvtx_attribution(
         acts.filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"), trace.nvtx, rules
     )
     if attributed.height:
         acts = acts.join(attributed, on="row", how="left").with_columns(
-            pl.coalesce("nvtx_class", "class").alias("class")).drop("nvtx_class")
+            pl.coalesce("nvtx_class", pl.col("class").cast(pl.String)).cast(pl.Categorical).alias("class")
+        ).drop("nvtx_class")
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
     shapes = seg.steps.select("step", "name")
     phases = pl.DataFrame(
         {"step": shapes["step"], "phase": [step_shape(n).get("phase") for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
     )
-    acts = acts.join(phases, on="step", how="left").with_columns(
-        pl.when(pl.col("class").is_in(list(ATTENTION)) & pl.col("phase").is_not_null())
-        .then(pl.lit("attention_") + pl.col("phase"))
-        .otherwise(pl.col("class")).alias("class")
+    phase = pl.col("step").replace_strict(phases["step"], phases["phase"], default=None, return_dtype=pl.String)
+    acts = acts.with_columns(
+        pl.when(pl.col("class").cast(pl.String).is_in(list(ATTENTION)) & phase.is_not_null())
+        .then(pl.lit("attention_") + phase)
+        .otherwise(pl.col("class").cast(pl.String)).cast(pl.Categorical).alias("class")
     )
-    return acts
+    return acts, phases
 
 
 def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
@@ -135,8 +150,7 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) 
         last_end=pl.col("end").max(),
         idle_ns=pl.col("gap_ns").sum(),
         first_launch=pl.col("launch_start").min(),
-        n_attention=pl.col("class").is_in(list(ATTENTION)).sum(),
-        phase=pl.col("phase").first(),
+        n_attention=pl.col("class").cast(pl.String).is_in(list(ATTENTION)).sum(),
     )
     per = per.with_columns(gpu_span_ns=pl.col("last_end") - pl.col("first_start"))
     per = per.with_columns(gpu_busy_ns=pl.col("gpu_span_ns") - pl.col("idle_ns"))

@@ -27,7 +27,8 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
         calls.group_by("step", "api_name")
         .agg(count=pl.len().cast(pl.Int64), total_ns=dur.sum(), mean_ns=dur.mean().round(0).cast(pl.Int64),
              median_ns=dur.median().round(0).cast(pl.Int64), max_ns=dur.max())
-        .sort("step", "count", descending=[False, True])
+        .with_columns(pl.col("api_name").cast(pl.String))
+        .sort("step", "count", "api_name", descending=[False, True, False])
     )
     interval = (
         calls.sort("step", "pid", "tid", "start")

@@ -37,19 +37,22 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
     """API calls with their decoded name and launch / sync / graph / profiler flags."""
     ids = api["name_id"].unique().drop_nulls().to_list()
     names = {i: strings.get(i, "") for i in ids}
-    lut = pl.DataFrame(
-        {
-            "name_id": list(names),
-            "api_name": list(names.values()),
-            "is_launch": [n.startswith(LAUNCH_PREFIXES) for n in names.values()],
-            "is_graph_launch": [n.startswith(GRAPH_LAUNCH_PREFIXES) for n in names.values()],
-            "is_sync": [n.startswith(SYNC_PREFIXES) or bool(BLOCKING_COPY.match(n)) for n in names.values()],
-            "is_prof_start": [n.startswith(("cudaProfilerStart", "cuProfilerStart")) for n in names.values()],
-            "is_prof_stop": [n.startswith(("cudaProfilerStop", "cuProfilerStop")) for n in names.values()],
-        },
-        schema_overrides={"name_id": pl.Int64},
+    vals = list(names.values())
+    keys = pl.Series(list(names), dtype=pl.Int64)
+
+    def flag(values: list[bool], alias: str) -> pl.Expr:
+        return pl.col("name_id").replace_strict(keys, pl.Series(values, dtype=pl.Boolean), default=False,
+                                                return_dtype=pl.Boolean).alias(alias)
+
+    return api.with_columns(
+        pl.col("name_id").replace_strict(keys, pl.Series(vals, dtype=pl.String), default=None,
+                                         return_dtype=pl.String).cast(pl.Categorical).alias("api_name"),
+        flag([n.startswith(LAUNCH_PREFIXES) for n in vals], "is_launch"),
+        flag([n.startswith(GRAPH_LAUNCH_PREFIXES) for n in vals], "is_graph_launch"),
+        flag([n.startswith(SYNC_PREFIXES) or bool(BLOCKING_COPY.match(n)) for n in vals], "is_sync"),
+        flag([n.startswith(("cudaProfilerStart", "cuProfilerStart")) for n in vals], "is_prof_start"),
+        flag([n.startswith(("cudaProfilerStop", "cuProfilerStop")) for n in vals], "is_prof_stop"),
     )
-    return api.join(lut, on="name_id", how="left")
 
 
 def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:

@@ -139,8 +139,8 @@ def _is_db_error(e: Exception) -> bool:
 
 
 def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
-    """Read an export. `launch_config=False` skips the grid/block columns (left null), which
-    the per-step analysis does not need: on a million kernels that halves the kernel read."""
+    """Read an export. `launch_config=False` leaves out the grid/block columns, which the
+    per-step analysis does not need: on a million kernels that halves the kernel read."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
@@ -194,8 +194,6 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName,
                {sql_dims} {schema.col_or(k, 'graphNodeId')}
         FROM {k}""", cols).with_columns(_unpack_pid("pid"))
-    kernels = kernels.with_columns(
-        [pl.lit(None, pl.Int64).alias(c) for c in dims if c not in cols]).select(list(KERNEL_SCHEMA))
 
     memops = _read_memops(con, schema)
 

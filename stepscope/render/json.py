@@ -69,4 +69,6 @@ def analyze_document(inv: Inventory, which=None, extra=None) -> dict:
 
 
 def dumps(doc: dict) -> str:
-    return json.dumps(doc, indent=2, default=str)
+    """Indented for a few steps; compact for many (Python's C encoder runs only without indent)."""
+    big = len(doc.get("steps", ())) > 64
+    return json.dumps(doc, indent=None if big else 2, separators=(",", ":") if big else None, default=str)
