@@ -19,6 +19,7 @@ from stepscope.errors import EnvironmentProblem, InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTERNAL = ROOT.parent / "shared" / "external"
+FIXTURES = ROOT / "fixtures"
 SHIM = run.CLI_SHIM
 
 
@@ -139,7 +140,8 @@ if os.environ.get("FAKE_CRASH"):
 print('stepscope-engine: result={{"range": "step phase=decode batch=1"}}', flush=True)
 open(base + ".nsys-rep", "w").write("rep")
 if not os.environ.get("FAKE_NO_SQLITE"):
-    shutil.copy(os.environ["FAKE_SQLITE"], base + ".sqlite")
+    mode = app[app.index("--mode") + 1] if "--mode" in app else "eager"
+    shutil.copy(os.environ.get("FAKE_SQLITE_" + mode.upper(), os.environ["FAKE_SQLITE"]), base + ".sqlite")
 '''
 
 
@@ -189,6 +191,27 @@ def test_trace_end_to_end_with_fake_nsys(fake_machine):
     log = (out / "llama-3.2-1b_decode_b1_eager.engine.log").read_text()
     assert log.startswith("# " + env["NSYS"] + " profile")
     assert "fake nsys running:" in log
+
+
+def test_trace_mode_both_prints_the_comparison(fake_machine):
+    """--mode both ends with `stepscope compare` of the eager capture against the graph one
+    (the fake nsys hands out the committed H200 eager and graph exports)."""
+    tmp, env = fake_machine
+    eager, graph = FIXTURES / "llama8b_decode_b1_eager.sqlite", FIXTURES / "llama8b_decode_b1_graph.sqlite"
+    if not (eager.exists() and graph.exists()):
+        pytest.skip("H200 fixtures not present")
+    env = {**env, "FAKE_SQLITE_EAGER": str(eager), "FAKE_SQLITE_GRAPH": str(graph)}
+    out = tmp / "out"
+    cp = cli("trace", "--engine", "torch", "--model", "llama-3.2-1b", "--mode", "both",
+             "--out", str(out), "--json", env=env)
+    assert cp.returncode == 0, cp.stderr
+    cmp = json.loads(cp.stdout)["compare"]
+    assert cmp["a"]["n_launch_calls"] == 420 and cmp["b"]["n_launch_calls"] == 1
+    assert cmp["speedup"] > 3 and abs(cmp["prediction_error"]) < 0.1
+    cp = cli("trace", "--engine", "torch", "--model", "llama-3.2-1b", "--mode", "both",
+             "--out", str(tmp / "out2"), env=env)
+    assert cp.returncode == 0, cp.stderr
+    assert "== eager vs graph ==" in cp.stdout and "speedup (A/B)" in cp.stdout
 
 
 def test_trace_engine_crash_is_one_line_with_the_log(fake_machine):

@@ -23,6 +23,7 @@ class Diagnosis:
     launch: pl.DataFrame       # one row per step
     launch_by_api: pl.DataFrame
     floors: pl.DataFrame       # one row per step
+    graph_prediction: pl.DataFrame  # step, predicted_graph_step_time_ns (null for graph replays)
     _sections: dict | None = None
 
     def step_sections(self, step: int) -> dict:
@@ -48,6 +49,7 @@ class Diagnosis:
         launch = {r.pop("step"): r for r in self.launch.iter_rows(named=True)}
         by_api = by_step(self.launch_by_api)
         overhead = {"count": self.inv.trace.profiler_overhead_count, "time_ns": self.inv.trace.profiler_overhead_ns}
+        predicted = dict(self.graph_prediction.iter_rows())
         out = {}
         for f in self.floors.iter_rows(named=True):
             step = f["step"]
@@ -66,6 +68,7 @@ class Diagnosis:
                     "verdict": f["verdict"], "t_launch_ns": f["t_launch_ns"],
                     "margin": round(f["margin"], 3) if f["margin"] is not None else None,
                     "host_bound_gap_ns": f["host_bound_gap_ns"],
+                    "predicted_graph_step_time_ns": predicted.get(step),
                 },
             }
         return out
@@ -77,4 +80,16 @@ def diagnose(inv: Inventory) -> Diagnosis:
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=gap_totals(gaps, inv.step_ids()), histogram=histogram(gaps),
         launch=launch, launch_by_api=by_api, floors=floors(inv, launch, gaps),
+        graph_prediction=_graph_prediction(inv),
     )
+
+
+def _graph_prediction(inv: Inventory) -> pl.DataFrame:
+    """What-if CUDA graph for every step that is not already a graph replay."""
+    from stepscope.analysis.whatif import predict_graph_step
+
+    replayed = inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null())
+    pred = predict_graph_step(inv)
+    return pred.with_columns(
+        pl.when(pl.col("step").is_in(replayed["step"].unique().to_list())).then(None)
+        .otherwise(pl.col("predicted_graph_step_time_ns")).alias("predicted_graph_step_time_ns"))

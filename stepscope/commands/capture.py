@@ -38,15 +38,41 @@ def trace(
                        warmup=warmup)
     captures = run_trace(req)
     failed = [c for c in captures if c.analysis_rc not in (0, None)]
+    comparison = _compare_modes(captures)
     if as_json:
-        typer.echo(json.dumps({"captures": [c.to_dict() for c in captures]}, indent=2))
+        doc = {"captures": [c.to_dict() for c in captures]}
+        if comparison is not None:
+            doc["compare"] = comparison
+        typer.echo(json.dumps(doc, indent=2))
     else:
         for c in captures:
             if len(captures) > 1:
                 typer.echo(f"== {c.mode} ({c.sqlite}) ==")
             typer.echo(c.analysis if isinstance(c.analysis, str) else json.dumps(c.analysis))
+        if comparison is not None:
+            from stepscope.render.terminal import render_compare
+
+            typer.echo("== eager vs graph ==")
+            render_compare(comparison)
     if failed:
         raise typer.Exit(failed[0].analysis_rc or 1)
+
+
+def _compare_modes(captures) -> dict | None:
+    """With --mode both: `stepscope compare` of the eager capture (A) against the graph one (B)."""
+    by_mode = {c.mode: c for c in captures}
+    if set(by_mode) != {"eager", "graph"} or not all(c.sqlite.exists() for c in captures):
+        return None
+    from stepscope.analysis.compare import compare
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.commands.analyze import load_inventory
+    from stepscope.errors import StepscopeError
+
+    try:
+        return compare(*(diagnose(load_inventory(by_mode[m].sqlite, None, None)) for m in ("eager", "graph")))
+    except StepscopeError as e:
+        typer.echo(f"stepscope: warning: no eager-vs-graph comparison: {e}", err=True)
+        return None
 
 
 @app.command()

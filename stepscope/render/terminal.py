@@ -104,6 +104,11 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
         f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} (GPU busy); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
+    pred = f.get("predicted_graph_step_time_ns")
+    step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
+    if pred is not None and pred < step_ns:
+        console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
+                      f"{ms(step_ns)} (device work + ~0.5 µs per graph node + one graph launch)")
 
 
 def render_compare(doc: dict, console: Console | None = None) -> None:
