@@ -107,8 +107,11 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     pred = f.get("predicted_graph_step_time_ns")
     step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
     if pred is not None and pred < step_ns:
+        from stepscope.analysis.whatif import DEFAULT
+
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
-                      f"{ms(step_ns)} (device work + ~0.5 µs per graph node + one graph launch)")
+                      f"{ms(step_ns)} (device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
+                      f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
 
 
 def render_compare(doc: dict, console: Console | None = None) -> None:
