@@ -18,12 +18,16 @@ def bundled_trace() -> Path:
     return Path(str(resources.files("stepscope.data").joinpath("fixtures/default.sqlite")))
 
 
-def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Optional[Path]):
+NO_CACHE_HELP = "read the export itself, not its Parquet cache (and write none)"
+
+
+def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Optional[Path],
+                   cache: bool = True):
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
 
-    trace_obj = read_trace(trace or bundled_trace(), launch_config=False)
+    trace_obj = read_trace(trace or bundled_trace(), launch_config=False, cache=None if cache else False)
     return analyze_trace(trace_obj, step_regex, load_rules(rules))
 
 
@@ -40,13 +44,14 @@ def analyze(
     rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
     steps: str = typer.Option("all", "--steps", help=STEPS_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help=NO_CACHE_HELP),
 ) -> None:
     """Split a trace into steps and inventory each step's kernels by class."""
     from stepscope.errors import StepscopeError
 
     check_steps_option(steps)
     try:
-        inv = load_inventory(trace, step_regex, rules)
+        inv = load_inventory(trace, step_regex, rules, cache=not no_cache)
     except StepscopeError as e:
         fail(str(e))
     from stepscope.analysis.diagnosis import diagnose

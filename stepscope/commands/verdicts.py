@@ -10,13 +10,13 @@ import typer
 from stepscope.cli import app, fail
 
 
-def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path]):
+def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path], cache: bool = True):
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.commands.analyze import load_inventory
     from stepscope.errors import StepscopeError
 
     try:
-        return diagnose(load_inventory(path, step_regex, rules))
+        return diagnose(load_inventory(path, step_regex, rules, cache))
     except StepscopeError as e:
         fail(str(e))
 
@@ -33,6 +33,7 @@ def compare(
     graph_launch_ns: Optional[float] = typer.Option(None, "--graph-launch-ns", help="what-if: graph launch lead"),
     step_regex: Optional[str] = typer.Option(None, "--step-regex"),
     rules: Optional[Path] = typer.Option(None, "--rules"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="read the exports, not their Parquet caches"),
 ) -> None:
     """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
     from stepscope.analysis.compare import compare as run_compare
@@ -43,7 +44,8 @@ def compare(
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
         DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
     )
-    doc = run_compare(_diagnosis(a, step_regex, rules), _diagnosis(b, step_regex, rules), consts)
+    doc = run_compare(_diagnosis(a, step_regex, rules, not no_cache), _diagnosis(b, step_regex, rules, not no_cache),
+                      consts)
     if json_out:
         from stepscope.render.json import dumps
 
@@ -81,6 +83,7 @@ def tp(
     json_out: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
     step_regex: Optional[str] = typer.Option(None, "--step-regex"),
     rules: Optional[Path] = typer.Option(None, "--rules"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="read the export, not its Parquet cache"),
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
     from stepscope.analysis import tp as tpm
@@ -100,7 +103,7 @@ def tp(
     else:
         if any(v is not None for v in numbers):
             fail("give either a trace or --kernels/--launch-us/--device-ms, not both")
-        d = _diagnosis(trace, step_regex, rules)
+        d = _diagnosis(trace, step_regex, rules, not no_cache)
         proj = tpm.project_trace(d.inv, d.floors, ws, collective_us)
         r = tpm.rank_table(d.inv)
         if r.select("pid", "device").unique().height > 1:

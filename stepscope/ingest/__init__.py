@@ -8,11 +8,12 @@ from stepscope.errors import InputError
 from stepscope.model import Trace
 
 
-def read_trace(path: str | Path, launch_config: bool = True) -> Trace:
+def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
     """Read any supported trace file, dispatching on its content rather than trusting its name.
 
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
-    and the exports need them)."""
+    and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
+    big export's frames from its Parquet cache when one matches, and writes one when not."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
@@ -20,9 +21,18 @@ def read_trace(path: str | Path, launch_config: bool = True) -> Trace:
         with open(path, "rb") as f:
             head = f.read(16)
         if head.startswith(b"SQLite format 3"):
-            from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
+            from stepscope.ingest import cache as trace_cache
+            from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
 
-            return read_nsys_sqlite(path, launch_config)
+            use_cache = trace_cache.enabled() if cache is None else cache
+            if use_cache:
+                hit = trace_cache.load(path, launch_config, schema_version_of(path))
+                if hit is not None:
+                    return hit
+            trace = read_nsys_sqlite(path, launch_config)
+            if use_cache:
+                trace_cache.store(trace, path, launch_config)
+            return trace
         if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
             try:
                 from stepscope.ingest.kineto import read_kineto

@@ -134,6 +134,19 @@ def _metadata(con: sqlite3.Connection, schema: _Schema) -> dict[str, str]:
     return {}
 
 
+def schema_version_of(path: Path) -> str | None:
+    """The export's schema version, read without loading anything else (None if unreadable)."""
+    try:
+        con = connect_readonly(path)
+        try:
+            schema = _Schema(con)
+            return _metadata(con, schema).get("EXPORT_SCHEMA_VERSION")
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return None
+
+
 def _is_db_error(e: Exception) -> bool:
     return isinstance(e, sqlite3.DatabaseError) or type(e).__module__.startswith("adbc_driver")
 
