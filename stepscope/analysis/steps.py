@@ -112,6 +112,10 @@ def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
             elif open_at is not None:
                 rows.append((pid[0], None, open_at, start, "capture range", "capture"))
                 open_at = None
+        if open_at is not None:
+            # nsys --capture-range=cudaProfilerApi stops recording at the stop call, so the
+            # export often holds the start alone: the range runs to the end of the trace
+            rows.append((pid[0], None, open_at, OPEN_END, "capture range", "capture"))
     return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
 
 
@@ -129,6 +133,7 @@ def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+OPEN_END = (1 << 62)  # the end of a capture range whose stop call was not recorded
 _WINDOW_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
                   "name": pl.String, "delimiter": pl.String}
 
@@ -245,6 +250,12 @@ def segment(trace, acts: pl.DataFrame, api: pl.DataFrame, step_regex: str | None
             windows.append(w)
             covered |= set(w["pid"].unique().to_list())
     windows = pl.concat(windows) if windows else _no_windows()
+    if windows.height and (windows["w_end"] == OPEN_END).any():
+        last = acts.group_by("pid").agg(
+            pl.max_horizontal(pl.col("end").max(), pl.col("launch_end").max()).alias("_last"))
+        windows = windows.join(last, on="pid", how="left").with_columns(
+            pl.when(pl.col("w_end") == OPEN_END).then(pl.col("_last")).otherwise(pl.col("w_end")).alias("w_end")
+        ).drop("_last")
 
     step_rows: list[tuple] = []
     assigned = []
