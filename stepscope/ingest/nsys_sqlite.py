@@ -8,7 +8,9 @@ the kernel table.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -79,6 +81,61 @@ def _frame(con: sqlite3.Connection, sql: str, schema: dict) -> pl.DataFrame:
     if not rows:
         return empty(schema)
     return pl.DataFrame(rows, schema=list(schema.items()), orient="row")
+
+
+def _adbc_query(db, sql: str) -> pl.DataFrame:
+    import adbc_driver_manager
+
+    conn = adbc_driver_manager.AdbcConnection(db)  # one connection per thread
+    try:
+        stmt = adbc_driver_manager.AdbcStatement(conn)
+        try:
+            stmt.set_sql_query(sql)
+            stream, _ = stmt.execute_query()
+            return pl.DataFrame(stream)
+        finally:
+            stmt.close()
+    finally:
+        conn.close()
+
+
+def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], dict]]) -> list[pl.DataFrame]:
+    """Read big tables: jobs are (table, select, where clauses, schema).
+
+    With ADBC each table is read in rowid slices on parallel threads: the driver releases the
+    GIL while SQLite steps rows and fills Arrow columns, which is where the time goes. The
+    slices are concatenated in rowid order, so the result is the same as one query's.
+    """
+    def where_sql(clauses: list[str]) -> str:
+        return " WHERE " + " AND ".join(clauses) if clauses else ""
+
+    bulk = getattr(con, "_stepscope_adbc", None)
+    if bulk is None:
+        return [_frame(con, sql + where_sql(w), schema) for _, sql, w, schema in jobs]
+    threads = max(1, min(4, os.cpu_count() or 1))
+    tasks = []
+    for j, (table, sql, where, _) in enumerate(jobs):
+        try:
+            last = con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
+        except sqlite3.DatabaseError:  # a WITHOUT ROWID table: one slice
+            last = 0
+        parts = threads if last > 200_000 else 1
+        cuts = [last * i // parts for i in range(parts + 1)]
+        for i in range(parts):
+            rows = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
+            tasks.append((j, sql + where_sql(list(where) + rows)))
+    with ThreadPoolExecutor(threads) as pool:
+        frames = list(pool.map(lambda t: _adbc_query(bulk[0], t[1]), tasks))
+    out = []
+    for j, (_, _, _, schema) in enumerate(jobs):
+        parts = [f for (jj, _), f in zip(tasks, frames) if jj == j and f.height]
+        if not parts:
+            out.append(empty(schema))
+            continue
+        df = pl.concat(parts, rechunk=False)
+        df.columns = list(schema)
+        out.append(df.cast(schema))
+    return out
 
 
 def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
@@ -203,14 +260,10 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     sql_dims = "gridX, gridY, gridZ, blockX, blockY, blockZ," if launch_config else ""
     # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
     # added as nulls here rather than selected as NULL (which costs SQLite as much as data)
-    kernels = _frame(con, f"""
+    jobs = [(k, f"""
         SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName,
                {sql_dims} {schema.col_or(k, 'graphNodeId')}
-        FROM {k}""", cols).with_columns(_unpack_pid("pid"))
-
-    memops = _read_memops(con, schema)
-
-    api = empty(API_SCHEMA)
+        FROM {k}""", [], cols)]
     if schema.has(RUNTIME_TABLE):
         name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
         # Runtime (0) and driver (1) calls only: old exports also hold CUDA backtrace rows (67)
@@ -220,10 +273,16 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
             # Only the calls an analysis looks at: launches, copies/sets, syncs, profiler
             # start/stop. Attribute queries and the like are most of a big trace's API rows.
             where.append(f"nameId IN (SELECT id FROM StringIds WHERE {API_NAME_FILTER})")
-        api = _frame(con, f"""
+        jobs.append((RUNTIME_TABLE, f"""
             SELECT globalTid AS pid, globalTid AS tid, correlationId, start, end, {name_col}
-            FROM {RUNTIME_TABLE} {'WHERE ' + ' AND '.join(where) if where else ''}""", API_SCHEMA)
-        api = api.with_columns(_unpack_pid("pid"), (pl.col("tid") % (1 << 24)).alias("tid"))
+            FROM {RUNTIME_TABLE}""", where, API_SCHEMA))
+    frames = _bulk_frames(con, jobs)
+    kernels = frames[0].with_columns(_unpack_pid("pid"))
+    api = empty(API_SCHEMA)
+    if len(frames) > 1:
+        api = frames[1].with_columns(_unpack_pid("pid"), (pl.col("tid") % (1 << 24)).alias("tid"))
+
+    memops = _read_memops(con, schema)
 
     nvtx = _read_nvtx(con, schema)
     strings = _read_strings(con, schema, pl.concat([
