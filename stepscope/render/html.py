@@ -13,7 +13,7 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView
+from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -212,16 +212,10 @@ def _class_table(views: list[StepView], order: list[str]) -> str:
         head += "<th>Δ count</th><th>Δ time</th>"
     head += "</tr>"
     body = []
-    for c in order:
+    for c, vals in class_rows(views, order):
         cells = [f"<td>{escape(c)}</td>"]
-        vals = []
-        for v in views:
-            r = v.classes.filter(pl.col("class") == c)
-            total = v.classes["time_ns"].sum() or 1
-            n = int(r["count"][0]) if r.height else 0
-            t = int(r["time_ns"][0]) if r.height else 0
-            vals.append((n, t))
-            cells.append(f"<td>{n}</td><td>{_us(t)}</td><td>{100 * t / total:.1f}%</td>")
+        for n, t, share in vals:
+            cells.append(f"<td>{n}</td><td>{_us(t)}</td><td>{share:.1f}%</td>")
         if len(views) == 2:
             cells.append(f"<td>{vals[1][0] - vals[0][0]:+d}</td><td>{(vals[1][1] - vals[0][1]) / 1e3:+,.1f} µs</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")

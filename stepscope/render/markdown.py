@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView
+from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 
@@ -72,16 +72,10 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     if n == 2:
         head += ["Δ count", "Δ time"]
     rows = []
-    for c in order:
+    for c, vals in class_rows(views, order):
         row: list = [c]
-        vals = []
-        for v in views:
-            r = v.classes.filter(pl.col("class") == c)
-            total = v.classes["time_ns"].sum() or 1
-            cnt = int(r["count"][0]) if r.height else 0
-            t = int(r["time_ns"][0]) if r.height else 0
-            vals.append((cnt, t))
-            row += [cnt, _us(t), f"{100 * t / total:.1f}%"]
+        for cnt, t, share in vals:
+            row += [cnt, _us(t), f"{share:.1f}%"]
         if n == 2:
             row += [f"{vals[1][0] - vals[0][0]:+d}", f"{(vals[1][1] - vals[0][1]) / 1e3:+,.1f} µs"]
         rows.append(row)

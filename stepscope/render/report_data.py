@@ -98,6 +98,22 @@ class StepView:
         return int(max(c for c in cands if c is not None))
 
 
+def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, list[tuple[int, int, float]]]]:
+    """Per class, per view: (count, time_ns, share of the step's GPU time) — for the HTML and
+    Markdown class tables alike."""
+    out = []
+    for c in order:
+        cells = []
+        for v in views:
+            r = v.classes.filter(pl.col("class") == c)
+            total = v.classes["time_ns"].sum() or 1
+            n = int(r["count"][0]) if r.height else 0
+            t = int(r["time_ns"][0]) if r.height else 0
+            cells.append((n, t, 100 * t / total))
+        out.append((c, cells))
+    return out
+
+
 def _diagnosis(inv: Inventory):
     """(gaps, floors) frames from the lead's analyses, or Nones when this build lacks them."""
     gaps = floors = None
