@@ -18,18 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from stepscope import apinames
 from stepscope.errors import InputError
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
 
-LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch")
-GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
-SYNC_PREFIXES = (
-    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cuCtxSynchronize",
-    "cuStreamSynchronize", "cuEventSynchronize", "cudaStreamWaitEvent",
-)
-# Blocking copies: cudaMemcpy_v3020, cudaMemcpy2D..., cuMemcpyDtoH_v2 (not the *Async variants).
-BLOCKING_COPY = re.compile(r"^(cudaMemcpy(2D|3D)?(ToSymbol|FromSymbol|Peer)?|cuMemcpy(DtoH|HtoD|DtoD)?)(_v\d+)?$")
 STEP_COLS = ("step", "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
 
 
@@ -47,11 +40,11 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
     return api.with_columns(
         pl.col("name_id").replace_strict(keys, pl.Series(vals, dtype=pl.String), default=None,
                                          return_dtype=pl.String).cast(pl.Categorical).alias("api_name"),
-        flag([n.startswith(LAUNCH_PREFIXES) for n in vals], "is_launch"),
-        flag([n.startswith(GRAPH_LAUNCH_PREFIXES) for n in vals], "is_graph_launch"),
-        flag([n.startswith(SYNC_PREFIXES) or bool(BLOCKING_COPY.match(n)) for n in vals], "is_sync"),
-        flag([n.startswith(("cudaProfilerStart", "cuProfilerStart")) for n in vals], "is_prof_start"),
-        flag([n.startswith(("cudaProfilerStop", "cuProfilerStop")) for n in vals], "is_prof_stop"),
+        flag([n.startswith(apinames.LAUNCH) for n in vals], "is_launch"),
+        flag([n.startswith(apinames.GRAPH_LAUNCH) for n in vals], "is_graph_launch"),
+        flag([n.startswith(apinames.SYNC) or bool(apinames.BLOCKING_COPY.match(n)) for n in vals], "is_sync"),
+        flag([n.startswith(apinames.PROFILER_START) for n in vals], "is_prof_start"),
+        flag([n.startswith(apinames.PROFILER_STOP) for n in vals], "is_prof_stop"),
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from stepscope import apinames
 from stepscope.errors import InputError
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
@@ -28,14 +29,7 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 PID_SQL = "((({col}) >> 24) & 16777215)"
 TID_SQL = "(({col}) & 16777215)"
-API_PREFIXES = (
-    "cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpy", "cuMemcpy",
-    "cudaMemset", "cuMemset", "cudaDeviceSynchronize", "cudaStreamSynchronize",
-    "cudaEventSynchronize", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-    "cudaStreamWaitEvent", "cudaProfilerStart", "cudaProfilerStop", "cuProfilerStart", "cuProfilerStop",
-)
-# GLOB is case-sensitive and uses the index-free prefix test SQLite is fastest at
-API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in API_PREFIXES)
+API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
 
 def _unpack_pid(col: str) -> pl.Expr:
