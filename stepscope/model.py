@@ -17,6 +17,7 @@ nvtx      pid tid start end [i64], name[str]; ranges only (instant markers dropp
 strings   id[i64] value[str]; only the ids that occur in the frames above
 gpus      device[i64] name[str] sm_count[i64] memory_bandwidth_bps[i64] total_memory_bytes[i64]
 processes pid[i64] name[str]
+threads   pid[i64] tid[i64] name[str]
 
 `pid` and `tid` are OS ids (unpacked from nsys's globalPid/globalTid).
 """
@@ -48,6 +49,7 @@ GPU_SCHEMA = {
     "memory_bandwidth_bps": I64, "total_memory_bytes": I64,
 }
 PROCESS_SCHEMA = {"pid": I64, "name": pl.String}
+THREAD_SCHEMA = {"pid": I64, "tid": I64, "name": pl.String}
 
 
 def empty(schema: dict) -> pl.DataFrame:
@@ -67,6 +69,7 @@ class Trace:
     strings: pl.DataFrame
     gpus: pl.DataFrame = field(default_factory=lambda: empty(GPU_SCHEMA))
     processes: pl.DataFrame = field(default_factory=lambda: empty(PROCESS_SCHEMA))
+    threads: pl.DataFrame = field(default_factory=lambda: empty(THREAD_SCHEMA))
     nsys_version: str | None = None
     schema_version: str | None = None
     # cudaGraphLaunch replays recorded without per-kernel rows (--cuda-graph-trace=graph).

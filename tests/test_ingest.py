@@ -55,6 +55,15 @@ def test_pid_tid_unpacked_from_global_ids():
     assert t.api["tid"].unique().to_list() == [1701896]
 
 
+def test_thread_names():
+    path = need(EXTERNAL / "pipit_cloverleaf.sqlite")
+    t = read_trace(path)
+    n = ro(path).execute("SELECT count(*) FROM ThreadNames").fetchone()[0]
+    assert t.threads.height == n > 0
+    main = t.threads.filter(pl.col("tid") == 1701896)  # the thread that launched every kernel
+    assert main.height == 1 and main["pid"][0] == 1701896
+
+
 def test_nvtx_ranges_decoded_from_string_ids():
     path = need(EXTERNAL / "pipit_saxpy_2022.sqlite")
     t = read_trace(path)

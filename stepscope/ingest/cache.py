@@ -20,9 +20,9 @@ import polars as pl
 
 from stepscope.model import Trace
 
-FORMAT = 1
+FORMAT = 2
 MIN_KERNELS = 50_000
-FRAMES = ("kernels", "memops", "api", "nvtx", "strings", "gpus", "processes")
+FRAMES = ("kernels", "memops", "api", "nvtx", "strings", "gpus", "processes", "threads")
 SCALARS = ("format", "nsys_version", "schema_version", "graph_level_launches", "profiler_overhead_count",
            "profiler_overhead_ns", "warnings")
 

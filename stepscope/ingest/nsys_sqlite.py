@@ -19,7 +19,7 @@ from stepscope import apinames
 from stepscope.errors import InputError
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
-    STRING_SCHEMA, Trace, empty,
+    STRING_SCHEMA, THREAD_SCHEMA, Trace, empty,
 )
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -286,6 +286,12 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     if schema.has("PROCESSES"):
         processes = _frame(con, "SELECT pid, name FROM PROCESSES", PROCESS_SCHEMA)
 
+    threads = empty(THREAD_SCHEMA)
+    if schema.has("ThreadNames") and schema.has("StringIds"):
+        threads = _frame(con, f"""
+            SELECT {PID_SQL.format(col='t.globalTid')}, {TID_SQL.format(col='t.globalTid')}, s.value
+            FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId""", THREAD_SCHEMA)
+
     graph_level = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
     if graph_level:
         warnings.append(
@@ -300,7 +306,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
 
     return Trace(
         path=path, format="nsys-sqlite", kernels=kernels, memops=memops, api=api, nvtx=nvtx,
-        strings=strings, gpus=gpus, processes=processes,
+        strings=strings, gpus=gpus, processes=processes, threads=threads,
         nsys_version=meta.get("EXPORT_PRODUCT_VERSION"),
         schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
         graph_level_launches=int(graph_level),
