@@ -113,3 +113,19 @@ def test_bad_files_raise_one_line(tmp_path, content, msg):
     p.write_bytes(content)
     with pytest.raises(InputError, match=msg):
         read_trace(p)
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager_tp2.sqlite", "nsysai_mfu_2gpu_before.sqlite"])
+def test_arrow_reads_equal_sqlite3_reads(monkeypatch, name):
+    """The ADBC bulk path (sliced by rowid over threads) returns exactly what sqlite3 returns."""
+    pytest.importorskip("adbc_driver_sqlite")
+    import stepscope.ingest.nsys_sqlite as ns
+    from tests.conftest import FIXTURES
+
+    path = need((FIXTURES if name.startswith("llama") else EXTERNAL) / name)
+    monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 100)  # force several slices on a small file
+    fast = ns.read_nsys_sqlite(path)
+    monkeypatch.setattr(ns, "_attach_adbc", lambda con, p: None)
+    slow = ns.read_nsys_sqlite(path)
+    for f in ("kernels", "memops", "api", "nvtx", "strings", "gpus", "processes", "threads"):
+        assert getattr(fast, f).equals(getattr(slow, f)), f

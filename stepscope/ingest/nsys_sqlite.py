@@ -29,6 +29,7 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 PID_SQL = "((({col}) >> 24) & 16777215)"
 TID_SQL = "(({col}) & 16777215)"
+SLICE_MIN_ROWS = 200_000  # below this a table is read in one query
 API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
 
@@ -113,7 +114,7 @@ def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], 
             last = con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
         except sqlite3.DatabaseError:  # a WITHOUT ROWID table: one slice
             last = 0
-        parts = threads if last > 200_000 else 1
+        parts = threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
         for i in range(parts):
             rows = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
