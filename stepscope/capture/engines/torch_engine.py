@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from stepscope.capture.engines import ops
+from stepscope.capture.engines.args import add_step_args
 from stepscope.capture.models import LLAMA_LIKE, Card, load_card
 
 ENGINE_TAG = "stepscope-engine:"
@@ -367,13 +368,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StepSpec, str, str]:
     p = argparse.ArgumentParser(prog="python -m stepscope.capture.engines.torch_engine",
                                 description="Run one profiled Llama step (stepscope's torch "
                                 "engine). Normally started by `stepscope trace` under nsys.")
-    p.add_argument("--model", required=True, help="bundled card name or config.json path")
-    p.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--mode", choices=["eager", "graph"], default="eager")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--layers", type=int, default=None)
+    add_step_args(p)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (tests only)")

@@ -188,14 +188,9 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}")
-    p.add_argument("--model", required=True)
-    p.add_argument("--phase", choices=["decode", "prefill"], default="decode")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--mode", choices=["eager", "graph"], default="eager")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--layers", type=int, default=None)
+    from stepscope.capture.engines.args import add_step_args
+
+    p = add_step_args(argparse.ArgumentParser(prog=f"python -m {MODULE}"))
     a = p.parse_args(argv)
     import importlib.util
 
