@@ -67,6 +67,9 @@ def test_terminal_report_names_the_verdict():
     code, out, err = run_cli("analyze", EAGER)
     assert code == 0 and err == ""
     assert "launch-bound" in out and "coverage: 100.0%" in out and "32 layers × 13 kernels" in out
+    verdict = " ".join(out[out.index("Verdict:"):].split("step time")[0].split())
+    assert verdict.startswith("Verdict: decode step is launch-bound (29.868 ms); CUDA graphs would cut it")
+    assert "gemm holds 84% of GPU time" in verdict
 
 
 def _bad(tmp_path, kind):

@@ -64,6 +64,7 @@ def analyze(
     ids = select_steps(inv, steps)
     if not ids:
         fail(f"no step {steps} in this trace (it has steps {inv.step_ids()[0]}–{inv.step_ids()[-1]})")
-    from stepscope.render.terminal import render_analyze, render_diagnosis
+    from stepscope.render.terminal import render_analyze, render_diagnosis, verdict_line
 
-    render_analyze(inv, ids, extra=lambda step, members, console: render_diagnosis(diag, step, console))
+    render_analyze(inv, ids, extra=lambda step, members, console: render_diagnosis(diag, step, console),
+                   headline=lambda step: verdict_line(diag, step))

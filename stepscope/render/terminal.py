@@ -27,7 +27,27 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return kinds
 
 
-def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None) -> None:
+def verdict_line(diag, step: int) -> str:
+    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes."""
+    f = diag.step_sections(step)["floors"]
+    s = diag.inv.steps.filter(pl.col("step") == step).row(0, named=True)
+    c = diag.inv.classes.filter(pl.col("step") == step).sort("time_ns", descending=True)
+    total = c["time_ns"].sum() or 1
+    top = c.row(0, named=True) if c.height else None
+    phase = s["phase"] or "this"
+    out = f"{phase} step is {f['verdict']} ({ms(s['step_time_ns'])})"
+    pred = f.get("predicted_graph_step_time_ns")
+    if f["verdict"] == "launch-bound" and pred is not None and pred < s["step_time_ns"]:
+        out += f"; CUDA graphs would cut it to about {ms(pred)}"
+    elif f["verdict"] == "device-bound":
+        out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
+    if top:
+        out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
+    return out + "."
+
+
+def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
+                   headline=None) -> None:
     console = console or Console()
     t = inv.trace
     console.print(f"[bold]{t.path}[/]  nsys {t.nsys_version or '?'} · schema {t.schema_version or '?'}"
@@ -37,12 +57,12 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
     for w in inv.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for first, members in step_kinds(inv, ids):
-        _render_kind(inv, first, members, console)
+        _render_kind(inv, first, members, console, headline)
         if extra is not None:
             extra(first["step"], members, console)
 
 
-def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console) -> None:
+def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console, headline=None) -> None:
     s = inv.steps.filter(pl.col("step").is_in(members))
     med = {c: s[c].median() for c in ("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
                                       "kernel_time_sum_ns", "n_launch_calls", "launch_call_ns")}
@@ -50,6 +70,8 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
              f"device {first['device']} · {len(members)} step(s)")
     console.rule(f"[bold]{title}")
+    if headline is not None:
+        console.print(f"[bold]Verdict:[/] {headline(first['step'])}")
     layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
     console.print(
         f"step time {ms(med['step_time_ns'])} · GPU busy {ms(med['gpu_busy_ns'])} · span "
