@@ -36,8 +36,9 @@ class Diagnosis:
         """Every step's sections in one pass over each frame (no per-step filtering)."""
         def by_step(frame: pl.DataFrame) -> dict[int, list[dict]]:
             out: dict[int, list[dict]] = {}
-            for r in frame.iter_rows(named=True):
-                out.setdefault(r.pop("step"), []).append(r)
+            cols = [c for c in frame.columns if c != "step"]
+            for step, *vals in frame.select("step", *cols).rows():
+                out.setdefault(step, []).append(dict(zip(cols, vals)))
             return out
 
         totals = by_step(self.gap_totals)
