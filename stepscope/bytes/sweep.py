@@ -104,7 +104,9 @@ def _expand(entry: dict) -> list[dict]:
 def load_sweep(path: str | Path | None = None) -> Sweep:
     p = Path(path) if path else default_sweep_path()
     if not p.exists():
-        raise InputError(f"sweep file {p} does not exist")
+        hint = ("; the default sweep lives in a stepscope checkout's recipes/sweeps/: install with "
+                "pip install -e, or pass --sweep FILE") if not path else ""
+        raise InputError(f"sweep file {p} does not exist{hint}")
     try:
         d = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
