@@ -217,3 +217,19 @@ def test_analyze_json_has_gaps_launch_floors():
     assert set(step["gaps"]) >= {"host_bound", "sync", "device_side"}
     assert step["floors"]["verdict"] == "launch-bound"
     assert step["launch"]["by_api"][0]["count"] > 0
+
+
+def test_terminal_gap_histogram_folds_every_gap():
+    from rich.console import Console
+
+    from stepscope.render.terminal import _render_histogram
+
+    d = diag(EAGER)
+    sec = d.step_sections(0)
+    console = Console(record=True, width=100)
+    _render_histogram(sec["gaps"]["histogram"], console)
+    rows = [line.split("│") for line in console.export_text().splitlines() if "│" in line]
+    cols = {"host_bound": 1, "sync": 2, "device_side": 3}
+    for kind, i in cols.items():
+        n = sum(int(r[i].strip()) for r in rows if r[i].strip().isdigit())
+        assert n == sec["gaps"][kind]["count"]

@@ -109,6 +109,7 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     for kind in ("host_bound", "sync", "device_side"):
         table.add_row(kind.replace("_", "-"), str(g[kind]["count"]), us(g[kind]["time_ns"]))
     console.print(table)
+    _render_histogram(g["histogram"], console)
     for r in g["top"][:3]:
         console.print(f"  gap {us(r['gap_ns'])} µs ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
                       f"{r['next_name']}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
@@ -134,6 +135,30 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
                       f"{ms(step_ns)} (device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
                       f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
+
+
+DECADES = ((0, 1_000, "< 1 µs"), (1_000, 10_000, "1–10 µs"), (10_000, 100_000, "10–100 µs"),
+           (100_000, 1_000_000, "0.1–1 ms"), (1_000_000, None, "≥ 1 ms"))
+
+
+def _render_histogram(hist: list[dict], console: Console) -> None:
+    """The log₂ gap histogram of the JSON, folded into decades for the terminal."""
+    if not hist:
+        return
+    kinds = ("host_bound", "sync", "device_side")
+    t = Table(show_edge=False, header_style="bold", title="gaps by length", title_justify="left")
+    t.add_column("length")
+    for k in kinds:
+        t.add_column(k.replace("_", "-"), justify="right")
+    for lo, hi, label in DECADES:
+        cells = []
+        for k in kinds:
+            n = sum(b["count"] for b in hist if b["kind"] == k and b["bin_lo_ns"] >= lo
+                    and (hi is None or b["bin_lo_ns"] < hi))
+            cells.append(str(n) if n else "·")
+        if any(c != "·" for c in cells):
+            t.add_row(label, *cells)
+    console.print(t)
 
 
 def render_compare(doc: dict, console: Console | None = None) -> None:
