@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             f"- stepscope at {m['commit']}; run on {m['date']}",
             f"- stepscope command: `{' '.join(ss_analyze)} FILE {' '.join(ss_extra)}`"
             + ("" if has_no_cache else " (the CLI has no `--no-cache` option yet: every run is cold anyway)"),
-            f"- nsys-ai command: `NSYS_AI_CACHE_MODE=direct nsys-ai summary FILE`"
+            "- nsys-ai command: `NSYS_AI_CACHE_MODE=direct nsys-ai summary FILE`"
             + (f" — {nsys_note}" if nsys_note else ""),
             f"- repetitions: {args.reps} (stepscope, nsys-ai; fresh process each), "
             f"{args.floor_reps} (floor); the inflated files are in the OS page cache for every tool",

@@ -1,7 +1,5 @@
 """Sweep definition, ncu command lines, and the runner against a stand-in ncu (no GPU)."""
 
-import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,6 @@ import os
 import shutil
 import sqlite3
 
-import polars as pl
 
 from stepscope.ingest import cache, read_trace
 from tests.conftest import FIXTURES, need, sha256

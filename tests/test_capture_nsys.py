@@ -7,7 +7,6 @@ import os
 import stat
 from pathlib import Path
 
-import pytest
 
 from stepscope.capture import nsys
 from stepscope.capture.doctor import check_nsys

@@ -4,14 +4,11 @@ H200 box: see the README's nsys-recipe section)."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import textwrap
-from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from stepscope.api import open_trace
 from tests.conftest import FIXTURES, ROOT, need

@@ -11,7 +11,6 @@ ended. It is attributed, in this order:
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
@@ -81,7 +80,3 @@ def histogram(gaps: pl.DataFrame) -> pl.DataFrame:
         .with_columns(bin_lo_ns=(2 ** pl.col("bin")).cast(pl.Int64), bin_hi_ns=(2 ** (pl.col("bin") + 1)).cast(pl.Int64))
         .select("step", "bin_lo_ns", "bin_hi_ns", "kind", "count", "time_ns").sort("step", "bin_lo_ns", "kind")
     )
-
-
-def log_bin_edges(max_ns: int) -> np.ndarray:
-    return 2 ** np.arange(0, max(1, int(np.ceil(np.log2(max(max_ns, 2))))) + 1)
