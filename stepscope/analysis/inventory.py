@@ -13,7 +13,7 @@ import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.layers import detect_layers
-from stepscope.analysis.steps import Segmentation, activities, api_flags, segment, step_shape
+from stepscope.analysis.steps import Segmentation, activities, api_flags, in_windows, segment, step_shape
 from stepscope.model import Trace
 
 
@@ -191,18 +191,14 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
                   .sort("start"))
     parts = []
     windowed = steps.filter(pl.col("w_start").is_not_null())
-    for by, w in (
-        (["pid", "tid"], windowed.filter(pl.col("tid").is_not_null())),
-        (["pid"], windowed.filter(pl.col("tid").is_null())),
-    ):
-        if w.is_empty():
-            continue
-        ws = w.select(*by, "w_start", "w_end", "step").sort("w_start")
-        windows = ws.unique([*by, "w_start"], keep="first", maintain_order=True).rename({"step": "first_step"})
-        hit = launch_api.join_asof(windows, left_on="start", right_on="w_start", by=by, strategy="backward",
-                                   check_sortedness=False)
-        hit = hit.filter(pl.col("start") <= pl.col("w_end"))
-        hit = hit.join(ws.select(*by, "w_start", "step"), on=[*by, "w_start"])
+    if windowed.height:
+        # one host window per (pid, tid, start): a window split over devices is several steps
+        key = ["pid", "tid", "w_start"]
+        windows = windowed.select(*key, "w_end").unique(key, keep="first", maintain_order=True)
+        windows = windows.with_row_index("_win")
+        steps_of = windowed.select(*key, "step").with_columns(pl.col("tid").fill_null(-1)).join(
+            windows.select(*key, "_win").with_columns(pl.col("tid").fill_null(-1)), on=key).select("_win", "step")
+        hit = in_windows(launch_api, "start", windows, "_win").join(steps_of, on="_win")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))
     bare = steps.filter(pl.col("w_start").is_null()).select("step")
     if bare.height:

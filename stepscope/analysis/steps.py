@@ -135,25 +135,33 @@ def _no_windows() -> pl.DataFrame:
     return pl.DataFrame(schema=_WINDOW_SCHEMA)
 
 
-def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """(row, device, window) for activities whose launching call starts inside a window."""
+def in_windows(points: pl.DataFrame, at: str, windows: pl.DataFrame, window_col: str) -> pl.DataFrame:
+    """The points (pid, tid and a time column `at`) that fall inside a host window, with the
+    window's `window_col`. A window with a tid holds that thread's points; one without (a
+    capture range) any thread's of its process. Windows of one key do not overlap."""
     out = []
-    launched = acts.filter(pl.col("launch_start").is_not_null()).select(
-        "row", "device", "pid", "tid", "launch_start")
-    launched = launched.sort("launch_start")
+    points = points.sort(at)
     for by, w in (
         (["pid", "tid"], windows.filter(pl.col("tid").is_not_null())),
-        (["pid"], windows.filter(pl.col("tid").is_null()).drop("tid")),
+        (["pid"], windows.filter(pl.col("tid").is_null())),
     ):
         if w.is_empty():
             continue
-        hit = launched.join_asof(
-            w.select(*by, "w_start", "w_end", "window"), left_on="launch_start", right_on="w_start",
+        hit = points.join_asof(
+            w.select(*by, "w_start", "w_end", window_col).sort("w_start"), left_on=at, right_on="w_start",
             by=by, strategy="backward", check_sortedness=False,
-        ).filter(pl.col("launch_start") <= pl.col("w_end"))
-        out.append(hit.select("row", "device", "window"))
-    return pl.concat(out) if out else pl.DataFrame(
-        schema={"row": pl.UInt32, "device": pl.Int64, "window": pl.UInt32})
+        ).filter(pl.col(at) <= pl.col("w_end"))
+        out.append(hit.select(*points.columns, window_col))
+    if not out:
+        return points.clear().with_columns(pl.lit(None, windows.schema[window_col]).alias(window_col))
+    return pl.concat(out)
+
+
+def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """(row, device, window) for activities whose launching call starts inside a window."""
+    launched = acts.filter(pl.col("launch_start").is_not_null()).select(
+        "row", "device", "pid", "tid", "launch_start")
+    return in_windows(launched, "launch_start", windows, "window").select("row", "device", "window")
 
 
 def find_period(keys: np.ndarray, min_repeats: int = 3, min_match: float = 0.8) -> int | None:
