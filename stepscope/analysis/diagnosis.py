@@ -10,6 +10,7 @@ from stepscope.analysis.floors import floors
 from stepscope.analysis.gaps import KINDS, find_gaps, gap_totals, histogram
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
+from stepscope.analysis.whatif import predict_graph_step
 
 TOP_GAPS = 5
 
@@ -81,16 +82,5 @@ def diagnose(inv: Inventory) -> Diagnosis:
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=gap_totals(gaps, inv.step_ids()), histogram=histogram(gaps),
         launch=launch, launch_by_api=by_api, floors=floors(inv, launch, gaps),
-        graph_prediction=_graph_prediction(inv),
+        graph_prediction=predict_graph_step(inv),
     )
-
-
-def _graph_prediction(inv: Inventory) -> pl.DataFrame:
-    """What-if CUDA graph for every step that is not already a graph replay."""
-    from stepscope.analysis.whatif import predict_graph_step
-
-    replayed = inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null())
-    pred = predict_graph_step(inv)
-    return pred.with_columns(
-        pl.when(pl.col("step").is_in(replayed["step"].unique().to_list())).then(None)
-        .otherwise(pl.col("predicted_graph_step_time_ns")).alias("predicted_graph_step_time_ns"))

@@ -59,10 +59,11 @@ def is_graph_trace(inv: Inventory) -> bool:
 
 
 def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT) -> pl.DataFrame:
-    """Per eager step: the predicted graph-mode step time."""
-    s = inv.steps
-    return s.select(
+    """Per step: the predicted graph-mode step time (null for a step that already is a replay)."""
+    replayed = _graph_steps(inv)["step"].to_list()
+    predicted = consts.graph_launch_lead_ns + pl.col("gpu_busy_ns") + pl.col("n_kernels") * consts.node_gap_ns
+    return inv.steps.select(
         "step",
-        (consts.graph_launch_lead_ns + pl.col("gpu_busy_ns") + pl.col("n_kernels") * consts.node_gap_ns)
-        .round(0).cast(pl.Int64).alias("predicted_graph_step_time_ns"),
+        pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))
+        .cast(pl.Int64).alias("predicted_graph_step_time_ns"),
     )
