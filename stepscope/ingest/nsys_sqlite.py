@@ -57,28 +57,25 @@ def _frame(con: sqlite3.Connection, sql: str, schema: dict) -> pl.DataFrame:
     Arrow columns, several times faster than Python's row-by-row fetch. It opens the same
     read-only URI. Without it, sqlite3 does the same work more slowly.
     """
-    bulk = getattr(con, "_stepscope_adbc", None)
-    if bulk is not None:
-        import adbc_driver_manager
-
-        stmt = adbc_driver_manager.AdbcStatement(bulk[1])
-        try:
-            stmt.set_sql_query(sql)
-            stream, _ = stmt.execute_query()
-            df = pl.DataFrame(stream)  # the Arrow C stream, no pyarrow in between
-        finally:
-            stmt.close()
-        if df.height == 0:
-            return empty(schema)
-        df.columns = list(schema)
-        return df.cast(schema)
+    db = getattr(con, "_stepscope_adbc", None)
+    if db is not None:
+        return _typed(_adbc_query(db, sql), schema)
     rows = con.execute(sql).fetchall()
     if not rows:
         return empty(schema)
     return pl.DataFrame(rows, schema=list(schema.items()), orient="row")
 
 
+def _typed(df: pl.DataFrame, schema: dict) -> pl.DataFrame:
+    """An Arrow-read frame renamed and cast to `schema` (positional)."""
+    if df.height == 0:
+        return empty(schema)
+    df.columns = list(schema)
+    return df.cast(schema)
+
+
 def _adbc_query(db, sql: str) -> pl.DataFrame:
+    """One query through ADBC: the Arrow C stream goes straight into polars (no pyarrow)."""
     import adbc_driver_manager
 
     conn = adbc_driver_manager.AdbcConnection(db)  # one connection per thread
@@ -104,8 +101,8 @@ def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], 
     def where_sql(clauses: list[str]) -> str:
         return " WHERE " + " AND ".join(clauses) if clauses else ""
 
-    bulk = getattr(con, "_stepscope_adbc", None)
-    if bulk is None:
+    db = getattr(con, "_stepscope_adbc", None)
+    if db is None:
         return [_frame(con, sql + where_sql(w), schema) for _, sql, w, schema in jobs]
     threads = max(1, min(4, os.cpu_count() or 1))
     tasks = []
@@ -120,28 +117,21 @@ def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], 
             rows = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
             tasks.append((j, sql + where_sql(list(where) + rows)))
     with ThreadPoolExecutor(threads) as pool:
-        frames = list(pool.map(lambda t: _adbc_query(bulk[0], t[1]), tasks))
+        frames = list(pool.map(lambda t: _adbc_query(db, t[1]), tasks))
     out = []
     for j, (_, _, _, schema) in enumerate(jobs):
         parts = [f for (jj, _), f in zip(tasks, frames) if jj == j and f.height]
-        if not parts:
-            out.append(empty(schema))
-            continue
-        df = pl.concat(parts, rechunk=False)
-        df.columns = list(schema)
-        out.append(df.cast(schema))
+        out.append(_typed(pl.concat(parts, rechunk=False), schema) if parts else empty(schema))
     return out
 
 
 def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
     # the low-level ADBC API: its DB-API layer would import pyarrow and pandas (~0.6 s)
     try:
-        import adbc_driver_manager
         import adbc_driver_sqlite
     except ImportError:
         return
-    db = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
-    con._stepscope_adbc = (db, adbc_driver_manager.AdbcConnection(db))
+    con._stepscope_adbc = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
 
 
 class _Connection(sqlite3.Connection):
@@ -151,9 +141,7 @@ class _Connection(sqlite3.Connection):
 
     def close(self) -> None:
         if self._stepscope_adbc is not None:
-            db, conn = self._stepscope_adbc
-            conn.close()
-            db.close()
+            self._stepscope_adbc.close()
         super().close()
 
 
