@@ -115,24 +115,11 @@ def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, lis
 
 
 def _diagnosis(inv: Inventory):
-    """(gaps, floors) frames from the lead's analyses, or Nones when this build lacks them."""
-    gaps = floors = None
-    try:
-        from stepscope.analysis.gaps import find_gaps
-    except ImportError:
-        find_gaps = None
-    if find_gaps is not None:
-        gaps = find_gaps(inv)
-    try:
-        from stepscope.analysis.floors import floors as floors_fn
-    except ImportError:
-        floors_fn = None
-    if floors_fn is not None:
-        try:
-            floors = floors_fn(inv, gaps=gaps) if gaps is not None else floors_fn(inv)
-        except TypeError:  # an older signature
-            floors = floors_fn(inv)
-    return gaps, floors
+    """(gaps, floors) frames of every step, from the analyses `analyze` itself uses."""
+    from stepscope.analysis.diagnosis import diagnose
+
+    d = diagnose(inv)
+    return d.gaps, d.floors
 
 
 def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None) -> StepView:
@@ -175,11 +162,8 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     """
     if cells_path is None:
         return None, None
-    try:
-        from stepscope.bytes.budget import budget, step_kernels_from_inventory
-        from stepscope.bytes.cells import read_cells
-    except ImportError:
-        return None, "byte budget unavailable in this build (stepscope.bytes.budget is missing)"
+    from stepscope.bytes.budget import budget, step_kernels_from_inventory
+    from stepscope.bytes.cells import read_cells
     from stepscope.analysis.steps import step_shape
 
     cells = read_cells(cells_path)
