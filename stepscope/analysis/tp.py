@@ -75,12 +75,12 @@ def project_trace(inv: Inventory, floors: pl.DataFrame, widths=(1, 2, 4, 8),
     comm = float(t.get("comm", 0))
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))
     layers = med["layers"] or 0
+    per_rank = rank_table(inv) if comm else None
     notes = []
     if collective_us is not None:
         c_layer = collective_us * 1e3 * ALLREDUCES_PER_LAYER
         notes.append(f"collective cost given: {collective_us} µs per all-reduce")
     elif comm and layers and base_tp > 1:
-        per_rank = rank_table(inv)
         transfer = per_rank["comm_time_ns"] - per_rank["comm_wait_ns"]
         c_layer = float(transfer.median()) / layers if per_rank.height else comm / layers
         notes.append("collective cost measured from this TP trace (transfer time, waits removed)")
@@ -93,8 +93,8 @@ def project_trace(inv: Inventory, floors: pl.DataFrame, widths=(1, 2, 4, 8),
     work_base = unsharded + sharded + (layers * c_layer if base_tp > 1 else 0)
     # the device floor excludes time a collective spent waiting for a slower peer
     wait = 0
-    if comm:
-        r = rank_table(inv).filter(pl.col("step") == step)
+    if per_rank is not None:
+        r = per_rank.filter(pl.col("step") == step)
         wait = int(r["comm_wait_ns"][0]) if r.height else 0
     device_base = med["gpu_busy_ns"] - wait
     scale = device_base / work_base if work_base else 1.0
