@@ -25,6 +25,9 @@ CLASSES = (
     "gemm", "splitk_reduce", "attention_prefill", "attention_decode", "kv_cache_write", "norm",
     "rope", "activation", "embedding", "sampling", "framework", "comm", "memops", "other",
 )
+# The class column's dtype: every class is a category whether a trace has it or not, so class
+# columns of different traces compare and concatenate, and a row costs one byte-sized code.
+CLASS_DTYPE = pl.Enum(CLASSES)
 # Rule classes that only hint at the phase: the step's shape decides (see resolve_attention).
 ATTENTION = ("attention_prefill", "attention_decode")
 FIELDS = ("short", "demangled", "any")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from stepscope.analysis.classify import ATTENTION, RuleSet, classify_names, load_rules, nvtx_attribution
+from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.layers import detect_layers
 from stepscope.analysis.steps import Segmentation, activities, api_flags, in_windows, segment, step_shape
 from stepscope.model import Trace
@@ -111,19 +111,20 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
         .otherwise(pl.col("memop").replace_strict(memop_kinds, [n, n + 1], default=None, return_dtype=pl.Int64))
     ).to_series()
 
-    def mapped(col: str) -> pl.Series:
+    def mapped(col: str, dtype) -> pl.Series:
         extra = ["memops", "memops"] if col == "class" else memop_kinds
-        table = pl.Series(col, names[col].to_list() + extra, dtype=pl.String).cast(pl.Categorical)
+        table = pl.Series(col, names[col].to_list() + extra, dtype=pl.String).cast(dtype)
         return table.gather(idx).alias(col)
 
-    acts = acts.with_columns(mapped("name"), mapped("demangled"), mapped("class"))
+    acts = acts.with_columns(mapped("name", pl.Categorical), mapped("demangled", pl.Categorical),
+                             mapped("class", CLASS_DTYPE))
     # NVTX module ranges around the launching call beat the kernel name.
     attributed = nvtx_attribution(
         acts.filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"), trace.nvtx, rules
     )
     if attributed.height:
         acts = acts.join(attributed, on="row", how="left").with_columns(
-            pl.coalesce("nvtx_class", pl.col("class").cast(pl.String)).cast(pl.Categorical).alias("class")
+            pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
         ).drop("nvtx_class")
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
     shapes = seg.steps.select("step", "name")
@@ -131,12 +132,14 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
         {"step": shapes["step"], "phase": [step_shape(n).get("phase") for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
     )
-    phase = pl.col("step").replace_strict(phases["step"], phases["phase"], default=None, return_dtype=pl.String)
-    acts = acts.with_columns(
-        pl.when(pl.col("class").cast(pl.String).is_in(list(ATTENTION)) & phase.is_not_null())
-        .then(pl.lit("attention_") + phase)
-        .otherwise(pl.col("class").cast(pl.String)).cast(pl.Categorical).alias("class")
-    )
+    is_attention = pl.col("class").is_in(list(ATTENTION))
+    resolved = pl.col("class")
+    for phase in ("prefill", "decode"):
+        steps_of = phases.filter(pl.col("phase") == phase)["step"]
+        if steps_of.len():
+            resolved = pl.when(is_attention & pl.col("step").is_in(steps_of)).then(
+                pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
+    acts = acts.with_columns(resolved.alias("class"))
     return acts, phases
 
 
@@ -150,7 +153,7 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) 
         last_end=pl.col("end").max(),
         idle_ns=pl.col("gap_ns").sum(),
         first_launch=pl.col("launch_start").min(),
-        n_attention=pl.col("class").cast(pl.String).is_in(list(ATTENTION)).sum(),
+        n_attention=pl.col("class").is_in(list(ATTENTION)).sum(),
     )
     per = per.with_columns(gpu_span_ns=pl.col("last_end") - pl.col("first_start"))
     per = per.with_columns(gpu_busy_ns=pl.col("gpu_span_ns") - pl.col("idle_ns"))

@@ -240,12 +240,17 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     k = KERNEL_TABLE
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     cols = {c: t for c, t in KERNEL_SCHEMA.items() if launch_config or c not in dims}
-    sql_dims = "gridX, gridY, gridZ, blockX, blockY, blockZ," if launch_config else ""
     # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
     # added as nulls here rather than selected as NULL (which costs SQLite as much as data)
+    # graphNodeId sits near the end of a wide row, where reading it costs as much as start and
+    # end together: it is read only from exports that recorded CUDA graphs at all
+    graphs = _has_graphs(con, schema)
+    sql_dims = ("gridX, gridY, gridZ, blockX, blockY, blockZ" + ("," if graphs else "")) if launch_config else ""
+    if not graphs:
+        del cols["graph_node_id"]
     jobs = [(k, f"""
-        SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName,
-               {sql_dims} {schema.col_or(k, 'graphNodeId')}
+        SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName
+               {"," if launch_config or graphs else ""} {sql_dims} {"graphNodeId" if graphs else ""}
         FROM {k}""", [], cols)]
     if schema.has(RUNTIME_TABLE):
         name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
@@ -261,6 +266,8 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
             FROM {RUNTIME_TABLE}""", where, API_SCHEMA))
     frames = _bulk_frames(con, jobs)
     kernels = frames[0].with_columns(_unpack_pid("pid"))
+    if not graphs:
+        kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
     api = empty(API_SCHEMA)
     if len(frames) > 1:
         api = frames[1].with_columns(_unpack_pid("pid"), (pl.col("tid") % (1 << 24)).alias("tid"))
@@ -302,6 +309,17 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
         warnings=warnings,
     )
+
+
+def _has_graphs(con: sqlite3.Connection, schema: _Schema) -> bool:
+    """Whether any kernel can carry a graphNodeId: the export has graph tables or a graph
+    launch call's name. False only when both are certainly absent."""
+    if "graphNodeId" not in schema.cols(KERNEL_TABLE):
+        return False
+    if any(t.startswith("CUDA_GRAPH") for t in schema.tables) or not schema.has("StringIds"):
+        return True
+    graph_names = " OR ".join(f"value GLOB '{p}*'" for p in apinames.GRAPH_LAUNCH)
+    return con.execute(f"SELECT 1 FROM StringIds WHERE {graph_names} LIMIT 1").fetchone() is not None
 
 
 def _count(con: sqlite3.Connection, schema: _Schema, table: str) -> int:
