@@ -15,6 +15,15 @@ from stepscope.analysis.whatif import predict_graph_step
 TOP_GAPS = 5
 
 
+def by_step(frame: pl.DataFrame) -> dict[int, list[dict]]:
+    """step → the step's rows as dicts (without `step`), in frame order; built by polars."""
+    if frame.is_empty():
+        return {}
+    cols = [c for c in frame.columns if c != "step"]
+    agg = frame.group_by("step", maintain_order=True).agg(pl.struct(cols).alias("_rows"))
+    return dict(zip(agg["step"].to_list(), agg["_rows"].to_list()))
+
+
 @dataclass
 class Diagnosis:
     inv: Inventory
@@ -35,18 +44,13 @@ class Diagnosis:
 
     def _build_sections(self) -> dict[int, dict]:
         """Every step's sections in one pass over each frame (no per-step filtering)."""
-        def by_step(frame: pl.DataFrame) -> dict[int, list[dict]]:
-            out: dict[int, list[dict]] = {}
-            cols = [c for c in frame.columns if c != "step"]
-            for step, *vals in frame.select("step", *cols).rows():
-                out.setdefault(step, []).append(dict(zip(cols, vals)))
-            return out
-
         totals = by_step(self.gap_totals)
+        g = self.gaps.select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api")
+        # the top gaps of each step: a per-step threshold first, so only a handful of rows sort
         top = by_step(
-            self.gaps.sort("gap_ns", "gap_start", descending=[True, False])
-            .group_by("step", maintain_order=True).head(TOP_GAPS)
-            .select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api"))
+            g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
+            .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
+            .group_by("step", maintain_order=True).head(TOP_GAPS))
         hist = by_step(self.histogram)
         launch = {r.pop("step"): r for r in self.launch.iter_rows(named=True)}
         by_api = by_step(self.launch_by_api)

@@ -11,6 +11,7 @@ ended. It is attributed, in this order:
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
@@ -25,14 +26,14 @@ GAP_SCHEMA = {
 
 
 def find_gaps(inv: Inventory) -> pl.DataFrame:
-    # inv.acts is sorted by (step, start, end) and carries prev_end, the union's end before it
-    a = inv.acts.filter(pl.col("step").is_not_null())
-    a = a.with_columns(_cum_end=pl.col("end").cum_max().over("step"))
-    # the activity whose end closes the union before the gap: the last one holding the max end
-    a = a.with_columns(
-        prev_name=pl.when(pl.col("end") == pl.col("_cum_end"))
-        .then(pl.col("name")).otherwise(None).forward_fill().shift(1).over("step"),
-    )
+    # inv.acts is sorted by (step, start, end) and carries prev_end, the union's end before it;
+    # only the columns a gap needs are carried (a million-row frame per extra column)
+    a = inv.acts.select("step", "device", "pid", "start", "end", "prev_end", "name", "launch_name_id",
+                        "launch_start").filter(pl.col("step").is_not_null())
+    # The activity whose end closes the union before the gap: the last one holding the running
+    # max end. A gap row is never first in its step, so the fill never crosses a step boundary.
+    closes = pl.col("prev_end").is_null() | (pl.col("end") >= pl.col("prev_end"))
+    a = a.with_columns(prev_name=pl.when(closes).then(pl.col("name")).forward_fill().shift(1))
     g = a.filter(pl.col("start") > pl.col("prev_end")).select(
         "step", "device", "pid",
         pl.col("prev_end").alias("gap_start"), pl.col("start").alias("gap_end"),
@@ -43,21 +44,33 @@ def find_gaps(inv: Inventory) -> pl.DataFrame:
     if g.is_empty():
         return pl.DataFrame(schema=GAP_SCHEMA)
     names = inv.api.select("name_id", "api_name").unique("name_id")
-    g = g.join(names, left_on="launch_name_id", right_on="name_id", how="left").rename({"api_name": "next_api"})
-    sync = inv.api.filter(pl.col("is_sync")).select("pid", pl.col("end").alias("s_end")).sort("s_end")
-    g = g.sort("gap_end")
-    if sync.height:
-        g = g.join_asof(sync, left_on="gap_end", right_on="s_end", by="pid", strategy="backward",
-                        check_sortedness=False)
-        in_sync = pl.col("s_end").is_not_null() & (pl.col("s_end") >= pl.col("gap_start"))
-    else:
-        in_sync = pl.lit(False)
+    g = g.join(names, left_on="launch_name_id", right_on="name_id", how="left", maintain_order="left"
+               ).rename({"api_name": "next_api"})
     kind = (
-        pl.when(in_sync).then(pl.lit("sync"))
+        pl.when(pl.Series(_sync_in_gap(g, inv.api))).then(pl.lit("sync"))
         .when(pl.col("next_launch_start") > pl.col("gap_start")).then(pl.lit("host_bound"))
         .otherwise(pl.lit("device_side"))
     )
-    return g.with_columns(kind=kind).select(list(GAP_SCHEMA)).sort("step", "gap_start")
+    # g keeps acts' (step, start) order, which is (step, gap_start) order
+    return g.with_columns(kind=kind).select(list(GAP_SCHEMA))
+
+
+def _sync_in_gap(g: pl.DataFrame, api: pl.DataFrame) -> np.ndarray:
+    """Per gap: did a synchronizing call of its process return inside it? (one binary search
+    per gap into the process's sorted sync end times)"""
+    out = np.zeros(g.height, dtype=bool)
+    sync = api.filter(pl.col("is_sync")).select("pid", "end")
+    if sync.is_empty():
+        return out
+    pids = g["pid"].to_numpy()
+    starts, ends = g["gap_start"].to_numpy(), g["gap_end"].to_numpy()
+    for (pid,), calls in sync.group_by("pid"):
+        s_end = np.sort(calls["end"].to_numpy())
+        rows = np.flatnonzero(pids == pid)
+        last = np.searchsorted(s_end, ends[rows], side="right") - 1  # last sync end <= gap end
+        ok = last >= 0
+        out[rows[ok]] = s_end[last[ok]] >= starts[rows[ok]]
+    return out
 
 
 def gap_totals(gaps: pl.DataFrame, step_ids: list[int]) -> pl.DataFrame:

@@ -38,15 +38,13 @@ def steps_list(inv: Inventory, ids: list[int], extra=None) -> list[dict]:
     steps = inv.steps.filter(pl.col("step").is_in(sel))
     classes = inv.classes.filter(pl.col("step").is_in(sel))
     kernels = inv.kernels.filter(pl.col("step").is_in(sel))
-    # plain tuples (rows()) rather than per-row dicts: a million-kernel trace has ~100k of them
-    by_step_cls: dict[int, dict] = {}
-    for step, cls, count, time_ns in classes.select("step", "class", "count", "time_ns").rows():
-        by_step_cls.setdefault(step, {})[cls] = {"count": count, "time_ns": time_ns}
-    by_step_k: dict[int, list] = {}
-    for step, name, dem, cls, count, time_ns in kernels.select(
-            "step", "name", "demangled", "class", "count", "time_ns").rows():
-        by_step_k.setdefault(step, []).append(
-            {"name": name, "demangled": dem, "class": cls, "count": count, "time_ns": time_ns})
+    from stepscope.analysis.diagnosis import by_step  # polars builds the per-step row dicts
+
+    by_step_cls = {
+        step: {r["class"]: {"count": r["count"], "time_ns": r["time_ns"]} for r in rows}
+        for step, rows in by_step(classes.select("step", "class", "count", "time_ns")).items()
+    }
+    by_step_k = by_step(kernels.select("step", "name", "demangled", "class", "count", "time_ns"))
     out = []
     for r in steps.iter_rows(named=True):
         d = {"index": r["step"], "pid": r["pid"], "device": r["device"], "delimiter": r["delimiter"],
