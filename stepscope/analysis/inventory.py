@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
+from stepscope.analysis.frames import sorted_by
 from stepscope.analysis.layers import detect_layers
 from stepscope.analysis.steps import Segmentation, activities, api_flags, in_windows, segment, step_shape
 from stepscope.model import Trace
@@ -55,7 +56,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     seg = segment(trace, acts, api, step_regex)
     acts, phases = _classify(seg, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
-    acts = acts.sort("step", "start", "end", nulls_last=True).with_columns(
+    acts = sorted_by(acts, "step", "start", "end").with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
     acts = acts.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - pl.col("prev_end"), 0).fill_null(0))
     calls = step_launch_calls(seg.steps, acts, api)
@@ -190,8 +191,8 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     any thread of the process for capture ranges); a window split over several devices shares
     its calls with each of its steps. Other steps own the calls that launched their activities.
     """
-    launch_api = (api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end", "api_name")
-                  .sort("start"))
+    launch_api = sorted_by(
+        api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end", "api_name"), "start")
     parts = []
     windowed = steps.filter(pl.col("w_start").is_not_null())
     if windowed.height:
@@ -215,12 +216,13 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     if not parts:
         return pl.DataFrame(schema={"step": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "corr": pl.Int64,
                                     "start": pl.Int64, "end": pl.Int64, "api_name": pl.String})
-    return pl.concat(parts, how="vertical_relaxed").sort("step", "start")
+    return sorted_by(pl.concat(parts, how="vertical_relaxed"), "step", "start")
 
 
 def _layers(acts: pl.DataFrame) -> pl.DataFrame:
     seqs = (
-        acts.filter(pl.col("is_kernel")).group_by("step", maintain_order=True)
+        acts.select("step", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
+        .group_by("step", maintain_order=True)
         .agg(pl.col("demangled_id").alias("seq"))
         .with_columns(sig=pl.col("seq").hash())
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.analysis.frames import sorted_by
 from stepscope.analysis.inventory import Inventory
 
 
@@ -31,12 +32,13 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
         .sort("step", "count", "api_name", descending=[False, True, False])
     )
     interval = (
-        calls.sort("step", "pid", "tid", "start")
+        sorted_by(calls, "step", "pid", "tid", "start")
         .with_columns(iv=(pl.col("start") - pl.col("start").shift(1)).over("step", "pid", "tid"))
         .group_by("step").agg(*_stats(pl.col("iv").drop_nulls(), "interval"),
                               call_median_ns=dur.median().round(0).cast(pl.Int64))
     )
-    k = inv.acts.filter(pl.col("step").is_not_null() & pl.col("launch_start").is_not_null())
+    k = inv.acts.select("step", "start", "launch_start", "launch_end").filter(
+        pl.col("step").is_not_null() & pl.col("launch_start").is_not_null())
     lat = k.group_by("step").agg(
         *_stats(pl.col("start") - pl.col("launch_start"), "latency"),
         *_stats((pl.col("start") - pl.col("launch_end")).filter(pl.col("start") > pl.col("launch_end")), "queue"),

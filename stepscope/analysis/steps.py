@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from stepscope import apinames
+from stepscope.analysis.frames import sorted_by
 from stepscope.errors import InputError
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
@@ -140,7 +141,7 @@ def in_windows(points: pl.DataFrame, at: str, windows: pl.DataFrame, window_col:
     window's `window_col`. A window with a tid holds that thread's points; one without (a
     capture range) any thread's of its process. Windows of one key do not overlap."""
     out = []
-    points = points.sort(at)
+    points = sorted_by(points, at)
     for by, w in (
         (["pid", "tid"], windows.filter(pl.col("tid").is_not_null())),
         (["pid"], windows.filter(pl.col("tid").is_null())),

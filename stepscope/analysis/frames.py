@@ -1,0 +1,35 @@
+"""Frame helpers shared by the analyses: sorting that skips work nsys already did.
+
+nsys writes its activity tables in start order, so most sorts the analyses need find their
+input already in order; checking is one vectorized pass, sorting a million rows is several.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+_NULL_LAST = (1 << 63) - 1  # stands for null in a nulls-last order check
+
+
+def is_sorted_by(df: pl.DataFrame, by: list[str]) -> bool:
+    """Whether df's rows are in ascending lexicographic order of `by` (nulls last)."""
+    if df.height < 2:
+        return True
+    if len(by) == 1 and df[by[0]].null_count() == 0:
+        return df[by[0]].is_sorted()
+    before = pl.lit(False)  # an earlier column already orders the pair
+    tied = pl.lit(True)     # all columns so far are equal
+    for c in by:
+        x = pl.col(c).fill_null(_NULL_LAST)
+        prev = x.shift(1)
+        before = before | (tied & (prev < x))
+        tied = tied & (prev == x)
+    return bool(df.select((before | tied).slice(1).all()).item())
+
+
+def sorted_by(df: pl.DataFrame, *by: str) -> pl.DataFrame:
+    """df sorted ascending by `by` (nulls last, stable), without sorting when it already is."""
+    cols = list(by)
+    if is_sorted_by(df, cols):
+        return df
+    return df.sort(cols, nulls_last=True, maintain_order=True)
