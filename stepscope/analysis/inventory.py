@@ -14,7 +14,9 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.frames import sorted_by
 from stepscope.analysis.layers import detect_layers
-from stepscope.analysis.steps import Segmentation, activities, api_flags, in_windows, segment, step_shape
+from stepscope.analysis.steps import (
+    Segmentation, activities, api_flags, find_windows, segment, step_shape, window_of,
+)
 from stepscope.model import Trace
 
 
@@ -52,8 +54,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
+    windows = find_windows(trace, api, step_regex)
+    api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
-    seg = segment(trace, acts, api, step_regex)
+    seg = segment(trace, acts, windows)
     acts, phases = _classify(seg, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end").with_columns(
@@ -93,7 +97,8 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
               strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Activities with name, demangled and class; and each step's phase (step, phase)."""
     acts = seg.acts
-    names = acts.filter(pl.col("is_kernel")).select("short_id", "demangled_id").unique()
+    names = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel")).drop(
+        "is_kernel").unique()
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
@@ -121,7 +126,8 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
                              mapped("class", CLASS_DTYPE))
     # NVTX module ranges around the launching call beat the kernel name.
     attributed = nvtx_attribution(
-        acts.filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"), trace.nvtx, rules
+        acts.select("row", "pid", "tid", "launch_start", "is_kernel").filter(pl.col("is_kernel")).drop("is_kernel"),
+        trace.nvtx, rules
     )
     if attributed.height:
         acts = acts.join(attributed, on="row", how="left").with_columns(
@@ -138,7 +144,7 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
     for phase in ("prefill", "decode"):
         steps_of = phases.filter(pl.col("phase") == phase)["step"]
         if steps_of.len():
-            resolved = pl.when(is_attention & pl.col("step").is_in(steps_of)).then(
+            resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
     acts = acts.with_columns(resolved.alias("class"))
     return acts, phases
@@ -191,25 +197,21 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     any thread of the process for capture ranges); a window split over several devices shares
     its calls with each of its steps. Other steps own the calls that launched their activities.
     """
-    launch_api = sorted_by(
-        api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end", "api_name"), "start")
     parts = []
     windowed = steps.filter(pl.col("w_start").is_not_null())
     if windowed.height:
-        # one host window per (pid, tid, start): a window split over devices is several steps
-        key = ["pid", "tid", "w_start"]
-        windows = windowed.select(*key, "w_end").unique(key, keep="first", maintain_order=True)
-        windows = windows.with_row_index("_win")
-        steps_of = windowed.select(*key, "step").with_columns(pl.col("tid").fill_null(-1)).join(
-            windows.select(*key, "_win").with_columns(pl.col("tid").fill_null(-1)), on=key).select("_win", "step")
-        hit = in_windows(launch_api, "start", windows, "_win").join(steps_of, on="_win")
+        # a window split over several devices is several steps: its calls go to each of them
+        steps_of = acts.filter(pl.col("window").is_not_null()).select("window", "step").unique()
+        hit = api.filter(pl.col("is_launch") & pl.col("window").is_not_null()).select(
+            "window", "pid", "tid", "corr", "start", "end", "api_name").join(steps_of, on="window")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))
     bare = steps.filter(pl.col("w_start").is_null()).select("step")
     if bare.height:
         calls = (
             acts.join(bare, on="step", how="semi").filter(pl.col("launch_start").is_not_null())
             .select("step", "pid", "corr").unique()
-            .join(launch_api, on=["pid", "corr"])
+            .join(api.filter(pl.col("is_launch")).select("pid", "tid", "corr", "start", "end", "api_name"),
+                  on=["pid", "corr"])
             .select("step", "pid", "tid", "corr", "start", "end", "api_name")
         )
         parts.append(calls)

@@ -24,45 +24,58 @@ from stepscope.errors import InputError
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
 
+MEMOP_DTYPE = pl.Enum(["memcpy", "memset"])
+
 STEP_COLS = ("step", "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
 
 
 def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
-    """API calls with their decoded name and launch / sync / graph / profiler flags."""
-    ids = api["name_id"].unique().drop_nulls().to_list()
-    names = {i: strings.get(i, "") for i in ids}
-    vals = list(names.values())
-    keys = pl.Series(list(names), dtype=pl.Int64)
+    """API calls with their decoded name and launch / sync / graph / profiler flags.
 
-    def flag(values: list[bool], alias: str) -> pl.Expr:
-        return pl.col("name_id").replace_strict(keys, pl.Series(values, dtype=pl.Boolean), default=False,
-                                                return_dtype=pl.Boolean).alias(alias)
+    A trace calls a few dozen distinct APIs a million times: names and flags are decided per
+    distinct name id, then spread with one gather (name) and set lookups (flags)."""
+    ids = api["name_id"].unique().drop_nulls().sort()
+    vals = [strings.get(i, "") for i in ids.to_list()]
+    table = pl.Series("api_name", vals, dtype=pl.String).cast(pl.Categorical)
+    slot = api.select(pl.col("name_id").replace_strict(
+        ids, pl.int_range(ids.len(), eager=True), default=None, return_dtype=pl.UInt32)).to_series()
+
+    def flag(test, alias: str) -> pl.Expr:
+        having = ids.filter(pl.Series([bool(test(n)) for n in vals], dtype=pl.Boolean))
+        return pl.col("name_id").is_in(having.to_list()).fill_null(False).alias(alias)
 
     return api.with_columns(
-        pl.col("name_id").replace_strict(keys, pl.Series(vals, dtype=pl.String), default=None,
-                                         return_dtype=pl.String).cast(pl.Categorical).alias("api_name"),
-        flag([n.startswith(apinames.LAUNCH) for n in vals], "is_launch"),
-        flag([n.startswith(apinames.GRAPH_LAUNCH) for n in vals], "is_graph_launch"),
-        flag([n.startswith(apinames.SYNC) or bool(apinames.BLOCKING_COPY.match(n)) for n in vals], "is_sync"),
-        flag([n.startswith(apinames.PROFILER_START) for n in vals], "is_prof_start"),
-        flag([n.startswith(apinames.PROFILER_STOP) for n in vals], "is_prof_stop"),
+        table.gather(slot).alias("api_name"),
+        flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
+        flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
+        flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
+        flag(lambda n: n.startswith(apinames.PROFILER_START), "is_prof_start"),
+        flag(lambda n: n.startswith(apinames.PROFILER_STOP), "is_prof_stop"),
     )
 
 
 def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
-    """Kernels and memops in one frame, each joined to its launching call on (pid, corr)."""
-    k = kernels.with_columns(pl.lit(True).alias("is_kernel"), pl.lit(None, pl.String).alias("memop"),
+    """Kernels and memops in one frame, each joined to its launching call on (pid, corr).
+
+    The launching call brings its thread, times, name and the step window it started in (the
+    `window` column of `api`, when present)."""
+    k = kernels.with_columns(pl.lit(True).alias("is_kernel"), pl.lit(None, MEMOP_DTYPE).alias("memop"),
                              pl.lit(None, pl.Int64).alias("bytes"))
-    m = memops.rename({"kind": "memop"}).with_columns(pl.lit(False).alias("is_kernel"))
-    acts = pl.concat([k, m], how="diagonal_relaxed") if m.height else k
+    if memops.height:
+        m = memops.rename({"kind": "memop"}).with_columns(pl.lit(False).alias("is_kernel"))
+        m = m.select([pl.col(c) if c in m.columns else pl.lit(None, t).alias(c) for c, t in k.schema.items()])
+        acts = sorted_by(pl.concat([k, m.cast(k.schema)]), "start")
+    else:
+        acts = k
     # correlationId is unique only within a process: join on (pid, corr), packed into one
     # integer key (pid < 2^24, so the key is exact while corr < 2^39), which hashes faster.
     key = (pl.col("pid") * (1 << 39) + pl.col("corr")).alias("_key")
+    window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
     calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
-                       pl.col("end").alias("launch_end"), pl.col("name_id").alias("launch_name_id"))
+                       pl.col("end").alias("launch_end"), pl.col("name_id").alias("launch_name_id"), *window)
     if calls["_key"].n_unique() != calls.height:  # keep one call per (pid, corr)
         calls = calls.unique("_key", keep="first", maintain_order=True)
-    acts = acts.with_columns(key).join(calls, on="_key", how="left").drop("_key")
+    acts = acts.with_columns(key).join(calls, on="_key", how="left", maintain_order="left").drop("_key")
     return acts.with_row_index("row")
 
 
@@ -136,33 +149,25 @@ def _no_windows() -> pl.DataFrame:
     return pl.DataFrame(schema=_WINDOW_SCHEMA)
 
 
-def in_windows(points: pl.DataFrame, at: str, windows: pl.DataFrame, window_col: str) -> pl.DataFrame:
-    """The points (pid, tid and a time column `at`) that fall inside a host window, with the
-    window's `window_col`. A window with a tid holds that thread's points; one without (a
-    capture range) any thread's of its process. Windows of one key do not overlap."""
-    out = []
-    points = sorted_by(points, at)
-    for by, w in (
-        (["pid", "tid"], windows.filter(pl.col("tid").is_not_null())),
-        (["pid"], windows.filter(pl.col("tid").is_null())),
-    ):
-        if w.is_empty():
-            continue
-        hit = points.join_asof(
-            w.select(*by, "w_start", "w_end", window_col).sort("w_start"), left_on=at, right_on="w_start",
-            by=by, strategy="backward", check_sortedness=False,
-        ).filter(pl.col(at) <= pl.col("w_end"))
-        out.append(hit.select(*points.columns, window_col))
-    if not out:
-        return points.clear().with_columns(pl.lit(None, windows.schema[window_col]).alias(window_col))
-    return pl.concat(out)
+def window_of(api: pl.DataFrame, windows: pl.DataFrame) -> pl.Series:
+    """Per API call (in api's order): the `window` it started in, or null.
 
-
-def _assign_windows(acts: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """(row, device, window) for activities whose launching call starts inside a window."""
-    launched = acts.filter(pl.col("launch_start").is_not_null()).select(
-        "row", "device", "pid", "tid", "launch_start")
-    return in_windows(launched, "launch_start", windows, "window").select("row", "device", "window")
+    A window with a tid holds that thread's calls; one without (a capture range) any thread's
+    of its process. Windows of one key do not overlap, so a call is in the last window of its
+    key that starts at or before it, if that window has not ended: one binary search per call.
+    """
+    out = np.full(api.height, -1, dtype=np.int64)
+    if windows.height and api.height:
+        pid, tid, at = (api[c].to_numpy() for c in ("pid", "tid", "start"))
+        for (w_pid, w_tid), w in windows.sort("w_start").group_by(["pid", "tid"], maintain_order=True):
+            rows = np.flatnonzero((pid == w_pid) & (tid == w_tid) if w_tid is not None else pid == w_pid)
+            starts, ends = w["w_start"].to_numpy(), w["w_end"].to_numpy()
+            j = np.searchsorted(starts, at[rows], side="right") - 1
+            hit = j >= 0
+            hit[hit] = at[rows[hit]] <= ends[j[hit]]
+            out[rows[hit]] = w["window"].to_numpy()[j[hit]]
+    s = pl.Series("window", out)
+    return s.set(s < 0, None).cast(pl.UInt32)
 
 
 def find_period(keys: np.ndarray, min_repeats: int = 3, min_match: float = 0.8) -> int | None:
@@ -235,10 +240,11 @@ def _periodic_steps(acts: pl.DataFrame) -> tuple[list[tuple], list[tuple]]:
     return steps, assign
 
 
-def segment(trace, acts: pl.DataFrame, api: pl.DataFrame, step_regex: str | None = None) -> Segmentation:
-    warnings: list[str] = []
+def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
+    """The host windows of the steps of every process that has delimiters (nvtx, then capture,
+    then graph, the first kind found per process), indexed by `window` in start order."""
     step_regex = step_regex or DEFAULT_STEP_REGEX
-    pids_all = set(acts["pid"].unique().to_list())
+    pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
     windows = []
     covered: set[int] = set()
     for make in (
@@ -253,17 +259,31 @@ def segment(trace, acts: pl.DataFrame, api: pl.DataFrame, step_regex: str | None
             covered |= set(w["pid"].unique().to_list())
     windows = pl.concat(windows) if windows else _no_windows()
     if windows.height and (windows["w_end"] == OPEN_END).any():
-        last = acts.group_by("pid").agg(
-            pl.max_horizontal(pl.col("end").max(), pl.col("launch_end").max()).alias("_last"))
-        windows = windows.join(last, on="pid", how="left").with_columns(
-            pl.when(pl.col("w_end") == OPEN_END).then(pl.col("_last")).otherwise(pl.col("w_end")).alias("w_end")
-        ).drop("_last")
+        windows = _close_open_windows(trace, api, windows)
+    return windows.sort("w_start").with_row_index("window")
 
+
+def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """An open capture range ends at the process's last GPU activity or launching call."""
+    acts = pl.concat([trace.kernels.select("pid", "corr", "end"), trace.memops.select("pid", "corr", "end")])
+    launching = api.select("pid", "corr", "end").join(acts.select("pid", "corr").unique(), on=["pid", "corr"],
+                                                      how="semi")
+    last = pl.concat([acts.select("pid", "end"), launching.select("pid", "end")]).group_by("pid").agg(
+        pl.col("end").max().alias("_last"))
+    return windows.join(last, on="pid", how="left").with_columns(
+        pl.when(pl.col("w_end") == OPEN_END).then(pl.col("_last")).otherwise(pl.col("w_end")).alias("w_end")
+    ).drop("_last")
+
+
+def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
+    """Steps and each activity's step. `acts` carry the window their launching call started in
+    (activities() over an api with window_of()); processes without windows are split by period."""
+    warnings: list[str] = []
+    covered = set(windows["pid"].unique().to_list())
     step_rows: list[tuple] = []
     assigned = []
     if windows.height:
-        windows = windows.sort("w_start").with_row_index("window")
-        hit = _assign_windows(acts, windows)
+        hit = acts.filter(pl.col("window").is_not_null()).select("row", "device", "window")
         # a step is (window, device); number them by window start, then device
         wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
         keys = hit.select(wd, "window", "device").unique("_wd").join(
