@@ -159,13 +159,25 @@ def window_of(api: pl.DataFrame, windows: pl.DataFrame) -> pl.Series:
     out = np.full(api.height, -1, dtype=np.int64)
     if windows.height and api.height:
         pid, tid, at = (api[c].to_numpy() for c in ("pid", "tid", "start"))
+        sorted_at = bool(api["start"].is_sorted())
         for (w_pid, w_tid), w in windows.sort("w_start").group_by(["pid", "tid"], maintain_order=True):
-            rows = np.flatnonzero((pid == w_pid) & (tid == w_tid) if w_tid is not None else pid == w_pid)
-            starts, ends = w["w_start"].to_numpy(), w["w_end"].to_numpy()
-            j = np.searchsorted(starts, at[rows], side="right") - 1
-            hit = j >= 0
-            hit[hit] = at[rows[hit]] <= ends[j[hit]]
-            out[rows[hit]] = w["window"].to_numpy()[j[hit]]
+            mine = (pid == w_pid) & (tid == w_tid) if w_tid is not None else pid == w_pid
+            rows = None if mine.all() else np.flatnonzero(mine)
+            t = at if rows is None else at[rows]
+            starts, ends, ids = (w[c].to_numpy() for c in ("w_start", "w_end", "window"))
+            if sorted_at:
+                # calls in start order: each window holds one run of them, found by two binary
+                # searches per window rather than one per call
+                lo = np.searchsorted(t, starts, side="left")
+                hi = np.maximum(np.searchsorted(t, ends, side="right"), lo)
+                n = hi - lo
+                pos = np.arange(n.sum()) + np.repeat(lo - (np.cumsum(n) - n), n)
+                out[pos if rows is None else rows[pos]] = np.repeat(ids, n)
+            else:
+                j = np.searchsorted(starts, t, side="right") - 1
+                jj = np.maximum(j, 0)
+                hit = (j >= 0) & (t <= ends[jj])
+                out[np.flatnonzero(hit) if rows is None else rows[hit]] = ids[jj[hit]]
     s = pl.Series("window", out)
     return s.set(s < 0, None).cast(pl.UInt32)
 

@@ -1,0 +1,85 @@
+"""The order shortcuts of the data path: sorts skipped when nsys already wrote a table in start
+order, and windows found by runs of start-sorted calls. Each shortcut is checked against the
+general path it skips: polars' own sort, and the same export with its rows shuffled."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sqlite3
+
+import polars as pl
+import pytest
+
+from stepscope.analysis.frames import is_sorted_by, sorted_by
+from stepscope.analysis.steps import api_flags, find_windows, window_of
+from stepscope.ingest import read_trace
+from tests.conftest import FIXTURES, need, ro
+from tests.golden.regen import analyze, canonical, golden_path
+
+
+def test_sorted_by_agrees_with_polars_sort_on_every_small_frame():
+    rnd = random.Random(7)
+    for _ in range(400):
+        n = rnd.randint(0, 9)
+        df = pl.DataFrame({"a": [rnd.choice([None, 1, 2, 3]) for _ in range(n)],
+                           "b": [rnd.randint(0, 2) for _ in range(n)]}, schema={"a": pl.Int64, "b": pl.Int64})
+        want = df.sort("a", "b", nulls_last=True, maintain_order=True)
+        assert sorted_by(df, "a", "b").equals(want)
+        assert is_sorted_by(df, ["a", "b"]) == df.equals(want)
+        assert is_sorted_by(df, ["a"]) == df.equals(df.sort("a", nulls_last=True, maintain_order=True))
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "llama8b_decode_b1_eager_tp2.sqlite"])
+def test_window_of_counts_calls_like_plain_sql(name):
+    """Launch calls per NVTX step range: the binary-search runs against a SQL range join."""
+    path = need(FIXTURES / name)
+    trace = read_trace(path, cache=False)
+    api = api_flags(trace.api, trace.string_map())
+    windows = find_windows(trace, api)
+    got = (api.with_columns(window_of(api, windows)).filter(pl.col("is_launch") & pl.col("window").is_not_null())
+           .join(windows, on="window").group_by("w_start").len().sort("w_start"))
+    want = ro(path).execute("""
+        SELECT n.start, count(*) FROM NVTX_EVENTS n
+        JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.globalTid = n.globalTid AND r.start BETWEEN n.start AND n.end
+        JOIN StringIds s ON s.id = r.nameId
+        WHERE n.eventType = 59 AND n.text LIKE 'step%' AND (s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%')
+        GROUP BY n.start ORDER BY n.start""").fetchall()
+    assert want and got.rows() == want
+
+
+def test_window_of_unsorted_calls_give_the_same_windows():
+    path = need(FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite")
+    trace = read_trace(path, cache=False)
+    api = api_flags(trace.api, trace.string_map())
+    windows = find_windows(trace, api)
+    assert api["start"].is_sorted()
+    shuffled = api.sample(fraction=1.0, shuffle=True, seed=3)
+    assert not shuffled["start"].is_sorted()
+    key = ["pid", "corr"]
+    a = api.select(*key, window_of(api, windows)).sort(key)
+    b = shuffled.select(*key, window_of(shuffled, windows)).sort(key)
+    assert a.equals(b) and a["window"].null_count() < a.height
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager", "llama8b_decode_b1_eager_tp2", "llama8b_decode_b1_graph"])
+def test_shuffled_export_analyzes_like_the_original(tmp_path, name):
+    """The same export with its kernel, memset and runtime rows in random order takes every
+    general path (sorts, per-call window search) and must give the stored golden document."""
+    path = tmp_path / f"{name}.sqlite"
+    shutil.copy(need(FIXTURES / f"{name}.sqlite"), path)
+    con = sqlite3.connect(path)
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"):
+        if con.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+            con.execute(f"CREATE TABLE shuffled AS SELECT * FROM {table} ORDER BY random()")
+            con.execute(f"DELETE FROM {table}")
+            con.execute(f"INSERT INTO {table} SELECT * FROM shuffled")
+            con.execute("DROP TABLE shuffled")
+    con.commit()
+    first = con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid LIMIT 50").fetchall()
+    con.close()
+    assert first != sorted(first)  # the rows really are out of order
+    got = canonical(analyze(path))
+    want = json.loads(golden_path(FIXTURES / f"{name}.sqlite").read_text())
+    assert got == want
