@@ -82,9 +82,10 @@ class Diagnosis:
 
 def diagnose(inv: Inventory) -> Diagnosis:
     gaps = find_gaps(inv)
+    totals = gap_totals(gaps, inv.step_ids())
     launch, by_api = launch_summary(inv)
     return Diagnosis(
-        inv=inv, gaps=gaps, gap_totals=gap_totals(gaps, inv.step_ids()), histogram=histogram(gaps),
-        launch=launch, launch_by_api=by_api, floors=floors(inv, launch, gaps),
+        inv=inv, gaps=gaps, gap_totals=totals, histogram=histogram(gaps),
+        launch=launch, launch_by_api=by_api, floors=floors(inv, launch, totals=totals),
         graph_prediction=predict_graph_step(inv),
     )

@@ -18,10 +18,12 @@ def verdict_expr(cpu: str = "cpu_floor_ns", dev: str = "device_floor_ns") -> pl.
     return pl.when(pl.col(cpu) > pl.col(dev)).then(pl.lit("launch-bound")).otherwise(pl.lit("device-bound"))
 
 
-def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None) -> pl.DataFrame:
+def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,
+           totals: pl.DataFrame | None = None) -> pl.DataFrame:
     launch = launch_summary(inv)[0] if launch is None else launch
-    gaps = find_gaps(inv) if gaps is None else gaps
-    host = gap_totals(gaps, inv.step_ids()).filter(pl.col("kind") == "host_bound").select(
+    if totals is None:
+        totals = gap_totals(find_gaps(inv) if gaps is None else gaps, inv.step_ids())
+    host = totals.filter(pl.col("kind") == "host_bound").select(
         "step", pl.col("time_ns").alias("host_bound_gap_ns"))
     s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns").join(
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"

@@ -34,6 +34,12 @@ class Inventory:
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
 
+    def in_steps(self, *cols: str) -> pl.DataFrame:
+        """The activities inside a step, narrowed to `cols`: a zero-copy slice (acts are sorted
+        with the step-less ones last), flagged sorted by step so per-step group-bys are cheap."""
+        inside = self.acts.select(*cols).slice(0, self.acts.height - self.acts["step"].null_count())
+        return inside.with_columns(pl.col("step").set_sorted()) if "step" in cols else inside
+
     def step_ids(self) -> list[int]:
         return self.steps["step"].to_list()
 

@@ -31,14 +31,16 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
         .with_columns(pl.col("api_name").cast(pl.String))
         .sort("step", "count", "api_name", descending=[False, True, False])
     )
+    # consecutive calls of one (step, pid, tid): a global shift, nulled where the group changes
+    ordered = sorted_by(calls, "step", "pid", "tid", "start")
+    same = [pl.col(c) == pl.col(c).shift(1) for c in ("step", "pid", "tid")]
     interval = (
-        sorted_by(calls, "step", "pid", "tid", "start")
-        .with_columns(iv=(pl.col("start") - pl.col("start").shift(1)).over("step", "pid", "tid"))
+        ordered.with_columns(iv=pl.when(same[0] & same[1] & same[2]).then(pl.col("start") - pl.col("start").shift(1)))
+        .with_columns(pl.col("step").set_sorted())
         .group_by("step").agg(*_stats(pl.col("iv").drop_nulls(), "interval"),
                               call_median_ns=dur.median().round(0).cast(pl.Int64))
     )
-    k = inv.acts.select("step", "start", "launch_start", "launch_end").filter(
-        pl.col("step").is_not_null() & pl.col("launch_start").is_not_null())
+    k = inv.in_steps("step", "start", "launch_start", "launch_end").filter(pl.col("launch_start").is_not_null())
     lat = k.group_by("step").agg(
         *_stats(pl.col("start") - pl.col("launch_start"), "latency"),
         *_stats((pl.col("start") - pl.col("launch_end")).filter(pl.col("start") > pl.col("launch_end")), "queue"),

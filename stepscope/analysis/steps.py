@@ -29,23 +29,28 @@ MEMOP_DTYPE = pl.Enum(["memcpy", "memset"])
 STEP_COLS = ("step", "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
 
 
-def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
-    """API calls with their decoded name and launch / sync / graph / profiler flags.
-
-    A trace calls a few dozen distinct APIs a million times: names and flags are decided per
-    distinct name id, then spread with one gather (name) and set lookups (flags)."""
-    ids = api["name_id"].unique().drop_nulls().sort()
-    vals = [strings.get(i, "") for i in ids.to_list()]
-    table = pl.Series("api_name", vals, dtype=pl.String).cast(pl.Categorical)
-    slot = api.select(pl.col("name_id").replace_strict(
+def api_names(name_ids: pl.Series, strings: dict[int, str]) -> pl.Series:
+    """Categorical API names for a column of name ids: decoded once per distinct id, then one
+    gather (a trace calls a few dozen APIs a million times)."""
+    ids = name_ids.unique().drop_nulls().sort()
+    table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
+    slot = name_ids.to_frame("id").select(pl.col("id").replace_strict(
         ids, pl.int_range(ids.len(), eager=True), default=None, return_dtype=pl.UInt32)).to_series()
+    return table.gather(slot)
+
+
+def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
+    """API calls with their decoded name and launch / sync / graph / profiler flags, decided
+    once per distinct name id and spread with set lookups."""
+    ids = api["name_id"].unique().drop_nulls()
+    vals = [strings.get(i, "") for i in ids.to_list()]
 
     def flag(test, alias: str) -> pl.Expr:
-        having = ids.filter(pl.Series([bool(test(n)) for n in vals], dtype=pl.Boolean))
-        return pl.col("name_id").is_in(having.to_list()).fill_null(False).alias(alias)
+        having = [i for i, n in zip(ids.to_list(), vals) if test(n)]
+        return pl.col("name_id").is_in(having).fill_null(False).alias(alias)
 
     return api.with_columns(
-        table.gather(slot).alias("api_name"),
+        api_names(api["name_id"], strings).alias("api_name"),
         flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
         flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
         flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
@@ -72,7 +77,7 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     key = (pl.col("pid") * (1 << 39) + pl.col("corr")).alias("_key")
     window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
     calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
-                       pl.col("end").alias("launch_end"), pl.col("name_id").alias("launch_name_id"), *window)
+                       pl.col("end").alias("launch_end"), pl.col("api_name").alias("launch_api"), *window)
     if calls["_key"].n_unique() != calls.height:  # keep one call per (pid, corr)
         calls = calls.unique("_key", keep="first", maintain_order=True)
     acts = acts.with_columns(key).join(calls, on="_key", how="left", maintain_order="left").drop("_key")
