@@ -36,6 +36,14 @@ class Diagnosis:
     graph_prediction: pl.DataFrame  # step, predicted_graph_step_time_ns (null for graph replays)
     _sections: dict | None = None
 
+    def drop_event_frames(self) -> None:
+        """Build the per-step sections, then empty the per-gap frame and the inventory's
+        per-event frames (see Inventory.drop_event_frames)."""
+        if self._sections is None:
+            self._sections = self._build_sections()
+        self.gaps = self.gaps.clear()
+        self.inv.drop_event_frames()
+
     def step_sections(self, step: int) -> dict:
         """The JSON sections a step of `analyze --json` gains: gaps, launch, floors."""
         if self._sections is None:

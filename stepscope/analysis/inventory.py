@@ -29,7 +29,7 @@ class Inventory:
     classes: pl.DataFrame    # step, class, count, time_ns
     kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
     acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
-                             # (step, start); prev_end/gap_ns: the union before it, the idle gap
+                             # (step, start); prev_end: the end of the union before it
     api: pl.DataFrame        # API calls with flags
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
@@ -39,6 +39,14 @@ class Inventory:
         with the step-less ones last), flagged sorted by step so per-step group-bys are cheap."""
         inside = self.acts.select(*cols).slice(0, self.acts.height - self.acts["step"].null_count())
         return inside.with_columns(pl.col("step").set_sorted()) if "step" in cols else inside
+
+    def drop_event_frames(self) -> None:
+        """Empty the per-event frames (activities, API calls, launch calls, the trace's tables),
+        keeping the per-step results: for a one-shot renderer that has what it needs and
+        would otherwise hold a million-row frame per column through its output."""
+        self.acts, self.api, self.launch_calls = self.acts.clear(), self.api.clear(), self.launch_calls.clear()
+        t = self.trace
+        t.kernels, t.memops, t.api = t.kernels.clear(), t.memops.clear(), t.api.clear()
 
     def step_ids(self) -> list[int]:
         return self.steps["step"].to_list()
@@ -68,7 +76,6 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end").with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
-    acts = acts.with_columns(gap_ns=pl.max_horizontal(pl.col("start") - pl.col("prev_end"), 0).fill_null(0))
     calls = step_launch_calls(seg.steps, acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls)
     in_step = acts.filter(pl.col("step").is_not_null())
@@ -164,7 +171,7 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) 
         kernel_time_sum_ns=dur.filter(pl.col("is_kernel")).sum(),
         first_start=pl.col("start").min(),
         last_end=pl.col("end").max(),
-        idle_ns=pl.col("gap_ns").sum(),
+        idle_ns=(pl.col("start") - pl.col("prev_end")).clip(lower_bound=0).fill_null(0).sum(),
         first_launch=pl.col("launch_start").min(),
         n_attention=pl.col("class").is_in(list(ATTENTION)).sum(),
     )

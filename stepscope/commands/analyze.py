@@ -59,6 +59,7 @@ def analyze(
 
     diag = diagnose(inv)
     if json_out:
+        diag.drop_event_frames()  # the document needs only per-step results
         typer.echo(dumps(analyze_document(inv, steps, diag.step_sections)))
         return
     ids = select_steps(inv, steps)
