@@ -29,12 +29,18 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 PID_SQL = "((({col}) >> 24) & 16777215)"
 TID_SQL = "(({col}) & 16777215)"
-SLICE_MIN_ROWS = 200_000  # below this a table is read in one query
+SLICE_MIN_ROWS = 200_000
+ADBC_BATCH_ROWS = 65_536  # below this a table is read in one query
 API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
 
 def _unpack_pid(col: str) -> pl.Expr:
-    return ((pl.col(col) // (1 << 24)) % (1 << 24)).alias(col)
+    return ((pl.col(col) // (1 << 24)) % (1 << 24)).cast(pl.Int32).alias(col)
+
+
+def _packed(schema: dict, *cols: str) -> dict:
+    """`schema` with the packed global ids (globalPid/globalTid, 64-bit) as they are read."""
+    return {c: (pl.Int64 if c in cols else t) for c, t in schema.items()}
 
 
 def is_sqlite(path: Path) -> bool:
@@ -82,6 +88,9 @@ def _adbc_query(db, sql: str) -> pl.DataFrame:
     try:
         stmt = adbc_driver_manager.AdbcStatement(conn)
         try:
+            # the driver's default 1,024-row batches leave a million-row read in ~1,000 small
+            # buffers per column, which the C heap keeps (as RSS) after polars copies them
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(ADBC_BATCH_ROWS)})
             stmt.set_sql_query(sql)
             stream, _ = stmt.execute_query()
             return pl.DataFrame(stream)
@@ -251,7 +260,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     jobs = [(k, f"""
         SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName
                {"," if launch_config or graphs else ""} {sql_dims} {"graphNodeId" if graphs else ""}
-        FROM {k}""", [], cols)]
+        FROM {k}""", [], _packed(cols, "pid"))]
     if schema.has(RUNTIME_TABLE):
         name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
         # Runtime (0) and driver (1) calls only: old exports also hold CUDA backtrace rows (67)
@@ -262,15 +271,17 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
             # start/stop. Attribute queries and the like are most of a big trace's API rows.
             where.append(f"nameId IN (SELECT id FROM StringIds WHERE {API_NAME_FILTER})")
         jobs.append((RUNTIME_TABLE, f"""
-            SELECT globalTid AS pid, globalTid AS tid, correlationId, start, end, {name_col}
-            FROM {RUNTIME_TABLE}""", where, API_SCHEMA))
+            SELECT globalTid, correlationId, start, end, {name_col}
+            FROM {RUNTIME_TABLE}""", where, _packed({k: t for k, t in API_SCHEMA.items() if k != "tid"}, "pid")))
     frames = _bulk_frames(con, jobs)
     kernels = frames[0].with_columns(_unpack_pid("pid"))
     if not graphs:
         kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
     api = empty(API_SCHEMA)
     if len(frames) > 1:
-        api = frames[1].with_columns(_unpack_pid("pid"), (pl.col("tid") % (1 << 24)).alias("tid"))
+        # globalTid is read once: the pid and the tid are both unpacked from it
+        api = frames[1].select(_unpack_pid("pid"), (pl.col("pid") % (1 << 24)).cast(pl.Int32).alias("tid"),
+                               pl.exclude("pid"))
 
     memops = _read_memops(con, schema)
 
@@ -332,7 +343,7 @@ def _read_memops(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
         if schema.has(table):
             parts.append(_frame(con, f"""
                 SELECT globalPid, deviceId, streamId, correlationId, start, end, '{kind}' AS kind, bytes
-                FROM {table}""", MEMOP_SCHEMA).with_columns(_unpack_pid("pid")))
+                FROM {table}""", _packed(MEMOP_SCHEMA, "pid")).with_columns(_unpack_pid("pid")))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
 
 
