@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import polars as pl
 
+from stepscope import jsontext
 from stepscope.analysis.floors import floors
 from stepscope.analysis.gaps import KINDS, find_gaps, gap_totals, histogram
 from stepscope.analysis.inventory import Inventory
@@ -13,15 +15,6 @@ from stepscope.analysis.launch import launch_summary
 from stepscope.analysis.whatif import predict_graph_step
 
 TOP_GAPS = 5
-
-
-def by_step(frame: pl.DataFrame) -> dict[int, list[dict]]:
-    """step → the step's rows as dicts (without `step`), in frame order; built by polars."""
-    if frame.is_empty():
-        return {}
-    cols = [c for c in frame.columns if c != "step"]
-    agg = frame.group_by("step", maintain_order=True).agg(pl.struct(cols).alias("_rows"))
-    return dict(zip(agg["step"].to_list(), agg["_rows"].to_list()))
 
 
 @dataclass
@@ -34,58 +27,72 @@ class Diagnosis:
     launch_by_api: pl.DataFrame
     floors: pl.DataFrame       # one row per step
     graph_prediction: pl.DataFrame  # step, predicted_graph_step_time_ns (null for graph replays)
-    _sections: dict | None = None
+    _sections: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
         """Build the per-step sections, then empty the per-gap frame and the inventory's
         per-event frames (see Inventory.drop_event_frames)."""
-        if self._sections is None:
-            self._sections = self._build_sections()
+        self.sections_text()
         self.gaps = self.gaps.clear()
         self.inv.drop_event_frames()
 
     def step_sections(self, step: int) -> dict:
         """The JSON sections a step of `analyze --json` gains: gaps, launch, floors."""
+        row = self.sections_text().filter(pl.col("step") == step).row(0, named=True)
+        return {k: json.loads(row[k]) for k in ("gaps", "launch", "floors")}
+
+    def top_gaps(self) -> pl.DataFrame:
+        """The TOP_GAPS longest gaps of each step, longest first (ties: earliest first)."""
+        g = self.gaps.select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api")
+        # a per-step threshold first, so only a handful of rows sort
+        return (g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
+                .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
+                .group_by("step", maintain_order=True).head(TOP_GAPS))
+
+    def sections_text(self) -> pl.DataFrame:
+        """(step, gaps, launch, floors): every step's sections as JSON text, built in polars."""
         if self._sections is None:
             self._sections = self._build_sections()
-        return self._sections[step]
+        return self._sections
 
-    def _build_sections(self) -> dict[int, dict]:
-        """Every step's sections in one pass over each frame (no per-step filtering)."""
-        totals = by_step(self.gap_totals)
-        g = self.gaps.select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api")
-        # the top gaps of each step: a per-step threshold first, so only a handful of rows sort
-        top = by_step(
-            g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
-            .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
-            .group_by("step", maintain_order=True).head(TOP_GAPS))
-        hist = by_step(self.histogram)
-        launch = {r.pop("step"): r for r in self.launch.iter_rows(named=True)}
-        by_api = by_step(self.launch_by_api)
-        overhead = {"count": self.inv.trace.profiler_overhead_count, "time_ns": self.inv.trace.profiler_overhead_ns}
-        predicted = dict(self.graph_prediction.iter_rows())
-        out = {}
-        for f in self.floors.iter_rows(named=True):
-            step = f["step"]
-            kinds = {r["kind"]: {"count": r["count"], "time_ns": r["time_ns"]} for r in totals.get(step, [])}
-            gaps = {k: kinds.get(k, {"count": 0, "time_ns": 0}) for k in KINDS}
-            gaps["top"] = top.get(step, [])
-            gaps["histogram"] = hist.get(step, [])
-            lau = dict(launch.get(step, {}))
-            lau["by_api"] = by_api.get(step, [])
-            lau["profiler_overhead"] = overhead
-            out[step] = {
-                "gaps": gaps,
-                "launch": lau,
-                "floors": {
-                    "cpu_floor_ns": f["cpu_floor_ns"], "device_floor_ns": f["device_floor_ns"],
-                    "verdict": f["verdict"], "t_launch_ns": f["t_launch_ns"],
-                    "margin": round(f["margin"], 3) if f["margin"] is not None else None,
-                    "host_bound_gap_ns": f["host_bound_gap_ns"],
-                    "predicted_graph_step_time_ns": predicted.get(step),
-                },
-            }
-        return out
+    def _build_sections(self) -> pl.DataFrame:
+        steps = self.floors.select("step")
+        totals = self.gap_totals.sort("step", pl.col("kind").to_physical())
+        kinds = jsontext.joined(totals.select("step", pl.concat_str(
+            pl.lit('"'), pl.col("kind").cast(pl.String), pl.lit('":{"count":'), pl.col("count").cast(pl.String),
+            pl.lit(',"time_ns":'), pl.col("time_ns").cast(pl.String), pl.lit("}")).alias("_k")),
+            "step", "_k", "kinds", "", "")
+        top = self.top_gaps()
+        top = jsontext.arrays(top, "step", [c for c in top.columns if c != "step"], "top")
+        hist = jsontext.arrays(self.histogram, "step", [c for c in self.histogram.columns if c != "step"], "hist")
+        by_api = jsontext.arrays(self.launch_by_api, "step",
+                                 [c for c in self.launch_by_api.columns if c != "step"], "by_api")
+        launch = self.launch.select("step", jsontext.open_records(
+            self.launch, [c for c in self.launch.columns if c != "step"]).alias("launch_head"))
+        overhead = json.dumps({"count": self.inv.trace.profiler_overhead_count,
+                               "time_ns": self.inv.trace.profiler_overhead_ns}, separators=(",", ":"))
+        # margin is rounded as Python rounds (the figure the document has always carried)
+        f = self.floors.join(self.graph_prediction, on="step", how="left").with_columns(
+            pl.Series("margin", [None if m is None else round(m, 3) for m in self.floors["margin"].to_list()],
+                      dtype=pl.Float64))
+        floors = f.select("step", jsontext.records(f, [
+            "cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
+            "predicted_graph_step_time_ns"]).alias("floors"))
+        empty = ",".join(f'"{k}":{{"count":0,"time_ns":0}}' for k in KINDS)
+        t = (steps.join(kinds, on="step", how="left").join(top, on="step", how="left")
+             .join(hist, on="step", how="left").join(launch, on="step", how="left")
+             .join(by_api, on="step", how="left").join(floors, on="step", how="left"))
+        lead = pl.col("launch_head").fill_null("{")
+        return t.select(
+            "step",
+            pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
+                          pl.col("top").fill_null("[]"), pl.lit(',"histogram":'), pl.col("hist").fill_null("[]"),
+                          pl.lit("}")).alias("gaps"),
+            pl.concat_str(lead, pl.when(lead == "{").then(pl.lit("")).otherwise(pl.lit(",")),
+                          pl.lit('"by_api":'), pl.col("by_api").fill_null("[]"),
+                          pl.lit(f',"profiler_overhead":{overhead}}}')).alias("launch"),
+            "floors",
+        ).sort("step")
 
 
 def diagnose(inv: Inventory) -> Diagnosis:

@@ -55,12 +55,12 @@ def analyze(
     except StepscopeError as e:
         fail(str(e))
     from stepscope.analysis.diagnosis import diagnose
-    from stepscope.render.json import analyze_document, dumps, select_steps
+    from stepscope.render.json import analyze_json, select_steps
 
     diag = diagnose(inv)
     if json_out:
         diag.drop_event_frames()  # the document needs only per-step results
-        typer.echo(dumps(analyze_document(inv, steps, diag.step_sections)))
+        typer.echo(analyze_json(inv, steps, diag))
         return
     ids = select_steps(inv, steps)
     if not ids:

@@ -1,4 +1,9 @@
-"""The stable JSON document of `stepscope analyze --json` (schema in the README)."""
+"""The stable JSON document of `stepscope analyze --json` (schema in the README).
+
+The document is written as text by polars (stepscope/jsontext.py): a million-kernel trace's
+per-step kernel lists, gaps and histograms are encoded column-wise and joined, never held as
+Python objects. Small documents are re-indented for people; big ones stay compact.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,14 @@ import json
 
 import polars as pl
 
+from stepscope import jsontext
 from stepscope.analysis.inventory import Inventory
 
 STEP_FIELDS = (
     "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
     "n_launch_calls", "launch_call_ns", "layers", "kernels_per_layer",
 )
+INDENT_MAX_STEPS = 64  # above this many steps the document is written compact
 
 
 def select_steps(inv: Inventory, which: str | int | None) -> list[int]:
@@ -32,47 +39,56 @@ def gpus_list(inv: Inventory) -> list[dict]:
     return inv.trace.gpus.to_dicts()
 
 
-def steps_list(inv: Inventory, ids: list[int], extra=None) -> list[dict]:
-    """One dict per step; `extra(step_id) -> dict` adds sections (gaps, launch, floors)."""
+def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
+    """One JSON object per selected step, as text; `diag` (a Diagnosis) adds the gaps, launch
+    and floors sections."""
     sel = list(ids)
-    steps = inv.steps.filter(pl.col("step").is_in(sel))
-    classes = inv.classes.filter(pl.col("step").is_in(sel))
-    kernels = inv.kernels.filter(pl.col("step").is_in(sel))
-    from stepscope.analysis.diagnosis import by_step  # polars builds the per-step row dicts
-
-    by_step_cls = {
-        step: {r["class"]: {"count": r["count"], "time_ns": r["time_ns"]} for r in rows}
-        for step, rows in by_step(classes.select("step", "class", "count", "time_ns")).items()
-    }
-    by_step_k = by_step(kernels.select("step", "name", "demangled", "class", "count", "time_ns"))
-    out = []
-    for r in steps.iter_rows(named=True):
-        d = {"index": r["step"], "pid": r["pid"], "device": r["device"], "delimiter": r["delimiter"],
-             "name": r["name"], "phase": r["phase"]}
-        d.update({f: r[f] for f in STEP_FIELDS})
-        d["classes"] = by_step_cls.get(r["step"], {})
-        d["kernels"] = by_step_k.get(r["step"], [])
-        if extra is not None:
-            d.update(extra(r["step"]))
-        out.append(d)
-    return out
+    steps = inv.steps.filter(pl.col("step").is_in(sel)).rename({"step": "index"})
+    head = steps.select(pl.col("index").alias("step"), jsontext.open_records(
+        steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
+    cls = inv.classes.filter(pl.col("step").is_in(sel))
+    classes = jsontext.joined(cls.select("step", pl.concat_str(
+        pl.lit('"'), pl.col("class"), pl.lit('":{"count":'), pl.col("count").cast(pl.String),
+        pl.lit(',"time_ns":'), pl.col("time_ns").cast(pl.String), pl.lit("}")).alias("_c")),
+        "step", "_c", "classes", "{", "}")
+    kernels = jsontext.arrays(inv.kernels.filter(pl.col("step").is_in(sel)), "step",
+                              ["name", "demangled", "class", "count", "time_ns"], "kernels")
+    t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
+    parts = [pl.col("head"), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
+             pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]")]
+    if diag is not None:
+        t = t.join(diag.sections_text(), on="step", how="left")
+        parts += [pl.lit(',"gaps":'), pl.col("gaps"), pl.lit(',"launch":'), pl.col("launch"),
+                  pl.lit(',"floors":'), pl.col("floors")]
+    return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
 
 
-def analyze_document(inv: Inventory, which=None, extra=None) -> dict:
-    return {
-        "trace": trace_dict(inv),
-        "gpus": gpus_list(inv),
-        "warnings": inv.warnings,
-        "steps": steps_list(inv, select_steps(inv, which), extra),
-    }
+def analyze_json(inv: Inventory, which=None, diag=None) -> str:
+    """The document as JSON text (see steps_text for `diag`)."""
+    ids = select_steps(inv, which)
+    head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
+    text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"
+    return reindent(text) if len(ids) <= INDENT_MAX_STEPS else text
 
 
-def dumps(doc: dict) -> str:
-    """Indented JSON. orjson when installed (5x faster on million-kernel documents); otherwise
-    the standard library, compact for long documents (its C encoder runs only without indent)."""
+def analyze_document(inv: Inventory, which=None, diag=None) -> dict:
+    """The document as Python objects (what the Python API's to_dict returns)."""
+    return json.loads(analyze_json(inv, which, diag))
+
+
+def reindent(text: str) -> str:
     try:
         import orjson
     except ImportError:
-        big = len(doc.get("steps", ())) > 64
-        return json.dumps(doc, indent=None if big else 2, separators=(",", ":") if big else None, default=str)
+        return json.dumps(json.loads(text), indent=2)
+    return orjson.dumps(orjson.loads(text), option=orjson.OPT_INDENT_2).decode()
+
+
+def dumps(doc: dict) -> str:
+    """Indented JSON for other commands' documents (orjson when installed)."""
+    try:
+        import orjson
+    except ImportError:
+        return json.dumps(doc, indent=2, default=str)
     return orjson.dumps(doc, default=str, option=orjson.OPT_INDENT_2).decode()
