@@ -74,13 +74,22 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
         acts = k
     # correlationId is unique only within a process: join on (pid, corr), packed into one
     # integer key (pid < 2^24, so the key is exact while corr < 2^39), which hashes faster.
-    key = (pl.col("pid") * (1 << 39) + pl.col("corr")).alias("_key")
+    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
     window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
     calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
                        pl.col("end").alias("launch_end"), pl.col("api_name").alias("launch_api"), *window)
-    if calls["_key"].n_unique() != calls.height:  # keep one call per (pid, corr)
+    acts = acts.with_columns(key)
+    # CUPTI numbers calls in call order and nsys writes both tables in start order, so in a
+    # single-stream process both keys usually come sorted: then polars merges instead of hashing
+    if calls["_key"].null_count() == 0 and acts["_key"].null_count() == 0 and calls["_key"].is_sorted():
+        if calls.height > 1 and (calls["_key"].diff() == 0).any():
+            calls = calls.unique("_key", keep="first", maintain_order=True)
+        calls = calls.with_columns(pl.col("_key").set_sorted())
+        if acts["_key"].is_sorted():
+            acts = acts.with_columns(pl.col("_key").set_sorted())
+    elif calls["_key"].n_unique() != calls.height:  # keep one call per (pid, corr)
         calls = calls.unique("_key", keep="first", maintain_order=True)
-    acts = acts.with_columns(key).join(calls, on="_key", how="left", maintain_order="left").drop("_key")
+    acts = acts.join(calls, on="_key", how="left", maintain_order="left").drop("_key")
     return acts.with_row_index("row")
 
 
