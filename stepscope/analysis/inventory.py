@@ -110,8 +110,11 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
               strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Activities with name, demangled and class; and each step's phase (step, phase)."""
     acts = seg.acts
-    names = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel")).drop(
-        "is_kernel").unique()
+    kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
+    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
+    names = kernels.select(key).unique().select(
+        (pl.col("_key") // (1 << 32)).cast(pl.Int32).alias("short_id"),
+        (pl.col("_key") % (1 << 32)).cast(pl.Int32).alias("demangled_id"))
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
@@ -119,16 +122,19 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
     names = classify_names(names, rules)
     # Names ride along as categoricals: a million kernels share a few hundred names, and a
     # string column would hold a copy of a long demangled name per row.
-    key = pl.col("short_id") * (1 << 32) + pl.col("demangled_id")
     n = names.height
     # one small-int index per activity (memops get the slots after the kernel names)
     memop_kinds = ["memcpy", "memset"]
-    idx = acts.select(
-        pl.when(pl.col("is_kernel"))
-        .then(key.replace_strict(names.select(key)[:, 0], pl.int_range(n, eager=True), default=None,
-                                 return_dtype=pl.Int64))
-        .otherwise(pl.col("memop").replace_strict(memop_kinds, [n, n + 1], default=None, return_dtype=pl.Int64))
-    ).to_series()
+    memop_slot = pl.col("memop").to_physical().cast(pl.Int64) + n
+    if names["demangled_id"].n_unique() == n and n and names["demangled_id"].min() >= 0:
+        # each demangled id has one short name (the usual case): a lookup table indexed by id
+        lut = np.full(int(names["demangled_id"].max()) + 1, -1, dtype=np.int64)
+        lut[names["demangled_id"].to_numpy()] = np.arange(n)
+        slot = pl.lit(pl.Series(lut)).gather(pl.col("demangled_id"))
+    else:
+        slot = key.replace_strict(names.select(key).to_series(), pl.int_range(n, eager=True), default=None,
+                                  return_dtype=pl.Int64)
+    idx = acts.select(pl.when(pl.col("is_kernel")).then(slot).otherwise(memop_slot)).to_series()
 
     def mapped(col: str, dtype) -> pl.Series:
         extra = ["memops", "memops"] if col == "class" else memop_kinds
@@ -148,8 +154,9 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
         ).drop("nvtx_class")
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
     shapes = seg.steps.select("step", "name")
+    phase_of = {n: step_shape(n).get("phase") for n in shapes["name"].unique().to_list()}
     phases = pl.DataFrame(
-        {"step": shapes["step"], "phase": [step_shape(n).get("phase") for n in shapes["name"].to_list()]},
+        {"step": shapes["step"], "phase": [phase_of[n] for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
     )
     is_attention = pl.col("class").is_in(list(ATTENTION))
