@@ -83,3 +83,19 @@ def test_shuffled_export_analyzes_like_the_original(tmp_path, name):
     got = canonical(analyze(path))
     want = json.loads(golden_path(FIXTURES / f"{name}.sqlite").read_text())
     assert got == want
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager_tp2.sqlite", "llama8b_prefill_b1_eager.sqlite"])
+def test_packed_class_tables_match_a_plain_group_by(name):
+    """classes and kernels are grouped on packed integer keys: against polars' own group-by on
+    the string columns of the same activities."""
+    from stepscope.api import open_trace
+
+    inv = open_trace(need(FIXTURES / name)).inventory
+    a = inv.acts.filter(pl.col("step").is_not_null()).with_columns(pl.col("name", "demangled", "class").cast(pl.String))
+    agg = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+    want_k = a.group_by("step", "name", "demangled", "class").agg(*agg).sort("step", "name", "demangled", "class")
+    want_c = a.group_by("step", "class").agg(*agg).sort("step", "class")
+    assert inv.kernels.sort("step", "name", "demangled", "class").equals(want_k)
+    assert inv.classes.sort("step", "class").equals(want_c)
+    assert want_k.height >= 12

@@ -98,6 +98,7 @@ class Segmentation:
     steps: pl.DataFrame  # STEP_COLS
     acts: pl.DataFrame  # activities with a `step` column (null = outside every step)
     warnings: list[str]
+    window_steps: pl.DataFrame | None = None  # window, step: the steps each window became
 
 
 def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
@@ -308,16 +309,23 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     covered = set(windows["pid"].unique().to_list())
     step_rows: list[tuple] = []
     assigned = []
+    window_steps = None
     if windows.height:
         hit = acts.filter(pl.col("window").is_not_null()).select("row", "device", "window")
         # a step is (window, device); number them by window start, then device
         wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
         keys = hit.select(wd, "window", "device").unique("_wd").join(
             windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
-        step_of = hit.with_columns(wd).select(
-            "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
-            .alias("step"))
+        if keys["window"].n_unique() == keys.height:  # one device per window: a lookup by window
+            lut = pl.Series(np.full(windows.height, -1, dtype=np.int64)).scatter(
+                keys["window"].cast(pl.Int64), keys["step"].cast(pl.Int64))
+            step_of = hit.select("row", pl.lit(lut).gather(pl.col("window")).alias("step"))
+        else:
+            step_of = hit.with_columns(wd).select(
+                "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
+                .alias("step"))
         assigned.append(step_of)
+        window_steps = keys.select("window", pl.col("step").cast(pl.Int64))
         steps_w = keys.join(windows.drop("w_start"), on="window").select(
             pl.col("step").cast(pl.Int64), "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
         step_rows_frame = steps_w
@@ -356,7 +364,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     step = np.full(acts.height, -1, dtype=np.int64)
     step[a["row"].to_numpy()] = a["step"].to_numpy()
     acts = acts.with_columns(pl.Series("step", step).replace(-1, None))
-    return Segmentation(step_rows_frame, acts, warnings)
+    return Segmentation(step_rows_frame, acts, warnings, window_steps)
 
 
 _VLLM = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
