@@ -34,14 +34,21 @@ def api_names(name_ids: pl.Series, strings: dict[int, str]) -> pl.Series:
     gather (a trace calls a few dozen APIs a million times)."""
     ids = name_ids.unique().drop_nulls().sort()
     table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
-    slot = name_ids.to_frame("id").select(pl.col("id").replace_strict(
-        ids, pl.int_range(ids.len(), eager=True), default=None, return_dtype=pl.UInt32)).to_series()
+    if ids.len() and 0 <= ids.min() and ids.max() < (1 << 24):
+        # string ids are small integers: a lookup table indexed by id
+        lut = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+        lut[ids.to_numpy()] = np.arange(ids.len())
+        slot = name_ids.to_frame("id").select(pl.lit(pl.Series(lut)).gather(pl.col("id"))).to_series()
+    else:
+        slot = name_ids.to_frame("id").select(pl.col("id").replace_strict(
+            ids, pl.int_range(ids.len(), eager=True), default=None, return_dtype=pl.UInt32)).to_series()
     return table.gather(slot)
 
 
 def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
     """API calls with their decoded name and launch / sync / graph / profiler flags, decided
     once per distinct name id and spread with set lookups."""
+    names = api_names(api["name_id"], strings)
     ids = api["name_id"].unique().drop_nulls()
     vals = [strings.get(i, "") for i in ids.to_list()]
 
@@ -50,7 +57,7 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
         return pl.col("name_id").is_in(having).fill_null(False).alias(alias)
 
     return api.with_columns(
-        api_names(api["name_id"], strings).alias("api_name"),
+        names.alias("api_name"),
         flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
         flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
         flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
@@ -122,7 +129,8 @@ def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
-    marks = api.filter(pl.col("is_prof_start") | pl.col("is_prof_stop")).sort("start")
+    marks = api.select("pid", "start", "end", "is_prof_start", "is_prof_stop").filter(
+        pl.col("is_prof_start") | pl.col("is_prof_stop")).sort("start")
     if marks.is_empty():
         return _no_windows()
     rows = []
@@ -142,7 +150,8 @@ def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
 
 
 def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
-    g = api.filter(pl.col("is_graph_launch")).sort("pid", "tid", "start")
+    g = api.select("pid", "tid", "start", "end", "api_name", "is_graph_launch").filter(
+        pl.col("is_graph_launch")).sort("pid", "tid", "start")
     if g.is_empty():
         return _no_windows()
     nxt = pl.col("start").shift(-1).over("pid", "tid")

@@ -130,7 +130,8 @@ def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], 
     out = []
     for j, (_, _, _, schema) in enumerate(jobs):
         parts = [f for (jj, _), f in zip(tasks, frames) if jj == j and f.height]
-        out.append(_typed(pl.concat(parts, rechunk=False), schema) if parts else empty(schema))
+        # one contiguous buffer per column: every later pass (and numpy views) reads it whole
+        out.append(_typed(pl.concat(parts, rechunk=True), schema) if parts else empty(schema))
     return out
 
 
