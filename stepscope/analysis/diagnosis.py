@@ -43,7 +43,8 @@ class Diagnosis:
 
     def top_gaps(self) -> pl.DataFrame:
         """The TOP_GAPS longest gaps of each step, longest first (ties: earliest first)."""
-        g = self.gaps.select("step", "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api")
+        g = self.gaps.select(pl.col("step").set_sorted(), "gap_start", "gap_ns", "kind", "prev_name", "next_name",
+                             "next_api")
         # a per-step threshold first, so only a handful of rows sort
         return (g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
                 .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
@@ -97,10 +98,11 @@ class Diagnosis:
 
 def diagnose(inv: Inventory) -> Diagnosis:
     gaps = find_gaps(inv)
-    totals = gap_totals(gaps, inv.step_ids())
+    hist = histogram(gaps)
+    totals = gap_totals(gaps, inv.step_ids(), hist)
     launch, by_api = launch_summary(inv)
     return Diagnosis(
-        inv=inv, gaps=gaps, gap_totals=totals, histogram=histogram(gaps),
+        inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=floors(inv, launch, totals=totals),
         graph_prediction=predict_graph_step(inv),
     )

@@ -93,11 +93,14 @@ def _by_step_kind(gaps: pl.DataFrame, *extra: pl.Expr) -> pl.DataFrame:
     return t.rename({"_k": "step"}).select("step", *names, "kind", "count", "time_ns")
 
 
-def gap_totals(gaps: pl.DataFrame, step_ids: list[int]) -> pl.DataFrame:
-    """step × kind → count, time_ns (zeros included, so every step has all three kinds)."""
+def gap_totals(gaps: pl.DataFrame, step_ids: list[int], hist: pl.DataFrame | None = None) -> pl.DataFrame:
+    """step × kind → count, time_ns (zeros included, so every step has all three kinds).
+    Summed from the histogram when given (a few rows per step instead of one per gap)."""
     grid = pl.DataFrame({"step": step_ids}, schema={"step": pl.Int64}).join(
         pl.DataFrame({"kind": list(KINDS)}, schema={"kind": KIND_DTYPE}), how="cross")
-    return grid.join(_by_step_kind(gaps), on=["step", "kind"], how="left").fill_null(0)
+    t = _by_step_kind(gaps) if hist is None else hist.group_by("step", "kind").agg(
+        pl.col("count").sum(), pl.col("time_ns").sum())
+    return grid.join(t, on=["step", "kind"], how="left").fill_null(0)
 
 
 def histogram(gaps: pl.DataFrame) -> pl.DataFrame:
