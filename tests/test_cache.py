@@ -34,6 +34,19 @@ def test_second_read_comes_from_the_cache_with_equal_frames(tmp_path, monkeypatc
     assert read_trace(p, launch_config=False, cache=False).kernels.equals(first.kernels)
 
 
+def test_an_entry_with_other_dtypes_is_ignored(tmp_path, monkeypatch):
+    """An entry written by a stepscope whose model had other dtypes (Int64 ids before) is a
+    miss, not a trace of the wrong types."""
+    import polars as pl
+
+    p = _big_copy(tmp_path, monkeypatch)
+    first = read_trace(p, launch_config=False, cache=True)
+    entry = next((tmp_path / ".stepscope-cache").iterdir())
+    assert cache.load(p, False, first.schema_version) is not None
+    first.kernels.with_columns(pl.col("pid").cast(pl.Int64)).write_parquet(entry / "kernels.parquet")
+    assert cache.load(p, False, first.schema_version) is None
+
+
 def test_a_changed_export_misses_the_cache(tmp_path, monkeypatch):
     p = _big_copy(tmp_path, monkeypatch)
     t = read_trace(p, launch_config=False, cache=True)

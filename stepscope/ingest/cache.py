@@ -18,9 +18,20 @@ from pathlib import Path
 
 import polars as pl
 
+from stepscope import model
 from stepscope.model import Trace
 
-FORMAT = 2
+# the model's dtypes per frame: an entry whose frames differ (written by another version) is
+# ignored, so a cache can never hand an analysis frames of the wrong types
+_SCHEMAS = {"kernels": model.KERNEL_SCHEMA, "memops": model.MEMOP_SCHEMA, "api": model.API_SCHEMA,
+            "nvtx": model.NVTX_SCHEMA, "strings": model.STRING_SCHEMA, "gpus": model.GPU_SCHEMA,
+            "processes": model.PROCESS_SCHEMA, "threads": model.THREAD_SCHEMA}
+
+
+def _current(frames: dict[str, pl.DataFrame]) -> bool:
+    return all(frames[f].schema.get(c, t) == t for f, schema in _SCHEMAS.items() for c, t in schema.items())
+
+FORMAT = 3  # 3: ids and OS numbers are Int32 in the model
 MIN_KERNELS = 50_000
 FRAMES = ("kernels", "memops", "api", "nvtx", "strings", "gpus", "processes", "threads")
 SCALARS = ("format", "nsys_version", "schema_version", "graph_level_launches", "profiler_overhead_count",
@@ -57,6 +68,8 @@ def load(path: Path, launch_config: bool, schema_version: str | None) -> Trace |
                 frames = {f: pl.read_parquet(d / f"{f}.parquet") for f in FRAMES}
             except (OSError, ValueError, pl.exceptions.PolarsError):
                 continue  # a damaged entry is ignored, never trusted
+            if not _current(frames):
+                continue
             return Trace(path=path, **frames, **{k: m[k] for k in SCALARS})
     return None
 
