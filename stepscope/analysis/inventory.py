@@ -69,13 +69,18 @@ def in_steps(acts: pl.DataFrame, *cols: str) -> pl.DataFrame:
     return inside.with_columns(pl.col("step").set_sorted()) if "step" in cols else inside
 
 
-def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None) -> Inventory:
+def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
+                  release_input: bool = False) -> Inventory:
+    """The per-step inventory of a trace. `release_input=True` empties the trace's kernel, memop
+    and API frames once the activity frame holds their rows (a one-shot caller's memory)."""
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
     windows = find_windows(trace, api, step_regex)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
+    if release_input:
+        trace.kernels, trace.memops, trace.api = trace.kernels.clear(), trace.memops.clear(), trace.api.clear()
     seg = segment(trace, acts, windows)
     acts, phases = _classify(seg, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity

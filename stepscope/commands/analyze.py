@@ -22,13 +22,13 @@ NO_CACHE_HELP = "read the export itself, not its Parquet cache (and write none)"
 
 
 def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Optional[Path],
-                   cache: bool = True):
+                   cache: bool = True, release_input: bool = False):
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
 
     trace_obj = read_trace(trace or bundled_trace(), launch_config=False, cache=None if cache else False)
-    return analyze_trace(trace_obj, step_regex, load_rules(rules))
+    return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input)
 
 
 def check_steps_option(steps: str) -> str:
@@ -51,7 +51,7 @@ def analyze(
 
     check_steps_option(steps)
     try:
-        inv = load_inventory(trace, step_regex, rules, cache=not no_cache)
+        inv = load_inventory(trace, step_regex, rules, cache=not no_cache, release_input=True)
     except StepscopeError as e:
         fail(str(e))
     from stepscope.analysis.diagnosis import diagnose

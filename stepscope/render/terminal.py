@@ -51,7 +51,7 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
     console = console or Console()
     t = inv.trace
     console.print(f"[bold]{t.path}[/]  nsys {t.nsys_version or '?'} · schema {t.schema_version or '?'}"
-                  f" · {inv.trace.kernels.height:,} kernels · {len(inv.step_ids())} steps")
+                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {len(inv.step_ids())} steps")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {g['name']} ({g['sm_count']} SMs)")
     for w in inv.warnings:
