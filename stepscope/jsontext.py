@@ -13,8 +13,7 @@ import polars as pl
 def _plain(frame: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
     out = []
     for c in cols:
-        dtype = frame.schema[c]
-        text = isinstance(dtype, (pl.Categorical, pl.Enum)) or dtype in (pl.Categorical, pl.Enum)
+        text = isinstance(frame.schema[c], (pl.Categorical, pl.Enum))
         out.append(pl.col(c).cast(pl.String) if text else pl.col(c))
     return out
 
@@ -40,7 +39,3 @@ def joined(frame: pl.DataFrame, key: str, col: str, alias: str, left: str, right
         return pl.DataFrame(schema={key: frame.schema[key], alias: pl.String})
     return frame.group_by(key, maintain_order=True).agg(pl.col(col).str.join(",")).select(
         key, pl.concat_str(pl.lit(left), pl.col(col), pl.lit(right)).alias(alias))
-
-
-def literal(value: str) -> pl.Expr:
-    return pl.lit(value, pl.String)

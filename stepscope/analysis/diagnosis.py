@@ -73,9 +73,9 @@ class Diagnosis:
         overhead = json.dumps({"count": self.inv.trace.profiler_overhead_count,
                                "time_ns": self.inv.trace.profiler_overhead_ns}, separators=(",", ":"))
         # margin is rounded as Python rounds (the figure the document has always carried)
-        f = self.floors.join(self.graph_prediction, on="step", how="left").with_columns(
+        f = self.floors.with_columns(
             pl.Series("margin", [None if m is None else round(m, 3) for m in self.floors["margin"].to_list()],
-                      dtype=pl.Float64))
+                      dtype=pl.Float64)).join(self.graph_prediction, on="step", how="left")
         floors = f.select("step", jsontext.records(f, [
             "cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
             "predicted_graph_step_time_ns"]).alias("floors"))

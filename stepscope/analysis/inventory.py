@@ -184,11 +184,13 @@ def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     )
     name = pl.col("name").to_physical().cast(pl.Int64)
     dem = pl.col("demangled").to_physical().cast(pl.Int64)
-    codes = a.select(name.max().alias("n"), dem.max().alias("d"))
-    if a.height and (codes["n"][0] or 0) < (1 << 20) and (codes["d"][0] or 0) < (1 << 20):
-        key = (((pl.col("step") * (1 << 20) + name) * (1 << 20) + dem) * 64 + cls).alias("_k")
+    top = a.select(pl.col("step").max(), name.max().alias("n"), dem.max().alias("d")).row(0) if a.height else None
+    bits = [int(v or 0).bit_length() for v in top] if top else None
+    if bits and sum(bits) + 6 <= 62:  # step, name code, demangled code and class fit one int64
+        _, nb, db = bits
+        key = (((pl.col("step") * (1 << nb) + name) * (1 << db) + dem) * 64 + cls).alias("_k")
         grouped = a.group_by(key).agg(*count_time, pl.col("step", "name", "demangled", "class").first())
-    else:  # categorical codes too wide to pack (a long-lived process's string cache)
+    else:  # codes too wide to pack (a long-lived process's string cache, or very many steps)
         grouped = a.group_by("step", "name", "demangled", "class").agg(*count_time)
     kernels = (
         grouped.select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns")
