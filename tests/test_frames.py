@@ -27,6 +27,7 @@ def test_sorted_by_agrees_with_polars_sort_on_every_small_frame():
                            "b": [rnd.randint(0, 2) for _ in range(n)]}, schema={"a": pl.Int64, "b": pl.Int64})
         want = df.sort("a", "b", nulls_last=True, maintain_order=True)
         assert sorted_by(df, "a", "b").equals(want)
+        assert sorted_by(df.sort("b", maintain_order=True), "a", "b").equals(want)  # the stable shortcut
         assert is_sorted_by(df, ["a", "b"]) == df.equals(want)
         assert is_sorted_by(df, ["a"]) == df.equals(df.sort("a", nulls_last=True, maintain_order=True))
 
