@@ -7,17 +7,17 @@ Python strings (decode ids with `Trace.name_of` / `Trace.decode`).
 
 Frames and their columns (dtype in brackets):
 
-kernels   pid[i64] device[i64] stream[i64] corr[i64] start[i64] end[i64]
-          short_id[i64] demangled_id[i64] grid_x/y/z[i64] block_x/y/z[i64]
+kernels   pid[i32] device[i32] stream[i32] corr[i64] start[i64] end[i64]
+          short_id[i32] demangled_id[i32] grid_x/y/z[i64] block_x/y/z[i64]
           graph_node_id[i64, null when not a graph node]
           (grid/block are absent when the reader was asked to skip them: launch_config=False)
-memops    pid device stream corr start end [i64], kind[str: memcpy|memset], bytes[i64]
-api       pid tid corr start end name_id [i64]; runtime *and* driver calls
-nvtx      pid tid start end [i64], name[str]; ranges only (instant markers dropped)
-strings   id[i64] value[str]; only the ids that occur in the frames above
-gpus      device[i64] name[str] sm_count[i64] memory_bandwidth_bps[i64] total_memory_bytes[i64]
-processes pid[i64] name[str]
-threads   pid[i64] tid[i64] name[str]
+memops    pid device stream [i32], corr start end [i64], kind[str: memcpy|memset], bytes[i64]
+api       pid tid [i32], corr start end [i64], name_id[i32]; runtime *and* driver calls
+nvtx      pid tid [i32], start end [i64], name[str]; ranges only (instant markers dropped)
+strings   id[i32] value[str]; only the ids that occur in the frames above
+gpus      device[i32] name[str] sm_count[i64] memory_bandwidth_bps[i64] total_memory_bytes[i64]
+processes pid[i32] name[str]
+threads   pid[i32] tid[i32] name[str]
 
 `pid` and `tid` are OS ids (unpacked from nsys's globalPid/globalTid).
 """

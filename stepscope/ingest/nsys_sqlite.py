@@ -29,8 +29,8 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 # globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 PID_SQL = "((({col}) >> 24) & 16777215)"
 TID_SQL = "(({col}) & 16777215)"
-SLICE_MIN_ROWS = 200_000
-ADBC_BATCH_ROWS = 65_536  # below this a table is read in one query
+SLICE_MIN_ROWS = 200_000  # below this a table is read in one query
+ADBC_BATCH_ROWS = 65_536
 API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
 
@@ -251,17 +251,16 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     cols = {c: t for c, t in KERNEL_SCHEMA.items() if launch_config or c not in dims}
     # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
-    # added as nulls here rather than selected as NULL (which costs SQLite as much as data)
+    # added as nulls here rather than selected as NULL (which costs SQLite as much as data).
     # graphNodeId sits near the end of a wide row, where reading it costs as much as start and
-    # end together: it is read only from exports that recorded CUDA graphs at all
+    # end together: it is read only from exports that recorded CUDA graphs at all.
     graphs = _has_graphs(con, schema)
-    sql_dims = ("gridX, gridY, gridZ, blockX, blockY, blockZ" + ("," if graphs else "")) if launch_config else ""
     if not graphs:
         del cols["graph_node_id"]
-    jobs = [(k, f"""
-        SELECT globalPid, deviceId, streamId, correlationId, start, end, shortName, demangledName
-               {"," if launch_config or graphs else ""} {sql_dims} {"graphNodeId" if graphs else ""}
-        FROM {k}""", [], _packed(cols, "pid"))]
+    select = ["globalPid", "deviceId", "streamId", "correlationId", "start", "end", "shortName", "demangledName"]
+    select += ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"] if launch_config else []
+    select += ["graphNodeId"] if graphs else []
+    jobs = [(k, f"SELECT {', '.join(select)} FROM {k}", [], _packed(cols, "pid"))]
     if schema.has(RUNTIME_TABLE):
         name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
         # Runtime (0) and driver (1) calls only: old exports also hold CUDA backtrace rows (67)
