@@ -112,14 +112,13 @@ def _timeline(views: list[StepView]) -> str:
             streams = sorted(set(a["stream"].to_list()))
             top = y
             height = ROW * len(streams)
-            if v.gaps is not None:
-                for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
-                    x0 = x(g["gap_start"], t0)
-                    w = max(g["gap_ns"] * sx, 0.6)
-                    tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
-                    out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
-                               f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
-                               f'{_t(tip)}</rect>')
+            for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
+                x0 = x(g["gap_start"], t0)
+                w = max(g["gap_ns"] * sx, 0.6)
+                tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+                out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
+                           f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
+                           f'{_t(tip)}</rect>')
             for s in streams:
                 out.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
                 for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
@@ -227,8 +226,6 @@ def _class_table(views: list[StepView], order: list[str]) -> str:
 
 def _gap_histogram(v: StepView, idx: int, n: int) -> str:
     title = _panel_name(v, idx, n)
-    if v.gaps is None:
-        return f'<div><div class="sub">{escape(title)}</div><p class="note">gap analysis unavailable in this build</p></div>'
     g = v.gaps
     if g.is_empty():
         return f'<div><div class="sub">{escape(title)}</div><p>no gaps: the GPU was never idle inside this step</p></div>'
@@ -296,9 +293,6 @@ def _floors(views: list[StepView]) -> str:
     for i, v in enumerate(views):
         title = escape(_panel_name(v, i, len(views)))
         f = v.floors
-        if f is None:
-            blocks.append(f'<div><div class="sub">{title}</div><p class="note">floor analysis unavailable in this build</p></div>')
-            continue
         cpu, dev = int(f["cpu_floor_ns"] or 0), int(f["device_floor_ns"] or 0)
         step_t = int(v.figures["step_time_ns"] or 0)
         vmax = max(cpu, dev, step_t, 1)

@@ -51,16 +51,13 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     out += ["### Summary", "", _table(["figure"] + [_tag(i, n) for i in range(n)], rows), ""]
 
     out += ["### Floors and verdict", ""]
-    if all(v.floors is None for v in views):
-        out += ["floor analysis unavailable in this build", ""]
-    else:
-        rows = []
-        for i, v in enumerate(views):
-            f = v.floors or {}
-            rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", _us(f.get("cpu_floor_ns")),
-                         _us(f.get("device_floor_ns")), _us(f.get("t_launch_ns")), _us(v.figures["step_time_ns"])])
-        out += [_table(["step", "verdict", "CPU floor", "device floor", "per launch", "step time"], rows, "llrrrr"),
-                "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time.", ""]
+    rows = []
+    for i, v in enumerate(views):
+        f = v.floors
+        rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", _us(f.get("cpu_floor_ns")),
+                     _us(f.get("device_floor_ns")), _us(f.get("t_launch_ns")), _us(v.figures["step_time_ns"])])
+    out += [_table(["step", "verdict", "CPU floor", "device floor", "per launch", "step time"], rows, "llrrrr"),
+            "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time.", ""]
 
     out += ["### Classes", ""]
     order = (pl.concat([v.classes.select("class", "time_ns") for v in views]).group_by("class")
@@ -82,29 +79,26 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     out += [_table(head, rows), ""]
 
     out += ["### Gaps", ""]
-    if all(v.gaps is None for v in views):
-        out += ["gap analysis unavailable in this build", ""]
-    else:
-        rows = []
-        for k in GAP_KINDS:
-            row = [GAP_LABELS[k]]
-            for v in views:
-                g = v.gaps.filter(pl.col("kind") == k) if v.gaps is not None else None
-                row += ["–", "–"] if g is None else [g.height, _us(g["gap_ns"].sum())]
-            rows.append(row)
-        head = ["kind"]
-        for i in range(n):
-            t = "" if n == 1 else f"{_tag(i, n)} "
-            head += [f"{t}gaps", f"{t}idle time"]
-        out += [_table(head, rows), ""]
-        for i, v in enumerate(views):
-            if v.gaps is None or v.gaps.is_empty():
-                continue
-            top = v.gaps.sort("gap_ns", descending=True).head(5)
-            rows = [[GAP_LABELS.get(r["kind"], r["kind"]), _us(r["gap_ns"]),
-                     f"`{_short(r['prev_name'])}` → `{_short(r['next_name'])}`", r.get("next_api") or ""]
-                    for r in top.iter_rows(named=True)]
-            out += [f"Largest gaps ({_tag(i, n)}):", "", _table(["kind", "length", "between", "next launched by"], rows, "lrll"), ""]
+    rows = []
+    for k in GAP_KINDS:
+        row = [GAP_LABELS[k]]
+        for v in views:
+            g = v.gaps.filter(pl.col("kind") == k)
+            row += [g.height, _us(g["gap_ns"].sum())]
+        rows.append(row)
+    head = ["kind"]
+    for i in range(n):
+        t = "" if n == 1 else f"{_tag(i, n)} "
+        head += [f"{t}gaps", f"{t}idle time"]
+    out += [_table(head, rows), ""]
+    for i, v in enumerate(views):
+        if v.gaps.is_empty():
+            continue
+        top = v.gaps.sort("gap_ns", descending=True).head(5)
+        rows = [[GAP_LABELS.get(r["kind"], r["kind"]), _us(r["gap_ns"]),
+                 f"`{_short(r['prev_name'])}` → `{_short(r['next_name'])}`", r.get("next_api") or ""]
+                for r in top.iter_rows(named=True)]
+        out += [f"Largest gaps ({_tag(i, n)}):", "", _table(["kind", "length", "between", "next launched by"], rows, "lrll"), ""]
 
     out += ["### Top kernels", ""]
     for i, v in enumerate(views):

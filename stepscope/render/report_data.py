@@ -1,7 +1,6 @@
 """What the HTML and Markdown reports show, gathered once: one chosen step of a trace.
 
-Gaps and floors come from the lead's analyses (stepscope.analysis.gaps / floors) when this
-build has them; the reports degrade (no gap shading, no verdict) when it does not.
+Gaps and floors come from diagnose(), the analyses `analyze` itself reports.
 """
 
 from __future__ import annotations
@@ -68,8 +67,8 @@ class StepView:
     kernels: pl.DataFrame          # name, demangled, class, count, time_ns
     acts: pl.DataFrame             # the step's activities (start, end, stream, class, name, ...)
     launches: pl.DataFrame         # the host calls that launched them (pid, tid, corr, start, end, api_name, is_graph_launch)
-    gaps: pl.DataFrame | None      # find_gaps rows of this step, None when this build has no gap analysis
-    floors: dict | None            # the step's floors row, None when unavailable
+    gaps: pl.DataFrame             # find_gaps rows of this step
+    floors: dict                   # the step's floors row
     notes: list[str] = field(default_factory=list)
     chosen: str = "a typical step: median step time among the steps of the most common kind"
 
@@ -133,23 +132,13 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None) -
               on=["pid", "corr"], how="inner")
         .unique(["pid", "corr"], keep="first").sort("start")
     )
-    notes = []
-    g = None
-    if gaps is None:
-        notes.append("gap analysis unavailable in this build: gaps are not shaded")
-    else:
-        g = gaps.filter(pl.col("step") == step)
-    f = None
-    if floors is None:
-        notes.append("floor analysis unavailable in this build: no verdict")
-    else:
-        rows = floors.filter(pl.col("step") == step)
-        f = rows.row(0, named=True) if rows.height else None
+    g = gaps.filter(pl.col("step") == step)
+    f = floors.filter(pl.col("step") == step).row(0, named=True)  # diagnose() floors every step
     return StepView(
         inv=inv, step=step, figures=fig,
         classes=inv.classes.filter(pl.col("step") == step).drop("step"),
         kernels=inv.kernels.filter(pl.col("step") == step).drop("step"),
-        acts=acts, launches=calls, gaps=g, floors=f, notes=notes,
+        acts=acts, launches=calls, gaps=g, floors=f,
         **({"chosen": chosen} if chosen else {}),
     )
 
