@@ -53,6 +53,10 @@ def test_steps_option():
     assert [s["index"] for s in third["steps"]] == [3]
     every = json.loads(CliRunner().invoke(app, ["analyze", str(path), "--json"]).stdout)
     assert len(every["steps"]) == 10
+    # the grammar every --steps shares (stepscope.selection): ranges and lists
+    some = json.loads(CliRunner().invoke(app, ["analyze", str(path), "--json", "--steps", "2-3,7"]).stdout)
+    assert [s["index"] for s in some["steps"]] == [2, 3, 7]
+    assert some["steps"][0] == every["steps"][2]
 
 
 def test_default_is_the_bundled_trace():

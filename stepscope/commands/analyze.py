@@ -9,8 +9,7 @@ from typing import Optional
 import typer
 
 from stepscope.cli import app, fail
-
-STEPS_HELP = "which steps to report: all, first, or a step index"
+from stepscope.selection import STEPS_HELP
 
 
 def bundled_trace() -> Path:
@@ -31,12 +30,6 @@ def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Opti
     return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input)
 
 
-def check_steps_option(steps: str) -> str:
-    if steps not in ("all", "first") and not steps.isdigit():
-        fail(f"--steps takes all, first or a step index, not {steps!r}")
-    return steps
-
-
 @app.command()
 def analyze(
     trace: Optional[Path] = typer.Argument(None, help="nsys SQLite export (default: a bundled real H200 trace)"),
@@ -48,23 +41,22 @@ def analyze(
 ) -> None:
     """Split a trace into steps and inventory each step's kernels by class."""
     from stepscope.errors import StepscopeError
+    from stepscope.selection import check_steps, parse_steps
 
-    check_steps_option(steps)
     try:
+        check_steps(steps)  # a bad --steps fails before the trace is read
         inv = load_inventory(trace, step_regex, rules, cache=not no_cache, release_input=True)
+        ids = parse_steps(steps, inv.step_ids())
     except StepscopeError as e:
         fail(str(e))
     from stepscope.analysis.diagnosis import diagnose
-    from stepscope.render.json import analyze_json, select_steps
+    from stepscope.render.json import analyze_json
 
     diag = diagnose(inv)
     if json_out:
         diag.drop_event_frames()  # the document needs only per-step results
-        typer.echo(analyze_json(inv, steps, diag))
+        typer.echo(analyze_json(inv, ids, diag))
         return
-    ids = select_steps(inv, steps)
-    if not ids:
-        fail(f"no step {steps} in this trace (it has steps {inv.step_ids()[0]}–{inv.step_ids()[-1]})")
     from stepscope.render.terminal import render_analyze, render_diagnosis, verdict_line
 
     render_analyze(inv, ids, extra=lambda step, members, console: render_diagnosis(diag, step, console),

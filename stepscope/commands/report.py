@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from stepscope.cli import app, fail
+from stepscope.selection import STEPS_HELP
 
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
 
@@ -67,7 +68,7 @@ def report(
 def export(
     trace: Path = typer.Argument(..., help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)"),
     output: Path = typer.Option(..., "-o", "--output", help="Chrome trace JSON for ui.perfetto.dev"),
-    steps: str = typer.Option("all", "--steps", help="all, first, N, N-M or a comma list"),
+    steps: str = typer.Option("all", "--steps", help=STEPS_HELP),
     step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX / annotation step names"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
 ) -> None:
@@ -78,7 +79,7 @@ def export(
     try:
         from stepscope.render.output import write_atomic
         from stepscope.render.perfetto import dumps, export_document
-        from stepscope.render.report_data import parse_steps
+        from stepscope.selection import parse_steps
 
         inv = _load(trace, step_regex, rules)
         ids = parse_steps(steps, inv.step_ids())

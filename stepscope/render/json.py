@@ -13,21 +13,13 @@ import polars as pl
 
 from stepscope import jsontext
 from stepscope.analysis.inventory import Inventory
+from stepscope.selection import parse_steps
 
 STEP_FIELDS = (
     "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
     "n_launch_calls", "launch_call_ns", "layers", "kernels_per_layer",
 )
 INDENT_MAX_STEPS = 64  # above this many steps the document is written compact
-
-
-def select_steps(inv: Inventory, which: str | int | None) -> list[int]:
-    ids = inv.step_ids()
-    if which in (None, "all"):
-        return ids
-    if which == "first":
-        return ids[:1]
-    return [int(which)] if int(which) in ids else []
 
 
 def trace_dict(inv: Inventory) -> dict:
@@ -64,8 +56,10 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
 
 
 def analyze_json(inv: Inventory, which=None, diag=None) -> str:
-    """The document as JSON text (see steps_text for `diag`)."""
-    ids = select_steps(inv, which)
+    """The document as JSON text: the steps `which` selects (a list of step ids, or a spec in
+    stepscope.selection's grammar: an InputError when it selects none), with the sections
+    `diag` adds (see steps_text)."""
+    ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
     text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"

@@ -15,25 +15,6 @@ from stepscope.errors import InputError
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
 
-def parse_steps(spec: str | None, ids: list[int]) -> list[int]:
-    """`all`, `first`, `N`, `N-M`, or a comma list of those → step ids present in the trace."""
-    if spec in (None, "", "all"):
-        return list(ids)
-    if spec == "first":
-        return ids[:1]
-    want: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise InputError(f"--steps takes all, first, N, N-M or a comma list, not {spec!r}")
-        want.update(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    out = [i for i in ids if i in want]
-    if not out:
-        raise InputError(f"no step {spec} in this trace (it has steps {ids[0]}–{ids[-1]})")
-    return out
-
-
 def pick_step(inv: Inventory, which: str | int | None = None) -> int:
     """The step a report shows: the one asked for, else a typical one.
 
