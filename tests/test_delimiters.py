@@ -63,3 +63,32 @@ def test_graph_level_tracing_is_reported_not_invented(tmp_path):
     con.close()
     with pytest.raises(InputError, match="cuda-graph-trace=node"):
         open_trace(p)
+
+
+def test_step_range_with_launch_calls_but_no_recorded_gpu_work(tmp_path):
+    """A later step range whose only launch call has no kernel in the trace (a trimmed capture)
+    is skipped with a warning; the real step keeps exactly its own launch calls."""
+    p = _copy(tmp_path, "llama8b_decode_b1_eager.sqlite")
+    con = sqlite3.connect(p)
+    last = con.execute("SELECT max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    cols = [r[1] for r in con.execute("PRAGMA table_info(NVTX_EVENTS)")]
+    step = dict(zip(cols, con.execute("SELECT * FROM NVTX_EVENTS WHERE eventType = 59 AND text LIKE 'step%'").fetchone()))
+    step.update(start=last + 1_000, end=last + 100_000)
+    con.execute(f"INSERT INTO NVTX_EVENTS ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+                [step[c] for c in cols])
+    rcols = [r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_RUNTIME)")]
+    call = dict(zip(rcols, con.execute("""SELECT * FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN
+        (SELECT id FROM StringIds WHERE value LIKE 'cuLaunchKernel%') LIMIT 1""").fetchone()))
+    call.update(start=last + 2_000, end=last + 3_000, correlationId=10**9)
+    con.execute(f"INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME ({','.join(rcols)}) VALUES ({','.join('?' * len(rcols))})",
+                [call[c] for c in rcols])
+    con.commit()
+    con.close()
+    a = open_trace(p)
+    assert a.warnings == ["1 step range(s) launched no GPU work and were skipped"]
+    s = a.table.row(0, named=True)
+    assert a.table.height == 1
+    original = ro(FIXTURES / "llama8b_decode_b1_eager.sqlite")
+    launches = original.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+        WHERE s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'""").fetchone()[0]
+    assert s["n_launch_calls"] == launches == 420

@@ -100,3 +100,14 @@ def test_packed_class_tables_match_a_plain_group_by(name):
     assert inv.kernels.sort("step", "name", "demangled", "class").equals(want_k)
     assert inv.classes.sort("step", "class").equals(want_c)
     assert want_k.height >= 12
+
+
+def test_lookup_maps_known_ids_and_nulls_the_rest():
+    from stepscope.analysis.frames import lookup
+
+    df = pl.DataFrame({"id": [3, 0, 7, None, 3, -1]}, schema={"id": pl.Int64})
+    keys = pl.Series([0, 3], dtype=pl.Int64)
+    got = df.select(lookup("id", keys, pl.Series([10, 30], dtype=pl.Int64))).to_series().to_list()
+    assert got == [30, 10, None, None, 30, None]  # 7 is past the table, -1 before it
+    none = df.select(lookup("id", keys.clear(), pl.Series([], dtype=pl.Int64))).to_series()
+    assert none.null_count() == df.height

@@ -1,4 +1,5 @@
-"""Frame helpers shared by the analyses: sorting that skips work nsys already did.
+"""Frame helpers shared by the analyses: sorting that skips work nsys already did, and maps
+from small integer ids done by a lookup table.
 
 nsys writes its activity tables in start order, so most sorts the analyses need find their
 input already in order; checking is one vectorized pass, sorting a million rows is several.
@@ -37,3 +38,16 @@ def sorted_by(df: pl.DataFrame, *by: str) -> pl.DataFrame:
         # devices): a stable sort on the first key alone gives the full order, far cheaper
         return df.sort(cols[0], nulls_last=True, maintain_order=True)
     return df.sort(cols, nulls_last=True, maintain_order=True)
+
+
+def lookup(col: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
+    """`col` mapped through keys -> values, for small non-negative integer keys (string ids,
+    window numbers): one gather from a table indexed by key instead of a hash lookup per row.
+    A value of `col` that is not among `keys` (or out of the table's range) maps to null."""
+    if keys.len() == 0:
+        return pl.lit(None, values.dtype)
+    size = int(keys.max()) + 1
+    table = pl.repeat(None, size, dtype=values.dtype, eager=True).scatter(keys.cast(pl.Int64), values)
+    c = pl.col(col)
+    inside = (c >= 0) & (c < size)
+    return pl.when(inside).then(pl.lit(table).gather(c.clip(0, size - 1)))

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
-from stepscope.analysis.frames import sorted_by
+from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import detect_layers
 from stepscope.analysis.steps import (
     Segmentation, activities, api_flags, find_windows, segment, step_shape, window_of,
@@ -127,9 +127,7 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
     memop_slot = pl.col("memop").to_physical().cast(pl.Int64) + n
     if names["demangled_id"].n_unique() == n and n and names["demangled_id"].min() >= 0:
         # each demangled id has one short name (the usual case): a lookup table indexed by id
-        lut = np.full(int(names["demangled_id"].max()) + 1, -1, dtype=np.int64)
-        lut[names["demangled_id"].to_numpy()] = np.arange(n)
-        slot = pl.lit(pl.Series(lut)).gather(pl.col("demangled_id"))
+        slot = lookup("demangled_id", names["demangled_id"], pl.int_range(n, eager=True))
     else:
         slot = key.replace_strict(names.select(key).to_series(), pl.int_range(n, eager=True), default=None,
                                   return_dtype=pl.Int64)
@@ -256,9 +254,9 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
         hit = api.select("window", "pid", "tid", "corr", "start", "end", "api_name", "is_launch").filter(
             pl.col("is_launch") & pl.col("window").is_not_null())
         if steps_of["window"].n_unique() == steps_of.height:  # one step per window: a lookup
-            lut = pl.Series(np.full(int(steps_of["window"].max()) + 1, -1, dtype=np.int64)).scatter(
-                steps_of["window"].cast(pl.Int64), steps_of["step"])
-            hit = hit.with_columns(pl.lit(lut).gather(pl.col("window")).alias("step")).filter(pl.col("step") >= 0)
+            # a range that launched no recorded GPU work has no step: its calls are dropped
+            hit = hit.with_columns(lookup("window", steps_of["window"], steps_of["step"]).alias("step")
+                                   ).filter(pl.col("step").is_not_null())
         else:
             hit = hit.join(steps_of, on="window")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from stepscope import apinames
-from stepscope.analysis.frames import sorted_by
+from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.errors import InputError
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
@@ -36,9 +36,7 @@ def api_names(name_ids: pl.Series, strings: dict[int, str]) -> pl.Series:
     table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
     if ids.len() and 0 <= ids.min() and ids.max() < (1 << 24):
         # string ids are small integers: a lookup table indexed by id
-        lut = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
-        lut[ids.to_numpy()] = np.arange(ids.len())
-        slot = name_ids.to_frame("id").select(pl.lit(pl.Series(lut)).gather(pl.col("id"))).to_series()
+        slot = name_ids.to_frame("id").select(lookup("id", ids, pl.int_range(ids.len(), eager=True))).to_series()
     else:
         slot = name_ids.to_frame("id").select(pl.col("id").replace_strict(
             ids, pl.int_range(ids.len(), eager=True), default=None, return_dtype=pl.UInt32)).to_series()
@@ -326,9 +324,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
         keys = hit.select(wd, "window", "device").unique("_wd").join(
             windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
         if keys["window"].n_unique() == keys.height:  # one device per window: a lookup by window
-            lut = pl.Series(np.full(windows.height, -1, dtype=np.int64)).scatter(
-                keys["window"].cast(pl.Int64), keys["step"].cast(pl.Int64))
-            step_of = hit.select("row", pl.lit(lut).gather(pl.col("window")).alias("step"))
+            step_of = hit.select("row", lookup("window", keys["window"], keys["step"].cast(pl.Int64)).alias("step"))
         else:
             step_of = hit.with_columns(wd).select(
                 "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
