@@ -44,10 +44,10 @@ def lookup(col: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
     """`col` mapped through keys -> values, for small non-negative integer keys (string ids,
     window numbers): one gather from a table indexed by key instead of a hash lookup per row.
     A value of `col` that is not among `keys` (or out of the table's range) maps to null."""
-    if keys.len() == 0:
-        return pl.lit(None, values.dtype)
-    size = int(keys.max()) + 1
-    table = pl.repeat(None, size, dtype=values.dtype, eager=True).scatter(keys.cast(pl.Int64), values)
+    size = int(keys.max()) + 1 if keys.len() else 1  # no keys: a one-slot table of null
+    table = pl.repeat(None, size, dtype=values.dtype, eager=True)
+    if keys.len():
+        table = table.scatter(keys.cast(pl.Int64), values)
     c = pl.col(col)
     inside = (c >= 0) & (c < size)
     return pl.when(inside).then(pl.lit(table).gather(c.clip(0, size - 1)))
