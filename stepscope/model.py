@@ -89,5 +89,10 @@ class Trace:
             self.strings["id"], self.strings["value"], default=None, return_dtype=pl.String
         ).alias(alias)
 
+    def drop_event_frames(self) -> None:
+        """Empty the per-event frames (kernels, memops, API calls) once an analysis holds their
+        rows; what describes the trace (strings, GPUs, NVTX, processes) stays."""
+        self.kernels, self.memops, self.api = self.kernels.clear(), self.memops.clear(), self.api.clear()
+
     def string_map(self) -> dict[int, str]:
         return dict(zip(self.strings["id"].to_list(), self.strings["value"].to_list()))

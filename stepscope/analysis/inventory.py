@@ -43,8 +43,7 @@ class Inventory:
         keeping the per-step results: for a one-shot renderer that has what it needs and
         would otherwise hold a million-row frame per column through its output."""
         self.acts, self.api, self.launch_calls = self.acts.clear(), self.api.clear(), self.launch_calls.clear()
-        t = self.trace
-        t.kernels, t.memops, t.api = t.kernels.clear(), t.memops.clear(), t.api.clear()
+        self.trace.drop_event_frames()
 
     def step_ids(self) -> list[int]:
         return self.steps["step"].to_list()
@@ -80,7 +79,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
     if release_input:
-        trace.kernels, trace.memops, trace.api = trace.kernels.clear(), trace.memops.clear(), trace.api.clear()
+        trace.drop_event_frames()
     seg = segment(trace, acts, windows)
     acts, phases = _classify(seg, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity

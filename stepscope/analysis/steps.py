@@ -29,10 +29,10 @@ MEMOP_DTYPE = pl.Enum(["memcpy", "memset"])
 STEP_COLS = ("step", "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
 
 
-def api_names(name_ids: pl.Series, strings: dict[int, str]) -> pl.Series:
-    """Categorical API names for a column of name ids: decoded once per distinct id, then one
-    gather (a trace calls a few dozen APIs a million times)."""
-    ids = name_ids.unique().drop_nulls().sort()
+def api_names(name_ids: pl.Series, strings: dict[int, str], ids: pl.Series | None = None) -> pl.Series:
+    """Categorical API names for a column of name ids: decoded once per distinct id (`ids`,
+    when the caller has them), then one gather (a trace calls a few dozen APIs a million times)."""
+    ids = (name_ids.unique() if ids is None else ids).drop_nulls().sort()
     table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
     if ids.len() and 0 <= ids.min() and ids.max() < (1 << 24):
         # string ids are small integers: a lookup table indexed by id
@@ -46,8 +46,8 @@ def api_names(name_ids: pl.Series, strings: dict[int, str]) -> pl.Series:
 def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
     """API calls with their decoded name and launch / sync / graph / profiler flags, decided
     once per distinct name id and spread with set lookups."""
-    names = api_names(api["name_id"], strings)
     ids = api["name_id"].unique().drop_nulls()
+    names = api_names(api["name_id"], strings, ids)
     vals = [strings.get(i, "") for i in ids.to_list()]
 
     def flag(test, alias: str) -> pl.Expr:
