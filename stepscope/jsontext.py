@@ -33,6 +33,14 @@ def arrays(frame: pl.DataFrame, key: str, cols: list[str], alias: str) -> pl.Dat
     return joined(frame.select(key, records(frame, cols).alias("_j")), key, "_j", alias, "[", "]")
 
 
+def members(frame: pl.DataFrame, key: str, name: str, cols: list[str], alias: str,
+            left: str = "{", right: str = "}") -> pl.DataFrame:
+    """(key, alias): per key, its rows as object members `"<name>": {cols}` joined inside
+    left…right, in frame order. `name` holds identifiers (classes, gap kinds): not escaped."""
+    member = pl.concat_str(pl.lit('"'), pl.col(name).cast(pl.String), pl.lit('":'), records(frame, cols))
+    return joined(frame.select(key, member.alias("_m")), key, "_m", alias, left, right)
+
+
 def joined(frame: pl.DataFrame, key: str, col: str, alias: str, left: str, right: str) -> pl.DataFrame:
     """(key, alias): per key, its rows' JSON fragments `col` joined by commas inside left…right."""
     if frame.is_empty():

@@ -59,10 +59,7 @@ class Diagnosis:
     def _build_sections(self) -> pl.DataFrame:
         steps = self.floors.select("step")
         totals = self.gap_totals.sort("step", pl.col("kind").to_physical())
-        kinds = jsontext.joined(totals.select("step", pl.concat_str(
-            pl.lit('"'), pl.col("kind").cast(pl.String), pl.lit('":{"count":'), pl.col("count").cast(pl.String),
-            pl.lit(',"time_ns":'), pl.col("time_ns").cast(pl.String), pl.lit("}")).alias("_k")),
-            "step", "_k", "kinds", "", "")
+        kinds = jsontext.members(totals, "step", "kind", ["count", "time_ns"], "kinds", "", "")
         top = self.top_gaps()
         top = jsontext.arrays(top, "step", [c for c in top.columns if c != "step"], "top")
         hist = jsontext.arrays(self.histogram, "step", [c for c in self.histogram.columns if c != "step"], "hist")

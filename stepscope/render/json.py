@@ -38,11 +38,8 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     steps = inv.steps.filter(pl.col("step").is_in(sel)).rename({"step": "index"})
     head = steps.select(pl.col("index").alias("step"), jsontext.open_records(
         steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
-    cls = inv.classes.filter(pl.col("step").is_in(sel))
-    classes = jsontext.joined(cls.select("step", pl.concat_str(
-        pl.lit('"'), pl.col("class"), pl.lit('":{"count":'), pl.col("count").cast(pl.String),
-        pl.lit(',"time_ns":'), pl.col("time_ns").cast(pl.String), pl.lit("}")).alias("_c")),
-        "step", "_c", "classes", "{", "}")
+    classes = jsontext.members(inv.classes.filter(pl.col("step").is_in(sel)), "step", "class",
+                               ["count", "time_ns"], "classes")
     kernels = jsontext.arrays(inv.kernels.filter(pl.col("step").is_in(sel)), "step",
                               ["name", "demangled", "class", "count", "time_ns"], "kernels")
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
