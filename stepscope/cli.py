@@ -39,6 +39,21 @@ from stepscope.commands import cells as _cells  # noqa: E402,F401
 from stepscope.commands import report as _report  # noqa: E402,F401
 
 
+def _large_blocks_from_mmap() -> None:
+    """glibc: serve blocks of 64 KiB and more straight from mmap, so a freed one goes back to
+    the OS. The SQLite reader's Arrow batches are malloc'ed on its worker threads and freed once
+    polars has copied them; under glibc's adaptive threshold they stay in per-thread heaps that
+    polars (jemalloc) never reuses: ~90 MB of peak RSS per million kernels, for no speed."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD (fixed, not adaptive)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def main() -> None:
     from stepscope.errors import StepscopeError
 
@@ -46,6 +61,7 @@ def main() -> None:
     # hundreds of thousands of objects a big JSON document is made of (reference counting
     # still frees everything that is not a cycle).
     gc.disable()
+    _large_blocks_from_mmap()
     try:
         app()
     except SystemExit as e:
