@@ -12,8 +12,9 @@ up to date) and three things are timed in the same run:
 * nsys-ai  - `nsys-ai summary FILE` with NSYS_AI_CACHE_MODE=direct, a fresh process per
              repetition, when nsys-ai is installed (its Parquet cache dir is removed first)
 
-Wall is the median over the repetitions; peak RSS is the child's ru_maxrss from os.wait4
-(per child, not the RUSAGE_CHILDREN high-water mark).  Writes benchmarks/results.md.
+Wall is the median over the repetitions; peak RSS is the child's ru_maxrss from os.wait4 in
+a small launcher process (see LAUNCHER: a child of this process would report at least this
+process's own RSS).  Writes benchmarks/results.md.
 
     python benchmarks/run.py                       # 10k,100k,1M
     python benchmarks/run.py --sizes 10k,100k,1M,5M
@@ -88,29 +89,58 @@ class Row:
 CODE = REPO  # where stepscope children run (set from --code)
 
 
+# Peak RSS must be the tool's own. Linux carries a process's RSS high-water mark into what its
+# children report: a child forked from this process starts at this process's RSS, which grows
+# (inflating traces, reading JSON documents) as the run goes on. So every tool runs under a tiny
+# fresh interpreter that times and reaps it and writes "wall maxrss_kib exit_code" to a pipe.
+LAUNCHER = """
+import os, sys, time
+fd, argv = int(sys.argv[1]), sys.argv[2:]
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(argv[0], argv)
+    finally:
+        os._exit(127)
+_, status, ru = os.wait4(pid, 0)
+wall = time.perf_counter() - t0
+os.write(fd, f"{wall!r} {ru.ru_maxrss} {os.waitstatus_to_exitcode(status)}".encode())
+"""
+
+
 def run_child(cmd: list[str], env: dict | None = None, stdout_path: Path | None = None,
               timeout_s: float = 900, cwd: Path | None = None) -> tuple[Run, str]:
-    """Run one fresh child; wall from spawn to reap, peak RSS from os.wait4's rusage."""
+    """Run one fresh child under LAUNCHER; wall from its fork to its reap, peak RSS from the
+    launcher's os.wait4 (ru_maxrss, KiB on Linux)."""
     out = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
     err = tempfile.TemporaryFile()
+    r_fd, w_fd = os.pipe()
     try:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                             env=env, cwd=cwd or CODE, start_new_session=True)
+        p = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(w_fd), *cmd], stdout=out, stderr=err,
+                             stdin=subprocess.DEVNULL, env=env, cwd=cwd or CODE, start_new_session=True,
+                             pass_fds=(w_fd,))
+        os.close(w_fd)
+        w_fd = -1
         killer = threading.Timer(timeout_s, lambda: os.killpg(p.pid, signal.SIGKILL))
         killer.start()
         try:
-            _, status, ru = os.wait4(p.pid, 0)
+            report = b""
+            while chunk := os.read(r_fd, 4096):
+                report += chunk
+            p.wait()
         finally:
             killer.cancel()
-        wall = time.perf_counter() - t0
-        rc = os.waitstatus_to_exitcode(status)
-        p.returncode = rc  # reaped here, so Popen must not wait again
         err.seek(0)
         tail = err.read()[-2000:].decode("utf-8", "replace")
-        # Linux reports ru_maxrss in KiB
-        return Run(wall, int(ru.ru_maxrss) * 1024, rc), tail
+        if p.returncode != 0 or not report:  # killed (timeout) or the launcher itself failed
+            return Run(0.0, 0, p.returncode or 1), tail
+        wall, maxrss_kib, rc = report.split()
+        return Run(float(wall), int(maxrss_kib) * 1024, int(rc)), tail
     finally:
+        if w_fd >= 0:
+            os.close(w_fd)
+        os.close(r_fd)
         if stdout_path:
             out.close()
         err.close()
