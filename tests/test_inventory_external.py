@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from stepscope.api import open_trace
-from tests.conftest import EXTERNAL, need, ro
+from tests.conftest import EXTERNAL, FIXTURES, need, ro
 from tests.sqlref import PID, union_figures
 
 
@@ -84,3 +84,32 @@ def test_two_process_trace_keeps_processes_and_devices_apart():
     cls = a.inventory.classes.group_by("class").agg(pl.col("count").sum())
     got = dict(cls.rows())
     assert got["comm"] > 0 and got["attention_prefill"] > 0 and got["gemm"] > 0
+
+
+SYNC_CALLS_SQL = """
+    SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+    WHERE r.eventClass IN (0, 1) AND (s.value LIKE '%Synchronize%'
+          OR ((s.value GLOB 'cudaMemcpy*' OR s.value GLOB 'cuMemcpy*') AND s.value NOT LIKE '%Async%'))"""
+
+
+@pytest.mark.parametrize("path", [*EXTERNAL.glob("*.sqlite"), FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"],
+                         ids=lambda p: p.name)
+def test_release_input_keeps_what_the_diagnosis_reads(path):
+    """A one-shot caller's analysis (release_input=True) empties the trace's event frames and
+    keeps only the synchronizing API calls, and diagnoses every gap the same as a full one."""
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.analysis.inventory import analyze_trace
+    from stepscope.ingest import read_trace
+
+    need(path)
+    full = analyze_trace(read_trace(path, cache=False))
+    trace = read_trace(path, cache=False)
+    lean = analyze_trace(trace, release_input=True)
+    assert trace.kernels.height == trace.api.height == trace.memops.height == 0
+    syncs = ro(path).execute(SYNC_CALLS_SQL).fetchone()[0]
+    assert lean.api.height == syncs and lean.api["is_sync"].all()
+    assert full.api.height > syncs
+    assert lean.launch_calls.equals(full.launch_calls) and lean.acts.equals(full.acts)
+    g_full, g_lean = diagnose(full).gaps, diagnose(lean).gaps
+    assert g_lean.height == g_full.height > 0
+    assert g_lean.equals(g_full)

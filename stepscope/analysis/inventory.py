@@ -30,7 +30,8 @@ class Inventory:
     kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
     acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
                              # (step, start); prev_end: the end of the union before it
-    api: pl.DataFrame        # API calls with flags
+    api: pl.DataFrame        # API calls with flags (only the synchronizing ones, which the gap
+                             # attribution reads, after analyze_trace(release_input=True))
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
 
@@ -71,7 +72,9 @@ def in_steps(acts: pl.DataFrame, *cols: str) -> pl.DataFrame:
 def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
                   release_input: bool = False) -> Inventory:
     """The per-step inventory of a trace. `release_input=True` empties the trace's kernel, memop
-    and API frames once the activity frame holds their rows (a one-shot caller's memory)."""
+    and API frames once the activity frame holds their rows, and keeps of the flagged API calls
+    only the synchronizing ones once the launch calls are extracted (a one-shot caller's memory:
+    a million-kernel trace's API frame is ~40 MB)."""
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
@@ -86,6 +89,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     acts = sorted_by(acts, "step", "start", "end").with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
+    if release_input:
+        api = api.filter(pl.col("is_sync"))
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     warnings = list(trace.warnings) + seg.warnings
