@@ -1,11 +1,15 @@
 """benchmarks/run.py reports a child's own peak RSS, not the benchmark process's."""
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-run = pytest.importorskip("run")
+_RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+_spec = importlib.util.spec_from_file_location("stepscope_benchmarks_run", _RUN)
+run = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = run  # its dataclasses look their module up
+_spec.loader.exec_module(run)  # by path: a module named plain "run" could be anything on sys.path
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss semantics are Linux's")
 

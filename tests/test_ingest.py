@@ -71,6 +71,39 @@ def test_nvtx_ranges_decoded_from_string_ids():
     assert t.nvtx.filter(pl.col("name") == "MPI_Send").height == 10
 
 
+@pytest.mark.parametrize("adbc", [True, False])
+@pytest.mark.parametrize("inline", [False, True])
+def test_nvtx_names_match_sql_with_text_ids_or_inline_text(tmp_path, monkeypatch, adbc, inline):
+    """Range names as a plain SQL join gives them: decoded from textId, or (older exports,
+    no textId column) the inline text."""
+    import shutil
+    import sqlite3
+
+    import stepscope.ingest.nsys_sqlite as ns
+    from tests.conftest import FIXTURES
+
+    src = need(FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite")
+    path = tmp_path / src.name
+    shutil.copy(src, path)
+    if inline:
+        con = sqlite3.connect(path)
+        con.execute("UPDATE NVTX_EVENTS SET text = (SELECT value FROM StringIds WHERE id = textId) WHERE text IS NULL")
+        con.execute("ALTER TABLE NVTX_EVENTS DROP COLUMN textId")
+        con.commit()
+        con.close()
+    if not adbc:
+        monkeypatch.setattr(ns, "_attach_adbc", lambda con, p: None)
+    else:
+        pytest.importorskip("adbc_driver_sqlite")
+    got = read_trace(path, cache=False).nvtx
+    want = ro(src).execute("""
+        SELECT (n.globalTid >> 24) & 16777215, n.globalTid & 16777215, n.start, n.end, coalesce(n.text, s.value)
+        FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+        WHERE n.eventType IN (59, 60) AND n.end IS NOT NULL""").fetchall()
+    assert got.height == len(want) == 132
+    assert sorted(got.rows()) == sorted(want)
+
+
 def test_gpu_table_when_present_and_absent():
     clover = read_trace(need(EXTERNAL / "pipit_cloverleaf.sqlite"))
     g = clover.gpus.row(0, named=True)

@@ -361,14 +361,14 @@ def _read_nvtx(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
         SELECT n.globalTid, n.start, n.end, n.text, {'n.textId' if ids else 'NULL'}
         FROM NVTX_EVENTS n
         WHERE n.eventType IN (59, 60) AND n.end IS NOT NULL""",
-        {"tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "text": pl.String, "text_id": pl.Int64})
+        {"gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "text": pl.String, "text_id": pl.Int64})
     name = pl.col("text")
     if ids:
         need = raw.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique()
         strings = _read_strings(con, schema, need)
         name = pl.coalesce(name, pl.col("text_id").replace_strict(
             strings["id"], strings["value"], default=None, return_dtype=pl.String))
-    return raw.select(_unpack_pid("tid").alias("pid"), (pl.col("tid") % (1 << 24)).cast(pl.Int32).alias("tid"),
+    return raw.select(_unpack_pid("gtid").alias("pid"), (pl.col("gtid") % (1 << 24)).cast(pl.Int32).alias("tid"),
                       "start", "end", name.alias("name")).cast(NVTX_SCHEMA)
 
 
