@@ -38,6 +38,10 @@ def _unpack_pid(col: str) -> pl.Expr:
     return ((pl.col(col) // (1 << 24)) % (1 << 24)).cast(pl.Int32).alias(col)
 
 
+def _unpack_tid(col: str) -> pl.Expr:
+    return (pl.col(col) % (1 << 24)).cast(pl.Int32).alias("tid")
+
+
 def _packed(schema: dict, *cols: str) -> dict:
     """`schema` with the packed global ids (globalPid/globalTid, 64-bit) as they are read."""
     return {c: (pl.Int64 if c in cols else t) for c, t in schema.items()}
@@ -282,7 +286,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     api = empty(API_SCHEMA)
     if len(frames) > 1:
         # globalTid is read once: the pid and the tid are both unpacked from it
-        api = frames[1].select(_unpack_pid("pid"), (pl.col("pid") % (1 << 24)).cast(pl.Int32).alias("tid"),
+        api = frames[1].select(_unpack_pid("pid"), _unpack_tid("pid"),
                                pl.exclude("pid"))
 
     memops = _read_memops(con, schema)
@@ -368,8 +372,8 @@ def _read_nvtx(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
         strings = _read_strings(con, schema, need)
         name = pl.coalesce(name, pl.col("text_id").replace_strict(
             strings["id"], strings["value"], default=None, return_dtype=pl.String))
-    return raw.select(_unpack_pid("gtid").alias("pid"), (pl.col("gtid") % (1 << 24)).cast(pl.Int32).alias("tid"),
-                      "start", "end", name.alias("name")).cast(NVTX_SCHEMA)
+    return raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "start", "end",
+                      name.alias("name")).cast(NVTX_SCHEMA)
 
 
 def _read_strings(con: sqlite3.Connection, schema: _Schema, ids: pl.Series) -> pl.DataFrame:
