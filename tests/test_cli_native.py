@@ -1,7 +1,8 @@
-"""The CLI configures polars' jemalloc before polars is imported (cli.JEMALLOC_CONF).
+"""The CLI sets up native libraries before they load: polars' jemalloc (cli.JEMALLOC_CONF) and
+numpy's OpenBLAS.
 
-Checked by what jemalloc itself reports: `stats_print:true` makes it print its options at exit.
-Polars ships jemalloc on Linux x86-64/aarch64 only; elsewhere there is nothing to configure."""
+jemalloc is checked by what it reports itself: `stats_print:true` makes it print its options at
+exit. Polars ships jemalloc on Linux x86-64/aarch64 only; elsewhere there is nothing to set."""
 
 from __future__ import annotations
 
@@ -49,3 +50,23 @@ def test_too_late_once_polars_is_imported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+def test_numpy_starts_no_blas_threads():
+    code = ("import os, sys, stepscope.cli as cli\n"
+            "if sys.argv[1] == 'cli': cli._no_blas_thread_pool()\n"
+            "before = len(os.listdir('/proc/self/task'))\n"
+            "import numpy\n"
+            "print(len(os.listdir('/proc/self/task')) - before)")
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+
+    def added(arg: str) -> int:
+        out = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return int(out.stdout)
+
+    assert added("cli") == 0
+    if (os.cpu_count() or 1) > 1:
+        assert added("plain") > 0  # the pool the setting prevents (one thread per extra core)
