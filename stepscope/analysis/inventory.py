@@ -255,14 +255,15 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
         # a window split over several devices is several steps: its calls go to each of them
         steps_of = window_steps if window_steps is not None else (
             acts.select("window", "step").filter(pl.col("window").is_not_null()).unique())
-        hit = api.select("window", "pid", "tid", "corr", "start", "end", "api_name", "is_launch").filter(
-            pl.col("is_launch") & pl.col("window").is_not_null())
+        hit = api.select("window", "pid", "tid", "corr", "start", "end", "api_name", "is_launch")
         if steps_of["window"].n_unique() == steps_of.height:  # one step per window: a lookup
-            # a range that launched no recorded GPU work has no step: its calls are dropped
+            # a range that launched no recorded GPU work has no step: its calls are dropped.
+            # The step is looked up for every call and the rows filtered once: each filter of
+            # the call frame is a copy of a million rows.
             hit = hit.with_columns(lookup("window", steps_of["window"], steps_of["step"]).alias("step")
-                                   ).filter(pl.col("step").is_not_null())
+                                   ).filter(pl.col("is_launch") & pl.col("step").is_not_null())
         else:
-            hit = hit.join(steps_of, on="window")
+            hit = hit.filter(pl.col("is_launch") & pl.col("window").is_not_null()).join(steps_of, on="window")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))
     bare = steps.filter(pl.col("w_start").is_null()).select("step")
     if bare.height:
