@@ -60,8 +60,8 @@ def _large_blocks_from_mmap() -> None:
 #   parked with MADV_FREE, which Linux leaves in the process's RSS until memory runs short:
 #   polars' default (1 s) kept ~45 MB per million kernels of freed frames in peak RSS.
 # dirty_decay_ms:100 - freed pages are kept for reuse a tenth of a second instead of half a
-#   second: ~30 MB less peak RSS per million kernels, a few more page faults (no wall time
-#   measured on the 2-core box; README "Performance").
+#   second: ~30 MB less peak RSS per million kernels, a few more page faults (no change of
+#   wall time measured on the 2-core box; README "Performance").
 JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:0"
 
 
