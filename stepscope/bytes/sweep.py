@@ -329,7 +329,9 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, model: str | None = None,
     work.mkdir(parents=True, exist_ok=True)
     batched = cells_per_process != 1
     chunks = _chunks(specs, cells_per_process) if batched else [[s] for s in specs]
-    env = dict(os.environ)
+    from stepscope import native
+
+    env = native.child_env()  # the workload runs without stepscope's allocator/BLAS settings
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("CUBLASLT_LOG_LEVEL", "0")

@@ -154,8 +154,11 @@ def engine_command(req: TraceRequest, engine: str, mode: str,
 
 
 def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the engine: stepscope importable, vLLM workers spawned."""
-    env = dict(os.environ if base is None else base)
+    """The environment of the engine: stepscope importable, vLLM workers spawned, and none of
+    the allocator/BLAS settings stepscope's own process runs with (native.child_env)."""
+    from stepscope import native
+
+    env = native.child_env(base)
     pp = env.get("PYTHONPATH", "")
     root = str(PACKAGE_ROOT)
     if root not in pp.split(os.pathsep):

@@ -1,5 +1,5 @@
-"""The CLI sets up native libraries before they load: polars' jemalloc (cli.JEMALLOC_CONF) and
-numpy's OpenBLAS.
+"""stepscope/native.py: the CLI sets up native libraries before they load (polars' jemalloc,
+numpy's OpenBLAS), and the processes stepscope starts run without those settings.
 
 jemalloc is checked by what it reports itself: `stats_print:true` makes it print its options at
 exit. Polars ships jemalloc on Linux x86-64/aarch64 only; elsewhere there is nothing to set."""
@@ -14,8 +14,8 @@ import sys
 import pytest
 
 PROBE = """
-import stepscope.cli as cli
-cli._allocator_returns_freed_pages()
+from stepscope import native
+native.allocator_returns_freed_pages()
 import polars as pl
 pl.DataFrame({"a": range(100_000)}).sum()
 """
@@ -45,16 +45,16 @@ def test_a_users_own_setting_wins():
 
 
 def test_too_late_once_polars_is_imported():
-    code = ("import os, polars, stepscope.cli as cli; before = os.environ.get('_RJEM_MALLOC_CONF');"
-            "cli._allocator_returns_freed_pages(); print(before == os.environ.get('_RJEM_MALLOC_CONF'))")
+    code = ("import os, polars; from stepscope import native; before = os.environ.get('_RJEM_MALLOC_CONF');"
+            "native.allocator_returns_freed_pages(); print(before == os.environ.get('_RJEM_MALLOC_CONF'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
 
 
 def test_numpy_starts_no_blas_threads():
-    code = ("import os, sys, stepscope.cli as cli\n"
-            "if sys.argv[1] == 'cli': cli._no_blas_thread_pool()\n"
+    code = ("import os, sys\nfrom stepscope import native\n"
+            "if sys.argv[1] == 'cli': native.no_blas_thread_pool()\n"
             "before = len(os.listdir('/proc/self/task'))\n"
             "import numpy\n"
             "print(len(os.listdir('/proc/self/task')) - before)")
@@ -71,3 +71,38 @@ def test_numpy_starts_no_blas_threads():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if cores > 1:
         assert added("plain") > 0  # the pool the setting prevents (one thread per extra core)
+
+
+CHILD_PROBE = """
+import json, os
+from stepscope import native
+from stepscope.capture.run import engine_env
+native.setup()
+print(json.dumps({"self": {k: os.environ.get(k) for k in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")},
+                  "engine": {k: engine_env("torch").get(k) for k in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")},
+                  "changed": native.child_env(dict(os.environ, OPENBLAS_NUM_THREADS="8"))["OPENBLAS_NUM_THREADS"]}))
+"""
+
+
+@pytest.mark.parametrize("users", [{}, {"_RJEM_MALLOC_CONF": "narenas:2", "OPENBLAS_NUM_THREADS": "4"}])
+def test_child_processes_get_the_users_environment_back(users):
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", CHILD_PROBE], env={**env, **users}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    # this process runs with the settings (the user's own jemalloc options after them) ...
+    assert got["self"]["_RJEM_MALLOC_CONF"] == ",".join(filter(None, [native_conf(), users.get("_RJEM_MALLOC_CONF")]))
+    assert got["self"]["OPENBLAS_NUM_THREADS"] == users.get("OPENBLAS_NUM_THREADS", "1")
+    # ... the engine it starts gets exactly what the user had (nothing where they set nothing)
+    assert got["engine"] == {k: users.get(k) for k in ("_RJEM_MALLOC_CONF", "OPENBLAS_NUM_THREADS")}
+    # a value the caller set on purpose for the child is kept
+    assert got["changed"] == "8"
+
+
+def native_conf() -> str:
+    from stepscope import native
+
+    return native.JEMALLOC_CONF
