@@ -98,7 +98,7 @@ def test_release_input_keeps_what_the_diagnosis_reads(path):
     """A one-shot caller's analysis (release_input=True) empties the trace's event frames and
     keeps only the synchronizing API calls, and diagnoses every gap the same as a full one."""
     from stepscope.analysis.diagnosis import diagnose
-    from stepscope.analysis.inventory import analyze_trace
+    from stepscope.analysis.inventory import ONE_SHOT_ACT_COLUMNS, analyze_trace
     from stepscope.ingest import read_trace
 
     need(path)
@@ -109,7 +109,10 @@ def test_release_input_keeps_what_the_diagnosis_reads(path):
     syncs = ro(path).execute(SYNC_CALLS_SQL).fetchone()[0]
     assert lean.api.height == syncs and lean.api["is_sync"].all()
     assert full.api.height > syncs
-    assert lean.launch_calls.equals(full.launch_calls) and lean.acts.equals(full.acts)
+    assert lean.launch_calls.equals(full.launch_calls)
+    assert lean.acts.columns == list(ONE_SHOT_ACT_COLUMNS)
+    assert lean.acts.equals(full.acts.select(ONE_SHOT_ACT_COLUMNS))
+    assert lean.steps.equals(full.steps) and lean.kernels.equals(full.kernels)
     g_full, g_lean = diagnose(full).gaps, diagnose(lean).gaps
     assert g_lean.height == g_full.height > 0
     assert g_lean.equals(g_full)
