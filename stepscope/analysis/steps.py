@@ -317,19 +317,22 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     step_rows: list[tuple] = []
     assigned = []
     window_steps = None
+    by_window = None  # the step as an expression of the window, when that decides it
     if windows.height:
-        hit = acts.filter(pl.col("window").is_not_null()).select("row", "device", "window")
         # a step is (window, device); number them by window start, then device
         wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
-        keys = hit.select(wd, "window", "device").unique("_wd").join(
-            windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
+        keys = acts.lazy().filter(pl.col("window").is_not_null()).select(wd, "window", "device").unique(
+            "_wd").collect().join(windows.select("window", "w_start"), on="window").sort(
+            "w_start", "device").with_row_index("step")
+        hit = acts.lazy().filter(pl.col("window").is_not_null()).select("row", "device", "window")
         if keys["window"].n_unique() == keys.height:  # one device per window: a lookup by window
-            step_of = hit.select("row", lookup("window", keys["window"], keys["step"].cast(pl.Int64)).alias("step"))
+            by_window = lookup("window", keys["window"], keys["step"].cast(pl.Int64)).alias("step")
+            step_of = hit.select("row", by_window)
         else:
             step_of = hit.with_columns(wd).select(
                 "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
                 .alias("step"))
-        assigned.append(step_of)
+        assigned.append(step_of)  # a lazy frame: collected only when rows are assigned one by one
         window_steps = keys.select("window", pl.col("step").cast(pl.Int64))
         steps_w = keys.join(windows.drop("w_start"), on="window").select(
             pl.col("step").cast(pl.Int64), "pid", "device", "delimiter", "name", "tid", "w_start", "w_end")
@@ -364,7 +367,11 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
             f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
             "check --step-regex or capture with an NVTX range per step"
         )
-    a = pl.concat(assigned)
+    if by_window is not None and not rest.height:
+        # every activity's step follows from its window alone: one lookup, no per-row
+        # assignment frame and scatter (tens of MB of transient frames per million activities)
+        return Segmentation(step_rows_frame, acts.with_columns(by_window), warnings, window_steps)
+    a = pl.concat([f.collect() if isinstance(f, pl.LazyFrame) else f for f in assigned])
     # rows are 0..n-1 in acts' order: scatter the step ids instead of joining on row
     step = np.full(acts.height, -1, dtype=np.int64)
     step[a["row"].to_numpy()] = a["step"].to_numpy()
