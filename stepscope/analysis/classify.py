@@ -116,21 +116,24 @@ def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
 
 
 def nvtx_attribution(
-    launches: pl.DataFrame, nvtx: pl.DataFrame, rules: RuleSet
+    launches: pl.DataFrame | pl.LazyFrame, nvtx: pl.DataFrame, rules: RuleSet
 ) -> pl.DataFrame:
     """Class from the innermost rule-matching NVTX range holding each launching call.
 
     launches: (row, pid, tid, launch_start); returns (row, nvtx_class) for attributed rows.
     Only ranges whose name matches an [[nvtx]] rule take part; among those, the latest one
-    starting at or before the call is used if it still covers the call.
+    starting at or before the call is used if it still covers the call. A lazy `launches` is
+    collected only when some range matches a rule (it is a million-row selection).
     """
-    if nvtx.is_empty() or launches.is_empty() or not rules.nvtx_rules:
+    if nvtx.is_empty() or not rules.nvtx_rules:
         return pl.DataFrame(schema={"row": pl.UInt32, "nvtx_class": pl.String})
     uniq = nvtx.select("name").unique()
     uniq = uniq.with_columns(
         pl.Series("nvtx_class", [rules.classify_range(n) for n in uniq["name"].to_list()], dtype=pl.String)
     ).drop_nulls("nvtx_class")
-    if uniq.is_empty():
+    if isinstance(launches, pl.LazyFrame):
+        launches = launches.collect()
+    if uniq.is_empty() or launches.is_empty():
         return pl.DataFrame(schema={"row": pl.UInt32, "nvtx_class": pl.String})
     ranges = (
         nvtx.join(uniq, on="name")

@@ -158,7 +158,7 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
                              mapped("class", CLASS_DTYPE))
     # NVTX module ranges around the launching call beat the kernel name.
     attributed = nvtx_attribution(
-        acts.select("row", "pid", "tid", "launch_start", "is_kernel").filter(pl.col("is_kernel")).drop("is_kernel"),
+        acts.lazy().filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"),
         trace.nvtx, rules
     )
     if attributed.height:
