@@ -108,3 +108,29 @@ def test_api_step_objects_and_pandas():
     df = st.to_pandas()
     assert df["count"].sum() == st.n_kernels + st.classes.filter(pl.col("class") == "memops")["count"].sum()
     assert a.to_pandas().shape[0] == 1
+
+
+# A step's launch calls: the launch calls on the step range's thread that start inside it.
+LAUNCH_SQL = """
+SELECT r.correlationId, r.start, r.end, s.value
+FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+WHERE r.eventClass IN (0, 1) AND r.globalTid = ? AND r.start BETWEEN ? AND ?
+  AND (s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%' OR s.value LIKE 'cudaGraphLaunch%')
+ORDER BY r.start
+"""
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_launch_calls_are_each_steps_calls_in_start_order(path):
+    """Every step's calls, call by call, against SQL; the frame in (step, start) order (the TP=2
+    traces' steps interleave across devices, so that order is built, not found)."""
+    a = open_trace(need(path))
+    calls = a.inventory.launch_calls
+    con = ro(path)
+    assert calls.select("step", "start").equals(calls.select("step", "start").sort("step", "start"))
+    for r in a.table.iter_rows(named=True):
+        gtid = con.execute(
+            "SELECT globalTid FROM NVTX_EVENTS WHERE start = ? AND end = ?", (r["w_start"], r["w_end"])).fetchone()[0]
+        want = con.execute(LAUNCH_SQL, (gtid, r["w_start"], r["w_end"])).fetchall()
+        got = calls.filter(pl.col("step") == r["step"]).select("corr", "start", "end", "api_name").rows()
+        assert got == want and len(want) == r["n_launch_calls"] > 0

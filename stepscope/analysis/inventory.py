@@ -14,9 +14,7 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import detect_layers
-from stepscope.analysis.steps import (
-    Segmentation, activities, api_flags, find_windows, segment, step_shape, window_of,
-)
+from stepscope.analysis.steps import activities, api_flags, find_windows, segment, step_shape, window_of
 from stepscope.model import Trace
 
 
@@ -93,7 +91,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     if release_input:
         trace.drop_event_frames()
     seg = segment(trace, acts, windows)
-    acts, phases = _classify(seg, trace, rules, strings)
+    # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
+    # steps interleave across devices), the unsorted frame must not stay alive beside the copy
+    acts, seg.acts = seg.acts, None
+    acts, phases = _classify(acts, seg.steps, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end").with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
@@ -121,10 +122,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings)
 
 
-def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
+def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
               strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Activities with name, demangled and class; and each step's phase (step, phase)."""
-    acts = seg.acts
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
     names = kernels.select(key).unique().select(
@@ -166,7 +166,7 @@ def _classify(seg: Segmentation, trace: Trace, rules: RuleSet,
             pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
         ).drop("nvtx_class")
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
-    shapes = seg.steps.select("step", "name")
+    shapes = steps.select("step", "name")
     phase_of = {n: step_shape(n).get("phase") for n in shapes["name"].unique().to_list()}
     phases = pl.DataFrame(
         {"step": shapes["step"], "phase": [phase_of[n] for n in shapes["name"].to_list()]},
@@ -270,10 +270,19 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
         hit = api.select("window", "pid", "tid", "corr", "start", "end", "api_name", "is_launch")
         if steps_of["window"].n_unique() == steps_of.height:  # one step per window: a lookup
             # a range that launched no recorded GPU work has no step: its calls are dropped.
-            # The step is looked up for every call and the rows filtered once: each filter of
-            # the call frame is a copy of a million rows.
-            hit = hit.with_columns(lookup("window", steps_of["window"], steps_of["step"]).alias("step")
-                                   ).filter(pl.col("is_launch") & pl.col("step").is_not_null())
+            # The call frame is copied once: filtered when the step windows follow one another
+            # (calls in start order are then in step order), else gathered in (step, start)
+            # order by row number (a TP trace's windows overlap across devices: filtering, then
+            # sorting, copied a million rows twice)
+            step = lookup("window", steps_of["window"], steps_of["step"]).alias("step")
+            keep = pl.col("is_launch") & pl.col("step").is_not_null()
+            w = windowed.select("step", "w_start", "w_end").sort("step")
+            if (w["w_start"].slice(1) >= w["w_end"].slice(0, w.height - 1)).all():
+                hit = hit.with_columns(step).filter(keep)
+            else:
+                pick = sorted_by(api.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"), step,
+                                            "start", "is_launch").filter(keep), "step", "start")
+                hit = hit.drop("window", "is_launch").gather(pick["_i"]).with_columns(pick["step"])
         else:
             hit = hit.filter(pl.col("is_launch") & pl.col("window").is_not_null()).join(steps_of, on="window")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))

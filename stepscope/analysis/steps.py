@@ -101,7 +101,7 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
 @dataclass
 class Segmentation:
     steps: pl.DataFrame  # STEP_COLS
-    acts: pl.DataFrame  # activities with a `step` column (null = outside every step)
+    acts: pl.DataFrame | None  # activities with a `step` column (null = outside every step)
     warnings: list[str]
     window_steps: pl.DataFrame | None = None  # window, step: the steps each window became
 
