@@ -282,7 +282,8 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
             else:
                 pick = sorted_by(api.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"), step,
                                             "start", "is_launch").filter(keep), "step", "start")
-                hit = hit.drop("window", "is_launch").gather(pick["_i"]).with_columns(pick["step"])
+                hit = hit.drop("window", "is_launch").select(pl.all().gather(pick["_i"]))
+                hit = hit.with_columns(pick["step"])
         else:
             hit = hit.filter(pl.col("is_launch") & pl.col("window").is_not_null()).join(steps_of, on="window")
         parts.append(hit.select("step", "pid", "tid", "corr", "start", "end", "api_name"))
