@@ -29,6 +29,15 @@ def test_sorted_by_agrees_with_polars_sort_on_every_small_frame():
         assert sorted_by(df, "a", "b").equals(want)
         assert sorted_by(df.sort("b", maintain_order=True), "a", "b").equals(want)  # the stable shortcut
         assert is_sorted_by(df, ["a", "b"]) == df.equals(want)
+        # consume=True: the same rows (every column, in order) from a column-at-a-time gather,
+        # the input handed over (emptied when it had to be sorted)
+        wide = df.with_columns(c=pl.int_range(pl.len()), d=pl.col("a").cast(pl.String),
+                               e=pl.col("b") > 0, f=pl.col("a").cast(pl.String).cast(pl.Categorical))
+        want_wide = wide.sort("a", "b", nulls_last=True, maintain_order=True)
+        given = wide.clone()
+        got = sorted_by(given, "a", "b", consume=True)
+        assert got.equals(want_wide) and got.schema == wide.schema
+        assert given.width == (wide.width if wide.equals(want_wide) else 0)
         assert is_sorted_by(df, ["a"]) == df.equals(df.sort("a", nulls_last=True, maintain_order=True))
 
 

@@ -28,16 +28,29 @@ def is_sorted_by(df: pl.DataFrame, by: list[str]) -> bool:
     return bool(df.select((before | tied).slice(1).all()).item())
 
 
-def sorted_by(df: pl.DataFrame, *by: str) -> pl.DataFrame:
-    """df sorted ascending by `by` (nulls last, stable), without sorting when it already is."""
+def sorted_by(df: pl.DataFrame, *by: str, consume: bool = False) -> pl.DataFrame:
+    """df sorted ascending by `by` (nulls last, stable), without sorting when it already is.
+
+    `consume=True` (the caller holds the only reference to df and never reads it again): the
+    sorted frame is built a column at a time, each source column released once it is copied,
+    so the sort holds one column twice rather than the whole frame (a million-row activity
+    frame is ~100 MB)."""
     cols = list(by)
     if is_sorted_by(df, cols):
         return df
     if len(cols) > 1 and is_sorted_by(df, cols[1:]):
         # already in order of the later keys (e.g. start order, with steps interleaved across
         # devices): a stable sort on the first key alone gives the full order, far cheaper
-        return df.sort(cols[0], nulls_last=True, maintain_order=True)
-    return df.sort(cols, nulls_last=True, maintain_order=True)
+        cols = cols[:1]
+    if not consume:
+        return df.sort(cols, nulls_last=True, maintain_order=True)
+    order = df.select(pl.arg_sort_by(cols, nulls_last=True, maintain_order=True)).to_series()
+    names, parts = df.columns, []
+    for i in range(0, len(names), 4):  # four columns per gather: polars still copies them in parallel
+        part = pl.DataFrame([df.drop_in_place(n) for n in names[i:i + 4]])
+        parts.append(part.select(pl.all().gather(order)))  # (DataFrame.gather is polars 2 only)
+        del part
+    return pl.concat(parts, how="horizontal")
 
 
 def lookup(col: str, keys: pl.Series, values: pl.Series) -> pl.Expr:

@@ -96,7 +96,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     acts, seg.acts = seg.acts, None
     acts, phases = _classify(acts, seg.steps, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
-    acts = sorted_by(acts, "step", "start", "end").with_columns(
+    acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     if release_input:
