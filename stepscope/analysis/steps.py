@@ -321,10 +321,9 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     if windows.height:
         # a step is (window, device); number them by window start, then device
         wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
-        keys = acts.lazy().filter(pl.col("window").is_not_null()).select(wd, "window", "device").unique(
-            "_wd").collect().join(windows.select("window", "w_start"), on="window").sort(
-            "w_start", "device").with_row_index("step")
         hit = acts.lazy().filter(pl.col("window").is_not_null()).select("row", "device", "window")
+        keys = hit.select(wd, "window", "device").unique("_wd").collect().join(
+            windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
         if keys["window"].n_unique() == keys.height:  # one device per window: a lookup by window
             by_window = lookup("window", keys["window"], keys["step"].cast(pl.Int64)).alias("step")
             step_of = hit.select("row", by_window)
