@@ -137,7 +137,13 @@ if os.environ.get("FAKE_CRASH"):
     print("Traceback (most recent call last):", flush=True)
     print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
     sys.exit(1)
-print('stepscope-engine: result={{"range": "step phase=decode batch=1"}}', flush=True)
+if os.environ.get("FAKE_UNTRACED"):
+    print('stepscope-engine: result={{"range": "step phase=decode batch=1", "torch": "2.11.0", '
+          '"layers": 2, "untraced": {{"steps": 20, "step_time_ns": {{"median": 13600000, '
+          '"p10": 13500000, "p90": 13900000, "min": 13400000, "max": 14000000, "n": 20}}}}}}',
+          flush=True)
+else:
+    print('stepscope-engine: result={{"range": "step phase=decode batch=1"}}', flush=True)
 open(base + ".nsys-rep", "w").write("rep")
 if not os.environ.get("FAKE_NO_SQLITE"):
     mode = app[app.index("--mode") + 1] if "--mode" in app else "eager"
@@ -191,6 +197,35 @@ def test_trace_end_to_end_with_fake_nsys(fake_machine):
     log = (out / "llama-3.2-1b_decode_b1_eager.engine.log").read_text()
     assert log.startswith("# " + env["NSYS"] + " profile")
     assert "fake nsys running:" in log
+
+
+def test_trace_writes_the_untraced_sidecar(fake_machine):
+    """The engine's untraced timing goes into <name>.stepscope.json beside each export, with
+    the step's shape; an engine that measured none leaves no sidecar (and an old one goes)."""
+    from stepscope.ingest.sidecar import read_sidecar
+
+    tmp, env = fake_machine
+    out = tmp / "out"
+    cp = cli("trace", "--engine", "torch", "--model", "llama-3.2-1b", "--mode", "both",
+             "--layers", "2", "--out", str(out), "--json", env={**env, "FAKE_UNTRACED": "1"})
+    assert cp.returncode == 0, cp.stderr
+    for c in json.loads(cp.stdout)["captures"]:
+        doc, warn = read_sidecar(c["sqlite"])
+        assert warn is None and c["sidecar"] == str(out / f"llama-3.2-1b_decode_b1_{c['mode']}.stepscope.json")
+        assert doc["engine"] == "torch" and doc["untraced"]["step_time_ns"]["median"] == 13_600_000
+        assert doc["shape"] == {"model": "llama-3.2-1b", "phase": "decode", "batch": 1,
+                                "context": 2048, "mode": c["mode"], "tp": 1, "layers": 2}
+        assert "untraced" not in doc["capture"] and doc["capture"]["range"].startswith("step")
+    cp = cli("trace", "--engine", "torch", "--model", "llama-3.2-1b", "--layers", "2",
+             "--out", str(out), "--json", env=env)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["captures"][0]["sidecar"] is None
+    assert not (out / "llama-3.2-1b_decode_b1_eager.stepscope.json").exists()
+
+
+def test_trace_torch_only_options_refused_for_vllm():
+    line = one_error_line(cli("trace", "--engine", "vllm", "--steps", "3", "--no-nvtx"))
+    assert "--steps, --no-nvtx: torch engine only" in line
 
 
 def test_trace_mode_both_prints_the_comparison(fake_machine):

@@ -168,3 +168,59 @@ def test_vllm_engine_without_vllm_says_so(capsys):
     rc = vllm_engine.main(["--model", "llama-3.1-8b"])
     assert rc == 2
     assert "vLLM is not installed" in capsys.readouterr().err
+
+
+def test_vllm_config_is_shared_across_batches():
+    """One model and context give one vLLM configuration for every batch up to 8 and both
+    phases (so vLLM's torch.compile cache is shared): only the prompts differ."""
+    keys = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "compilation_config")
+    kws = [vllm_engine.llm_kwargs("/m", phase=ph, batch=b, context=2048, mode="graph", tp=1)
+           for ph, b in (("decode", 1), ("decode", 8), ("prefill", 1))]
+    assert all({k: kw[k] for k in keys} == {k: kws[0][k] for k in keys} for kw in kws)
+    assert kws[0]["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+    assert vllm_engine.graph_sizes(12) == [1, 2, 4, 8, 12]
+    eager = vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048, mode="eager",
+                                   tp=1, timer=True, inductor_names="torch")
+    assert "compilation_config" not in eager
+    assert eager["worker_extension_cls"] == "stepscope.capture.engines.vllm_timer.StepTimer"
+    named = vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048, mode="graph",
+                                   tp=1, inductor_names="original_aten")
+    assert named["compilation_config"]["inductor_compile_config"] == {
+        "triton.descriptive_names": "original_aten"}
+
+
+def test_vllm_env_turns_the_flashinfer_sampler_off_without_flashinfer(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    e = vllm_engine.env()
+    assert e["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and e["VLLM_NVTX_SCOPES_FOR_PROFILING"] == "1"
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flashinfer" else real(name, *a))
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in vllm_engine.env()
+
+
+def test_vllm_untraced_summary():
+    """The worker timer's records -> the sidecar's untraced section: only steps of the
+    captured shape count (the prefill and the first two decodes are left out)."""
+    recs = []
+    t = 0
+    for i in range(10):  # a prefill (8 x 2045 tokens), then 9 decode steps of 8 tokens
+        tokens = 8 * 2045 if i == 0 else 8
+        recs.append({"call": "execute_model", "t0_ns": t, "t1_ns": t + 9_000_000,
+                     "gpu_ns": 12_000_000 + i, "tokens": tokens, "reqs": 8,
+                     "step_gpu_ns": 13_000_000 + i})
+        recs.append({"call": "sample_tokens", "t0_ns": t + 9_500_000, "t1_ns": t + 10_000_000,
+                     "gpu_ns": 400_000})
+        t += 15_000_000 if i else 40_000_000
+    u = vllm_engine.summarize_untraced(recs, "decode", 8, 2045, per_token_wall_ns=15_200_000.4)
+    assert u["steps"] == 7  # decode steps 3..9
+    assert u["step_time_ns"] == {"median": 12_000_006, "p10": 12_000_003, "p90": 12_000_009,
+                                 "min": 12_000_003, "max": 12_000_009, "n": 7}
+    assert u["host_ns"]["median"] == 9_000_000 and u["sample_host_ns"]["median"] == 500_000
+    assert u["engine_step_gpu_ns"]["median"] == 13_000_006
+    assert u["period_ns"]["median"] == 15_000_000 and u["per_token_wall_ns"] == 15_200_000
+    p = vllm_engine.summarize_untraced(recs, "prefill", 8, 2045)
+    assert p["steps"] == 1 and p["step_time_ns"]["median"] == 12_000_000

@@ -127,11 +127,58 @@ def test_engine_main_on_cpu(tmp_path, capsys):
                  "--layers", "1"]) == 0
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("stepscope-engine:")]
-    assert [ln.split()[1].split("=")[0] for ln in lines] == ["phase", "phase", "phase", "result"]
+    assert [ln.split()[1].split("=")[0] for ln in lines] == ["phase"] * 4 + ["result"]
+    assert lines[2].split()[1] == "phase=untraced"
     res = json.loads(lines[-1].split("result=", 1)[1])
     assert res["range"] == ("step phase=decode batch=2 tokens=2 context=5 model=tiny-llama "
                             "mode=eager tp=1 layers=1")
     assert len(res["next_tokens"]) == 2
+    # the untraced twin: 20 steps of the same shape by default, each timed three ways
+    u = res["untraced"]
+    assert u["steps"] == 20 and u["step_time_ns"]["n"] == 20
+    assert 0 < u["host_ns"]["median"] <= u["wall_ns"]["median"]
+    assert u["step_time_ns"]["min"] <= u["step_time_ns"]["median"] <= u["step_time_ns"]["max"]
+
+
+def _engine(capsys, *args):
+    assert main(list(args)) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "result=" in ln][-1]
+    return json.loads(line.split("result=", 1)[1])
+
+
+def test_engine_several_steps_without_nvtx(tmp_path, capsys):
+    """--steps 3: each decode step feeds its token to the next at the next position, as an
+    engine loop does (the first step is the one a single-step capture runs)."""
+    cfg = str(tiny(tmp_path))
+    base = ["--model", cfg, "--device", "cpu", "--batch", "2", "--context", "5",
+            "--untraced-steps", "0", "--warmup", "1"]
+    one = _engine(capsys, *base)
+    three = _engine(capsys, *base, "--steps", "3", "--no-nvtx")
+    assert three["range"] is None and three["captured_steps"] == 3
+    assert three["untraced"] is None
+    assert three["step_tokens"][0] == one["next_tokens"]
+    assert three["next_tokens"] == three["step_tokens"][2]
+    # the reference: the same model decoding token by token through its KV cache
+    spec = StepSpec(model=cfg, batch=2, context=5, steps=3)
+    m = LlamaStep(tiny(), layers=None, batch=2, max_slots=8, device="cpu", seed=0)
+    ids, pos, slots = m.decode_inputs(5, 0)
+    want = []
+    for i in range(3):
+        nxt = m.forward(ids, pos, slots, phase="decode", context=5)
+        want.append(nxt.tolist())
+        ids, pos, slots = nxt, pos + 1, slots + 1
+    assert spec.steps == 3 and three["step_tokens"] == want
+
+
+def test_engine_step_name_and_compiled_mode(tmp_path, capsys):
+    cfg = str(tiny(tmp_path))
+    base = ["--model", cfg, "--device", "cpu", "--batch", "2", "--context", "5",
+            "--layers", "1", "--untraced-steps", "2", "--warmup", "1"]
+    bare = _engine(capsys, *base, "--step-name", "step")
+    assert bare["range"] == "step"
+    compiled = _engine(capsys, *base, "--mode", "compiled")
+    assert compiled["spec"]["mode"] == "compiled" and compiled["triton_ops"] is False
+    assert compiled["next_tokens"] == bare["next_tokens"]
 
 
 def test_engine_main_unknown_model(capsys):

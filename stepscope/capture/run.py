@@ -26,7 +26,7 @@ from stepscope.capture.models import LLAMA_LIKE, Card, load_card
 from stepscope.errors import EnvironmentProblem, InputError
 
 ENGINES = ("vllm", "torch")
-MODES = ("eager", "graph", "both")
+MODES = ("eager", "graph", "compiled", "both")
 PHASES = ("decode", "prefill")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # the folder holding stepscope/
 ENGINE_TAG = "stepscope-engine:"
@@ -48,6 +48,15 @@ class TraceRequest:
     out: Path = Path("stepscope-out")
     json: bool = False
     warmup: int = 3
+    untraced_steps: int | None = None  # None: the engine's default (0: no untraced timing)
+    # torch engine only: the shape of the trace a foreign capture would have
+    steps: int = 1                # steps inside the capture range
+    step_name: str | None = None  # NVTX name of each step (None: stepscope's full name)
+    nvtx: bool = True             # False: no step range, only the capture range
+    ops: str | None = None        # light ops: auto | torch | triton
+    emit_nvtx: bool = False       # an aten:: NVTX range per op
+    # vLLM engine only: Inductor's triton.descriptive_names in graph mode
+    inductor_names: str | None = None
 
     @property
     def modes(self) -> list[str]:
@@ -71,6 +80,12 @@ class Capture:
         return self.base.with_name(self.base.name + ".sqlite")
 
     @property
+    def sidecar(self) -> Path:
+        from stepscope.ingest.sidecar import sidecar_path
+
+        return sidecar_path(self.sqlite)
+
+    @property
     def nsys_rep(self) -> Path:
         return self.base.with_name(self.base.name + ".nsys-rep")
 
@@ -84,6 +99,7 @@ class Capture:
             "sqlite": str(self.sqlite),
             "nsys_rep": str(self.nsys_rep),
             "engine_log": str(self.log),
+            "sidecar": str(self.sidecar) if self.sidecar.exists() else None,
             "command": self.command,
             "wall_s": round(self.wall_s, 3),
             "engine": self.engine_result,
@@ -137,6 +153,18 @@ def torch_engine_command(req: TraceRequest, mode: str, python: str = sys.executa
     ]
     if req.layers:
         args += ["--layers", str(req.layers)]
+    if req.untraced_steps is not None:
+        args += ["--untraced-steps", str(req.untraced_steps)]
+    if req.steps != 1:
+        args += ["--steps", str(req.steps)]
+    if req.step_name is not None:
+        args += ["--step-name", req.step_name]
+    if not req.nvtx:
+        args += ["--no-nvtx"]
+    if req.ops:
+        args += ["--ops", req.ops]
+    if req.emit_nvtx:
+        args += ["--emit-nvtx"]
     module = "stepscope.capture.engines.torch_engine"
     if req.tp > 1:
         return [python, "-m", "torch.distributed.run", "--standalone",
@@ -150,7 +178,9 @@ def engine_command(req: TraceRequest, engine: str, mode: str,
         return torch_engine_command(req, mode, python)
     return vllm_engine.command(req.model, phase=req.phase, batch=req.batch, context=req.context,
                                mode=mode, tp=req.tp, layers=req.layers, python=python,
-                               model_arg=model_arg(req.model))
+                               model_arg=model_arg(req.model),
+                               untraced_steps=req.untraced_steps,
+                               inductor_names=req.inductor_names)
 
 
 def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -165,7 +195,7 @@ def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str
         env["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     if engine == "vllm":
-        env.update(vllm_engine.ENV)
+        env.update(vllm_engine.env())
     return env
 
 
@@ -199,14 +229,28 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
     if req.phase not in PHASES:
         raise InputError(f"unknown phase {req.phase!r}: choose decode or prefill")
     if req.mode not in MODES:
-        raise InputError(f"unknown mode {req.mode!r}: choose eager, graph or both")
+        raise InputError(f"unknown mode {req.mode!r}: choose eager, graph, compiled or both")
     for name, v in (("batch", req.batch), ("context", req.context), ("tp", req.tp)):
         if v < 1:
             raise InputError(f"--{name} must be at least 1 (got {v})")
     if req.layers is not None and req.layers < 1:
         raise InputError(f"--layers must be at least 1 (got {req.layers})")
+    if req.steps < 1:
+        raise InputError(f"--steps must be at least 1 (got {req.steps})")
+    if req.untraced_steps is not None and req.untraced_steps < 0:
+        raise InputError(f"--untraced-steps must be 0 or more (got {req.untraced_steps})")
     card = load_card(req.model)
     engine = pick_engine(req.engine)
+    if engine == "vllm":
+        torch_only = [name for name, on in (
+            ("--mode compiled", req.mode == "compiled"), ("--steps", req.steps != 1),
+            ("--step-name", req.step_name is not None), ("--no-nvtx", not req.nvtx),
+            ("--ops", bool(req.ops)), ("--emit-nvtx", req.emit_nvtx)) if on]
+        if torch_only:
+            raise InputError(f"{', '.join(torch_only)}: torch engine only (--engine torch); "
+                             "vLLM's graph mode already runs torch.compile")
+    elif req.inductor_names:
+        raise InputError("--inductor-names applies to the vLLM engine's graph mode only")
     if engine == "vllm" and not vllm_available():
         raise EnvironmentProblem("--engine vllm needs vLLM, which is not installed here "
                                  "(pip install vllm), or use --engine torch")
@@ -248,6 +292,7 @@ PHASE_LABELS = {
     "start": "engine start",
     "build": "engine start (building the model)",
     "warmup": "warm-up",
+    "untraced": "timing the untraced step",
     "capture": "capture",
     "export": "export (nsys → .sqlite)",
     "analysis": "analysis",
@@ -330,6 +375,38 @@ def check_capture(cap: Capture) -> None:
                                  + (f" ({why})" if why else "") + f"; engine log: {cap.log}")
 
 
+def sidecar_doc(cap: Capture, req: TraceRequest, engine: str, card: Card) -> dict | None:
+    """The `.stepscope.json` sidecar of a capture (ingest/sidecar.py), from what the engine
+    reported; None when the engine measured no untraced steps."""
+    res = cap.engine_result or {}
+    untraced = res.get("untraced")
+    if not untraced:
+        return None
+    import platform
+
+    versions = {"python": platform.python_version(), "torch": res.get("torch")}
+    if engine == "vllm":
+        versions["vllm"] = res.get("vllm")
+    return {
+        "engine": engine,
+        "versions": versions,
+        "device": res.get("device"),
+        "shape": {"model": card.name, "phase": req.phase, "batch": req.batch,
+                  "context": req.context, "mode": cap.mode, "tp": req.tp,
+                  "layers": res.get("layers") or req.layers or card.num_hidden_layers},
+        "untraced": untraced,
+        "capture": {k: v for k, v in res.items() if k != "untraced"},
+    }
+
+
+def write_capture_sidecar(cap: Capture, req: TraceRequest, engine: str, card: Card) -> None:
+    from stepscope.ingest.sidecar import write_sidecar
+
+    doc = sidecar_doc(cap, req, engine, card)
+    if doc is not None:
+        write_sidecar(cap.sidecar, doc)
+
+
 def run_analysis(cap: Capture, as_json: bool, python: str = sys.executable) -> None:
     cmd = analyze_command(cap.sqlite, as_json, python)
     cp = subprocess.run(cmd, capture_output=True, text=True, env=engine_env("torch"))
@@ -362,8 +439,11 @@ def run_trace(req: TraceRequest, console=None) -> list[Capture]:
             def on_phase(phase: str, _s=status, _l=label) -> None:
                 _s.update(f"{_l}: {PHASE_LABELS.get(phase, phase)}")
 
+            if cap.sidecar.exists():
+                cap.sidecar.unlink()  # a sidecar never outlives the export it describes
             run_capture(cap, env, on_phase)
             check_capture(cap)
+            write_capture_sidecar(cap, req, engine, card)
             on_phase("analysis")
             run_analysis(cap, req.json)
         console.print(f"[green]captured[/] {label} in {cap.wall_s:.1f} s → {cap.sqlite}")

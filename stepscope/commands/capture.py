@@ -17,7 +17,8 @@ def trace(
                               help="bundled model card (see `stepscope models`) or a config.json"),
     engine: Optional[str] = typer.Option(None, "--engine",
                                          help="vllm or torch (default: vllm when installed)"),
-    mode: str = typer.Option("eager", "--mode", help="eager, graph or both"),
+    mode: str = typer.Option("eager", "--mode",
+                             help="eager, graph, both, or compiled (torch.compile; torch engine)"),
     phase: str = typer.Option("decode", "--phase", help="decode or prefill"),
     batch: int = typer.Option(1, "--batch", help="sequences in the step"),
     context: int = typer.Option(2048, "--context",
@@ -28,6 +29,23 @@ def trace(
     out: Path = typer.Option(Path("stepscope-out"), "--out", "-o",
                              help="folder for the .nsys-rep, .sqlite and engine log"),
     warmup: int = typer.Option(3, "--warmup", hidden=True),
+    untraced_steps: Optional[int] = typer.Option(
+        None, "--untraced-steps",
+        help="steps of the same shape timed outside the capture range, for the untraced "
+             "figures of the .stepscope.json sidecar (0: none; default: the engine's)"),
+    steps: int = typer.Option(1, "--steps", help="torch engine: steps inside the capture range"),
+    step_name: Optional[str] = typer.Option(
+        None, "--step-name", help="torch engine: NVTX name of each step (e.g. 'step')"),
+    no_nvtx: bool = typer.Option(False, "--no-nvtx",
+                                 help="torch engine: no NVTX step range (capture range only)"),
+    ops: Optional[str] = typer.Option(
+        None, "--ops", help="torch engine: light ops auto|torch|triton (torch: unfused ATen)"),
+    emit_nvtx: bool = typer.Option(False, "--emit-nvtx",
+                                   help="torch engine: PyTorch's emit_nvtx (aten:: ranges)"),
+    inductor_names: Optional[str] = typer.Option(
+        None, "--inductor-names",
+        help="vLLM graph mode: Inductor's triton.descriptive_names (original_aten|torch|"
+             "inductor_node)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Run one engine step under Nsight Systems and explain where its time goes."""
@@ -35,7 +53,9 @@ def trace(
 
     req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
                        context=context, tp=tp, layers=layers, out=out, json=as_json,
-                       warmup=warmup)
+                       warmup=warmup, untraced_steps=untraced_steps, steps=steps,
+                       step_name=step_name, nvtx=not no_nvtx, ops=ops, emit_nvtx=emit_nvtx,
+                       inductor_names=inductor_names)
     captures = run_trace(req)
     failed = [c for c in captures if c.analysis_rc not in (0, None)]
     comparison = _compare_modes(captures)

@@ -39,9 +39,23 @@ except Exception:  # pragma: no cover - depends on the machine
     HAS_TRITON = False
 
 
+# Set by the engine (`--ops`, and `--mode compiled`, which needs the plain torch ops for
+# Inductor to fuse): a module constant rather than the environment, because torch.compile
+# traces use_triton() and reading os.environ there would be a guard on every call.
+BACKEND: str | None = None
+
+
+def set_backend(name: str | None) -> None:
+    """Force `torch` or `triton` light ops for this process (None: the environment decides)."""
+    global BACKEND
+    if name not in (None, "auto", "torch", "triton"):
+        raise ValueError(f"unknown ops backend {name!r}: auto, torch or triton")
+    BACKEND = None if name == "auto" else name
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Whether the Triton kernel runs for tensor `t` (see module docstring)."""
-    mode = os.environ.get("STEPSCOPE_OPS", "auto").lower()
+    mode = BACKEND or os.environ.get("STEPSCOPE_OPS", "auto").lower()
     if mode == "torch" or not HAS_TRITON:
         return False
     if mode == "triton":

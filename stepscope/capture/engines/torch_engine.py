@@ -52,6 +52,12 @@ class StepSpec:
     warmup: int = 3
     seed: int = 0
     shard_from_full: bool = False  # tests: every TP width computes the same step
+    steps: int = 1  # steps inside the capture range (>1: token fed back, copied to the host)
+    step_name: str | None = None  # NVTX name of each captured step (None: step_range_name())
+    nvtx: bool = True  # False: no step range, only the capture range delimits
+    ops: str = "auto"  # light ops: auto (Triton on CUDA), torch (plain ATen ops) or triton
+    emit_nvtx: bool = False  # PyTorch's emit_nvtx: an aten:: range around every op
+    untraced_steps: int = 20  # steps timed outside the capture range (the sidecar)
 
     @property
     def tokens(self) -> int:
@@ -260,8 +266,48 @@ def _barrier(cpu_group) -> None:
         dist.barrier(group=cpu_group)  # gloo: no CUDA kernel lands in the capture
 
 
+def _events(on_cuda: bool):
+    return (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+        if on_cuda else (None, None)
+
+
+def time_untraced(one_step, n: int, on_cuda: bool) -> dict:
+    """Time `n` warm steps outside the capture range, one at a time from an idle GPU.
+
+    Per step: `host_ns`, the host's time to issue it (the call returns); `wall_ns`, until the
+    host has seen the GPU finish (a synchronize after the events); `step_time_ns`, the CUDA
+    events recorded just before and after the step: the GPU's own view of the step from its
+    start to the end of its last work, which is what the traced step_time_ns measures."""
+    from stepscope.ingest.sidecar import stats
+
+    host, wall, gpu = [], [], []
+    for _ in range(max(0, n)):
+        if on_cuda:
+            torch.cuda.synchronize()
+        e0, e1 = _events(on_cuda)
+        t0 = time.perf_counter_ns()
+        if e0 is not None:
+            e0.record()
+        one_step()
+        if e1 is not None:
+            e1.record()
+        t1 = time.perf_counter_ns()
+        if on_cuda:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter_ns()
+        host.append(t1 - t0)
+        wall.append(t2 - t0)
+        gpu.append(e0.elapsed_time(e1) * 1e6 if e0 is not None else t2 - t0)
+    return {"method": "CUDA events around each step (step_time_ns), host clock around the call "
+                      "(host_ns) and to the synchronize after it (wall_ns); GPU idle before "
+                      "each step; outside nsys's capture range",
+            "steps": len(gpu), "step_time_ns": stats(gpu), "host_ns": stats(host),
+            "wall_ns": stats(wall)}
+
+
 def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
-    """Build the model, warm up, run one profiled step. Returns a result dict (rank 0)."""
+    """Build the model, warm up, time untraced steps, run the profiled step(s). Returns a
+    result dict (rank 0)."""
     t0 = time.perf_counter()
     on_cuda = device.startswith("cuda")
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -270,6 +316,9 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
     if spec.tp != world:
         raise SystemExit(f"tp={spec.tp} but WORLD_SIZE={world}: launch tp>1 through "
                          "python -m torch.distributed.run --nproc-per-node <tp>")
+    # Inductor fuses plain ATen ops into its own Triton kernels; our named Triton kernels would
+    # stay opaque user kernels inside the compiled graph
+    ops.set_backend("torch" if spec.mode == "compiled" else spec.ops)
     group = cpu_group = None
     if on_cuda:
         torch.cuda.set_device(local_rank)
@@ -283,7 +332,9 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
     layers = spec.layers or card.num_hidden_layers
     say(f"phase=build model={card.name} layers={layers} tp={spec.tp} device={dev}", rank)
     torch.manual_seed(spec.seed)
-    max_slots = spec.context + 1 if spec.phase == "decode" else spec.context
+    n_steps = max(1, spec.steps)
+    # decode steps after the first feed their token back at the next position
+    max_slots = spec.context + n_steps if spec.phase == "decode" else spec.context
     model = LlamaStep(card, layers=layers, batch=spec.batch, max_slots=max_slots, tp=spec.tp,
                       rank=rank, group=group, device=dev, seed=spec.seed,
                       shard_from_full=spec.shard_from_full)
@@ -292,8 +343,12 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
     else:
         ids, pos, slots = model.prefill_inputs(spec.context, spec.seed)
 
-    def step():
+    def forward():
         return model.forward(ids, pos, slots, phase=spec.phase, context=spec.context)
+
+    step = forward
+    if spec.mode == "compiled":
+        step = torch.compile(forward)
 
     say(f"phase=warmup steps={spec.warmup}", rank)
     graph = None
@@ -314,32 +369,59 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
         for _ in range(max(1, spec.warmup)):
             graph.replay()
     else:
-        for _ in range(spec.warmup):
+        for _ in range(max(spec.warmup, 2 if spec.mode == "compiled" else 0)):
             out = step()
     if on_cuda:
         torch.cuda.synchronize()
     _barrier(cpu_group)
 
-    name = step_range_name(spec, card.name, layers)
-    say(f"phase=capture range={name!r}", rank)
+    def one_step():
+        nonlocal out
+        if graph is not None:
+            graph.replay()
+        else:
+            out = step()
+
+    untraced = None
+    if spec.untraced_steps > 0 and world == 1:
+        # the same step shape, warm, outside the capture range: the time users see
+        say(f"phase=untraced steps={spec.untraced_steps}", rank)
+        untraced = time_untraced(one_step, spec.untraced_steps, on_cuda)
+        _barrier(cpu_group)
+
+    name = step_range_name(spec, card.name, layers) if spec.step_name is None else spec.step_name
+    say(f"phase=capture range={name!r} steps={n_steps} nvtx={spec.nvtx}", rank)
+    nvtx_ctx = torch.autograd.profiler.emit_nvtx() if spec.emit_nvtx and on_cuda else None
+    if nvtx_ctx is not None:
+        nvtx_ctx.__enter__()
     if on_cuda:
         torch.cuda.profiler.start()
-    t_step = time.perf_counter()  # host wall of the step alone (nsys's start excluded)
+    t_step = time.perf_counter()  # host wall of the step(s) alone (nsys's start excluded)
+    tokens = []
+    for i in range(n_steps):
+        if i and spec.phase == "decode":
+            # what an engine loop does between decode steps: the sampled token becomes the next
+            # input at the next position (small device-side updates of the static inputs)
+            ids.copy_(out.reshape(-1)[: ids.numel()])
+            pos.add_(1)
+            slots.add_(1)
+        if on_cuda and spec.nvtx:
+            torch.cuda.nvtx.range_push(name)
+        one_step()
+        if on_cuda and spec.nvtx:
+            torch.cuda.nvtx.range_pop()
+        if n_steps > 1:
+            tokens.append(out.tolist())  # the sampled tokens go to the host: a sync per step
     if on_cuda:
-        torch.cuda.nvtx.range_push(name)
-    if graph is not None:
-        graph.replay()
-    else:
-        out = step()
-    if on_cuda:
-        torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
     step_wall = time.perf_counter() - t_step
     _barrier(cpu_group)  # every rank has finished before anyone stops the capture
     if on_cuda:
         torch.cuda.profiler.stop()
+    if nvtx_ctx is not None:
+        nvtx_ctx.__exit__(None, None, None)
     result = {
-        "range": name,
+        "range": name if spec.nvtx else None,
         "spec": asdict(spec),
         "model": card.name,
         "layers": layers,
@@ -347,8 +429,11 @@ def run(spec: StepSpec, card: Card, device: str = "cuda") -> dict:
         "torch": torch.__version__,
         "triton_ops": ops.use_triton(ids.new_empty(0, dtype=torch.bfloat16)),
         "step_wall_s": round(step_wall, 6),
+        "captured_steps": n_steps,
+        "step_tokens": tokens or None,
         "total_wall_s": round(time.perf_counter() - t0, 3),
         "next_tokens": out.tolist()[:8] if out is not None else None,
+        "untraced": untraced,
     }
     say("result=" + json.dumps(result), rank)
     if world > 1:
@@ -374,10 +459,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[StepSpec, str, str]:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (tests only)")
     p.add_argument("--shard-from-full", action="store_true",
                    help="slice each rank's weights from one full model (tests)")
+    p.add_argument("--steps", type=int, default=1,
+                   help="steps inside the capture range (each feeds its token to the next)")
+    p.add_argument("--step-name", default=None,
+                   help="NVTX name of each captured step (default: stepscope's name, which "
+                        "records phase, batch, ...; e.g. 'step' for a name without them)")
+    p.add_argument("--no-nvtx", action="store_true",
+                   help="no NVTX step range: only the capture range marks the step(s)")
+    p.add_argument("--ops", choices=["auto", "torch", "triton"], default="auto",
+                   help="light ops: auto (named Triton kernels on CUDA), torch (plain ATen "
+                        "ops, as an unfused PyTorch model runs them)")
+    p.add_argument("--emit-nvtx", action="store_true",
+                   help="torch.autograd.profiler.emit_nvtx: an aten:: NVTX range per op")
     a = p.parse_args(argv)
+    if a.steps < 1 or a.untraced_steps < 0:
+        p.error("--steps must be at least 1 and --untraced-steps at least 0")
     spec = StepSpec(model=a.model, phase=a.phase, batch=a.batch, context=a.context,
                     mode=a.mode, tp=a.tp, layers=a.layers, warmup=a.warmup, seed=a.seed,
-                    shard_from_full=a.shard_from_full)
+                    shard_from_full=a.shard_from_full, steps=a.steps, step_name=a.step_name,
+                    nvtx=not a.no_nvtx, ops=a.ops, emit_nvtx=a.emit_nvtx,
+                    untraced_steps=a.untraced_steps)
     return spec, a.model, a.device
 
 

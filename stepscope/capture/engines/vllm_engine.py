@@ -17,6 +17,15 @@ needs it), so the command and configuration building is testable anywhere.
 - Steps are delimited by vLLM's own NVTX ranges (`VLLM_NVTX_SCOPES_FOR_PROFILING=1`) and by the
   capture range; workers are spawned (`VLLM_WORKER_MULTIPROC_METHOD=spawn`) and nsys follows
   them with `--trace-fork-before-exec=true`.
+- Untraced timing: before the capture, the same step shape runs again with a timer inside the
+  worker (`vllm_timer.StepTimer`, vLLM's `worker_extension_cls` hook) and with the frontend's
+  wall clock around whole generate() calls; the figures go into the result (and from there
+  into the `.stepscope.json` sidecar `stepscope trace` writes).
+- Configuration that does not depend on the step's shape (max_num_seqs, the token budget,
+  max_model_len, the CUDA-graph sizes) is the same for every batch of a model and context, so
+  vLLM's torch.compile cache is shared by the graph captures of one model. Graphs are captured
+  for a few sizes only (1, 2, 4, 8 and the batch), not vLLM's default 67: capture is then
+  seconds, and a step of one of those sizes replays the same graph as with the default list.
 """
 
 from __future__ import annotations
@@ -33,18 +42,36 @@ from typing import Any
 ENGINE_TAG = "stepscope-engine:"
 MODULE = "stepscope.capture.engines.vllm_engine"
 DECODE_DELAY = 4  # decode steps after the prefill before the captured one
+DECODE_UNTRACED = 48  # decode steps timed outside the capture range
 
 # Environment of the vLLM process (set by the orchestrator, and here for direct runs).
 ENV = {
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     "VLLM_NVTX_SCOPES_FOR_PROFILING": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
+    # the model is a config.json with dummy weights: nothing to fetch, nothing to report
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
 }
+
+
+def env() -> dict[str, str]:
+    """ENV, plus `VLLM_USE_FLASHINFER_SAMPLER=0` when flashinfer is not importable: vLLM's
+    top-k/top-p sampler imports it otherwise, and greedy sampling needs none of it."""
+    import importlib.util
+
+    out = dict(ENV)
+    if importlib.util.find_spec("flashinfer") is None:
+        out["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return out
 
 
 def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
             layers: int | None, python: str = sys.executable,
-            model_arg: str | None = None) -> list[str]:
+            model_arg: str | None = None, untraced_steps: int | None = None,
+            inductor_names: str | None = None) -> list[str]:
     """`python -m stepscope.capture.engines.vllm_engine ...` (vLLM starts its own workers)."""
     cmd = [python, "-m", MODULE,
            "--model", model_arg or model,
@@ -55,6 +82,10 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
            "--tp", str(tp)]
     if layers:
         cmd += ["--layers", str(layers)]
+    if untraced_steps is not None:
+        cmd += ["--untraced-steps", str(untraced_steps)]
+    if inductor_names:
+        cmd += ["--inductor-names", inductor_names]
     return cmd
 
 
@@ -72,11 +103,18 @@ def max_tokens(phase: str) -> int:
     return 1 if phase == "prefill" else DECODE_DELAY + 3
 
 
+def graph_sizes(batch: int) -> list[int]:
+    """CUDA-graph capture sizes: a few small ones and the batch (see module docstring)."""
+    return sorted({1, 2, 4, 8, int(batch)})
+
+
 def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
-               profiler_config: Any | None = None) -> dict[str, Any]:
+               profiler_config: Any | None = None, timer: bool = False,
+               inductor_names: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM`."""
     plen = prompt_len(phase, context)
-    max_len = plen + max_tokens(phase) + 16
+    # room for the prompt, the generated tokens and the untraced decode run, whatever the phase
+    max_len = context + DECODE_UNTRACED + 64
     kw: dict[str, Any] = {
         "model": model_dir,
         "load_format": "dummy",
@@ -85,13 +123,22 @@ def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: st
         "enforce_eager": mode == "eager",
         "tensor_parallel_size": tp,
         "max_model_len": max_len,
-        "max_num_seqs": max(batch, 1),
-        # the whole batch's prefill in one step
-        "max_num_batched_tokens": max(batch * plen, max_len, 2048),
+        "max_num_seqs": max(batch, 8),
+        # the whole batch's prefill in one step, for any batch up to 8 (one configuration)
+        "max_num_batched_tokens": max(batch * plen, 8 * max_len, 8192),
         "enable_prefix_caching": False,
         "gpu_memory_utilization": 0.85,
         "seed": 0,
     }
+    if mode != "eager":
+        comp: dict[str, Any] = {"cudagraph_capture_sizes": graph_sizes(max(batch, 8))}
+        if inductor_names:
+            comp["inductor_compile_config"] = {"triton.descriptive_names": inductor_names}
+        kw["compilation_config"] = comp
+    if timer:
+        from stepscope.capture.engines.vllm_timer import QUALNAME
+
+        kw["worker_extension_cls"] = QUALNAME
     if profiler_config is not None:
         kw["profiler_config"] = profiler_config
     return kw
@@ -138,12 +185,82 @@ def _profiler_config(phase: str):
     return ProfilerConfig(profiler="cuda", delay_iterations=delay, max_iterations=max_iters)
 
 
+def summarize_untraced(records: list[dict], phase: str, batch: int, plen: int,
+                       per_token_wall_ns: float | None = None) -> dict:
+    """The sidecar's `untraced` section from the worker timer's records.
+
+    Steps of the captured shape only: decode steps (`batch` requests, one token each) or the
+    prefill steps (`batch × plen` tokens). step_time_ns is the execute_model call's CUDA-event
+    span (what the traced step, vLLM's `execute_context` range, covers); period_ns the time
+    from one execute_model to the next (the engine's step rate: TPOT in decode)."""
+    from stepscope.ingest.sidecar import stats
+
+    want = batch if phase == "decode" else batch * plen
+    execs = [r for r in records if r.get("call") == "execute_model"]
+    mine = [r for r in execs if r.get("tokens") == want]
+    if phase == "decode":
+        mine = mine[2:]  # the first decode steps after a prefill are not yet steady
+    period = [b["t0_ns"] - a["t0_ns"] for a, b in zip(execs, execs[1:])
+              if a.get("tokens") == want and b.get("tokens") == want]
+    sample_after = {id(a): b for a, b in zip(records, records[1:])
+                    if a.get("call") == "execute_model" and b.get("call") == "sample_tokens"}
+    samples = [sample_after[id(r)] for r in mine if id(r) in sample_after]
+    out = {
+        "method": "timer in vLLM's worker (worker_extension_cls): CUDA events at entry and exit "
+                  "of execute_model (step_time_ns) and sample_tokens, host clock around each "
+                  "call; outside nsys's capture range, same step shape",
+        "steps": len(mine),
+        "step_time_ns": stats(r["gpu_ns"] for r in mine),
+        "host_ns": stats(r["t1_ns"] - r["t0_ns"] for r in mine),
+        "engine_step_gpu_ns": stats(r["step_gpu_ns"] for r in mine if "step_gpu_ns" in r),
+        "sample_gpu_ns": stats(r["gpu_ns"] for r in samples),
+        "sample_host_ns": stats(r["t1_ns"] - r["t0_ns"] for r in samples),
+        "period_ns": stats(period[2:] if phase == "decode" else period),
+    }
+    if per_token_wall_ns is not None:
+        out["per_token_wall_ns"] = int(round(per_token_wall_ns))
+    return out
+
+
+def measure_untraced(llm, SamplingParams, *, phase: str, batch: int, plen: int, vocab: int,
+                     steps: int) -> dict | None:
+    """Time the step shape outside the capture range (see summarize_untraced)."""
+    if steps <= 0:
+        return None
+    llm.collective_rpc("stepscope_timer_start")
+    per_token = None
+    try:
+        if phase == "decode":
+            n = max(4, steps)
+            prompts = token_prompts(batch, plen, vocab, seed=3)
+
+            def gen(k):
+                p = SamplingParams(max_tokens=k, ignore_eos=True, temperature=0.0,
+                                   detokenize=False)
+                t = time.perf_counter_ns()
+                llm.generate(prompts, p, use_tqdm=False)
+                return time.perf_counter_ns() - t
+
+            long_ns = gen(n + 2)
+            short_ns = gen(2)
+            # the frontend's view: n more decode steps cost this much wall time each
+            per_token = (long_ns - short_ns) / n
+        else:
+            p = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0, detokenize=False)
+            for i in range(max(3, min(steps, 8))):
+                llm.generate(token_prompts(batch, plen, vocab, seed=10 + i), p, use_tqdm=False)
+    finally:
+        records = llm.collective_rpc("stepscope_timer_stop")[0]
+    return summarize_untraced(records, phase, batch, plen, per_token)
+
+
 def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
-        layers: int | None) -> dict:
+        layers: int | None, untraced_steps: int = DECODE_UNTRACED,
+        inductor_names: str | None = None) -> dict:
     from stepscope.capture.models import load_card
 
     card = load_card(model)
-    for k, v in ENV.items():
+    for k, v in env().items():
         os.environ.setdefault(k, v)
     pconf = _profiler_config(phase)
     if pconf is None:
@@ -156,8 +273,11 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
     with tempfile.TemporaryDirectory(prefix="stepscope-vllm-") as tmp:
         model_dir = write_model_dir(card.to_config(layers), tmp)
         say(f"phase=build model_dir={model_dir}")
+        timer = untraced_steps > 0
         llm = LLM(**llm_kwargs(str(model_dir), phase=phase, batch=batch, context=context,
-                               mode=mode, tp=tp, profiler_config=pconf))
+                               mode=mode, tp=tp, profiler_config=pconf, timer=timer,
+                               inductor_names=inductor_names))
+        init_s = time.perf_counter() - t0
         plen = prompt_len(phase, context)
         prompts = token_prompts(batch, plen, card.vocab_size)
         params = SamplingParams(max_tokens=max_tokens(phase), ignore_eos=True, temperature=0.0,
@@ -166,7 +286,17 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         llm.generate(prompts, params, use_tqdm=False)
         llm.generate(token_prompts(batch, plen, card.vocab_size, seed=1), params,
                      use_tqdm=False)
+        untraced = None
+        if timer:
+            say(f"phase=untraced steps={untraced_steps}")
+            try:
+                untraced = measure_untraced(llm, SamplingParams, phase=phase, batch=batch,
+                                            plen=plen, vocab=card.vocab_size,
+                                            steps=untraced_steps)
+            except Exception as e:  # the capture matters more than its untraced twin
+                say(f"warning=untraced timing failed: {type(e).__name__}: {e}")
         say("phase=capture range='vLLM step (profiler hooks)'")
+        t_cap = time.perf_counter()
         llm.start_profile()
         outs = llm.generate(token_prompts(batch, plen, card.vocab_size, seed=2), params,
                             use_tqdm=False)
@@ -174,32 +304,67 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         result = {
             "engine": "vllm",
             "vllm": vllm.__version__,
+            "torch": _torch_version(),
             "model": card.name,
             "phase": phase, "batch": batch, "context": context, "mode": mode, "tp": tp,
             "layers": layers or card.num_hidden_layers,
             "prompt_len": plen,
             "profiler": "profiler_config" if pconf is not None else "VLLM_TORCH_CUDA_PROFILE",
+            "graph_sizes": graph_sizes(max(batch, 8)) if mode != "eager" else None,
+            "inductor_names": inductor_names,
             "next_tokens": [list(o.outputs[0].token_ids)[:4] for o in outs][:8],
+            "init_s": round(init_s, 3),
+            "capture_generate_s": round(time.perf_counter() - t_cap, 3),
             "total_wall_s": round(time.perf_counter() - t0, 3),
+            "untraced": untraced,
         }
         say("result=" + json.dumps(result))
         del llm
     return result
 
 
+def _torch_version() -> str | None:
+    try:
+        import torch
+
+        return torch.__version__
+    except Exception:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from stepscope.capture.engines.args import add_step_args
 
     p = add_step_args(argparse.ArgumentParser(prog=f"python -m {MODULE}"))
+    p.add_argument("--inductor-names", default=None,
+                   choices=["original_aten", "torch", "inductor_node"],
+                   help="graph mode: Inductor's triton.descriptive_names (kernel names that say "
+                        "which ops a fused Triton kernel holds); default: vLLM's own setting")
+    p.set_defaults(untraced_steps=DECODE_UNTRACED)
     a = p.parse_args(argv)
+    if a.mode == "compiled":
+        p.error("--mode compiled is the torch engine's; vLLM's graph mode compiles already")
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         print(f"{ENGINE_TAG} error=vLLM is not installed (pip install vllm)", file=sys.stderr,
               flush=True)
         return 2
-    run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode, tp=a.tp,
-        layers=a.layers)
+    try:
+        run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode, tp=a.tp,
+            layers=a.layers, untraced_steps=a.untraced_steps, inductor_names=a.inductor_names)
+    except Exception as e:
+        # one line the orchestrator can quote (out of memory, unsupported card, ...); the
+        # traceback above it stays in the engine log
+        import traceback
+
+        traceback.print_exc()
+        msg = " ".join(f"{type(e).__name__}: {e}".split())[:400]
+        print(f"{ENGINE_TAG} error=vLLM failed: {msg}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)  # vLLM's engine-core process and atexit hooks can hang a failed exit
+    sys.stdout.flush()
+    sys.stderr.flush()
     return 0
 
 
