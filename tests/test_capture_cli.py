@@ -264,3 +264,35 @@ def test_trace_without_sqlite(fake_machine):
     line = one_error_line(cli("trace", "--engine", "torch", "--model", "llama-3.2-1b",
                               "--out", str(tmp / "o"), env={**env, "FAKE_NO_SQLITE": "1"}))
     assert "nsys wrote no llama-3.2-1b_decode_b1_eager.sqlite" in line and "engine log" in line
+
+
+def test_doctor_vllm_check(monkeypatch):
+    """doctor names vLLM's version, the torch it pins against the one installed, the packages
+    it requires that are missing, and what the engine does about flashinfer."""
+    import importlib.metadata as md
+    import importlib.util
+
+    from stepscope.capture import doctor
+
+    assert doctor.parse_requirement("torch==2.11.0") == ("torch", "==2.11.0", True)
+    assert doctor.parse_requirement("fastapi[standard]>=0.115.0") == ("fastapi", ">=0.115.0", True)
+    assert doctor.parse_requirement("pytest; extra == 'test'")[2] is False
+    versions = {"vllm": "0.26.0", "torch": "2.13.0+cpu", "pydantic": "2.14.4"}
+    reqs = ["torch==2.11.0", "pydantic>=2.12", "msgspec", "pytest; extra == 'test'"]
+
+    def version(name):
+        if name not in versions:
+            raise md.PackageNotFoundError(name)
+        return versions[name]
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setattr(md, "requires", lambda name: reqs if name == "vllm" else [])
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: object() if n == "vllm" else (None if n in ("flashinfer", "nvtx") else real(n, *a)))
+    v = doctor.check_vllm()
+    assert v["version"] == "0.26.0" and v["torch_required"] == "==2.11.0"
+    assert v["missing"] == ["msgspec"]
+    assert v["mismatched"] == ["torch 2.13.0+cpu (vLLM 0.26.0 needs torch==2.11.0)"]
+    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in v["notes"][0] and "nvtx" in v["notes"][1]
+    assert "missing packages vLLM requires: msgspec" in v["problem"]

@@ -48,10 +48,13 @@ def frame(rows: list[dict]) -> pl.DataFrame:
     df = pl.DataFrame(data, schema=SCHEMA)
     for k in extras:
         vals = [r.get(k) for r in rows]
-        try:
-            df = df.with_columns(pl.Series(k, vals, dtype=pl.Float64, strict=False))
-        except Exception:
-            df = df.with_columns(pl.Series(k, [None if v is None else str(v) for v in vals]))
+        # numbers stay numbers; anything else is text (a non-strict float cast would turn
+        # text such as an engine name into null)
+        if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in vals):
+            df = df.with_columns(pl.Series(k, vals, dtype=pl.Float64))
+        else:
+            df = df.with_columns(pl.Series(k, [None if v is None else str(v) for v in vals],
+                                           dtype=pl.String))
     return df
 
 

@@ -117,11 +117,88 @@ def _pkg(name: str) -> dict[str, Any]:
         return {"installed": True, "version": None}
 
 
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)(?:;(.*))?$")
+
+
+def parse_requirement(req: str) -> tuple[str, str, bool] | None:
+    """'torch==2.11.0' -> ('torch', '==2.11.0', True); the bool says whether the requirement
+    applies unconditionally (no `extra == ...` marker; other markers are taken as met)."""
+    m = _REQ.match(req)
+    if not m:
+        return None
+    name, spec, marker = m.group(1), (m.group(2) or "").strip().strip("()").strip(), m.group(3)
+    return name, spec, not (marker and "extra" in marker)
+
+
+def _satisfied(version: str | None, spec: str) -> bool | None:
+    if not spec:
+        return True
+    if version is None:
+        return None
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        return Version(version.split("+")[0]) in SpecifierSet(spec)
+    except Exception:  # no packaging, or an odd version string: cannot tell
+        return None
+
+
+def check_vllm() -> dict[str, Any]:
+    """vLLM's version, whether the torch it pins is the one installed, which of its required
+    packages are missing, and what stepscope's vLLM engine will set for it."""
+    info: dict[str, Any] = _pkg("vllm")
+    if not info["installed"]:
+        info["problem"] = "not installed (pip install vllm; --engine torch works without it)"
+        return info
+    missing, wrong = [], []
+    try:
+        reqs = importlib.metadata.requires("vllm") or []
+    except importlib.metadata.PackageNotFoundError:
+        reqs = []
+    for r in reqs:
+        parsed = parse_requirement(r)
+        if parsed is None or not parsed[2]:
+            continue
+        name, spec, _ = parsed
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if name.lower() in ("torch", "torchvision", "torchaudio", "triton"):
+            if spec:
+                info[f"{name.lower()}_required"] = spec
+            if _satisfied(have, spec) is False:
+                wrong.append(f"{name} {have} (vLLM {info['version']} needs {name}{spec})")
+    info["missing"] = missing
+    info["mismatched"] = wrong
+    info["flashinfer"] = importlib.util.find_spec("flashinfer") is not None
+    info["nvtx"] = importlib.util.find_spec("nvtx") is not None
+    notes = []
+    if not info["flashinfer"]:
+        notes.append("flashinfer absent: the engine sets VLLM_USE_FLASHINFER_SAMPLER=0 "
+                     "(greedy sampling needs none of it)")
+    if not info["nvtx"]:
+        notes.append("the nvtx package is absent: vLLM's own NVTX ranges (schedule, "
+                     "get_output) will be missing from traces (pip install nvtx)")
+    info["notes"] = notes
+    problems = []
+    if wrong:
+        problems.append("; ".join(wrong))
+    if missing:
+        problems.append(f"missing packages vLLM requires: {', '.join(sorted(missing)[:12])}"
+                        + (" …" if len(missing) > 12 else ""))
+    if problems:
+        info["problem"] = "; ".join(problems)
+    return info
+
+
 def diagnose() -> dict[str, Any]:
     nsys = check_nsys()
     gpus = check_gpus()
     torch_ = check_torch()
-    vllm = _pkg("vllm")
+    vllm = check_vllm()
     triton = _pkg("triton")
     n_gpus = max(gpus["count"], torch_.get("device_count", 0))
     problems = []
@@ -132,8 +209,10 @@ def diagnose() -> dict[str, Any]:
         problems.append(nsys.get("problem", "nsys unusable")
                         + (f"; fix: {nsys['fix']}" if nsys.get("fix") else ""))
     engines = []
-    if vllm["installed"]:
+    if vllm["installed"] and not vllm.get("mismatched"):
         engines.append("vllm")
+    if vllm["installed"] and vllm.get("problem"):
+        problems.append(f"vLLM {vllm['version']}: {vllm['problem']}")
     if torch_.get("cuda_available"):
         engines.append("torch")
     elif n_gpus:
@@ -192,9 +271,15 @@ def render(d: dict[str, Any], console) -> None:
               f"triton {tr['version']}" if tr["installed"] else
               "not installed (torch engine uses plain torch ops)")
     v = d["vllm"]
-    t.add_row("vLLM", mark(v["installed"] or None),
-              f"vllm {v['version']}" if v["installed"] else
-              "not installed (--engine torch works without it)")
+    if v["installed"]:
+        det = f"vllm {v['version']}"
+        if v.get("torch_required"):
+            det += f" (pins torch{v['torch_required']})"
+        for extra in ([v["problem"]] if v.get("problem") else []) + v.get("notes", []):
+            det += f"; {extra}"
+    else:
+        det = "not installed (--engine torch works without it)"
+    t.add_row("vLLM", mark((not v.get("problem")) if v["installed"] else None), det)
     console.print(t)
     style = "green" if d["can_capture"] else "red"
     console.print(f"[{style}]{d['verdict']}[/]")

@@ -129,9 +129,27 @@ def run_cmd(
     timeout: float = typer.Option(300.0, help="seconds per sentinel process"),
     deadline: Optional[float] = typer.Option(None, help="seconds for the whole sweep; later cells are skipped"),
     print_commands: bool = typer.Option(False, help="print the ncu command lines and exit"),
+    engine: Optional[str] = typer.Option(
+        None, "--engine", help="vllm or torch: measure every kernel of that engine's real step "
+        "(launch order) instead of the sentinel sweep"),
+    phase: str = typer.Option("decode", "--phase", help="--engine: decode or prefill"),
+    batch: int = typer.Option(1, "--batch", help="--engine: sequences in the step"),
+    context: int = typer.Option(2048, "--context", help="--engine: cached tokens / prompt length"),
+    mode: str = typer.Option("eager", "--mode", help="--engine: eager or graph"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="--engine: run fewer layers"),
+    cache_control: str = typer.Option("none", "--cache-control",
+                                      help="--engine: ncu's L2 policy between kernels: none "
+                                      "(the step's own L2 state) or all (flush: cold L2)"),
 ) -> None:
-    """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv."""
+    """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
+    with --engine, every kernel of one real engine step."""
     from stepscope.bytes import sweep as sw
+
+    if engine is not None:
+        _guard(lambda: _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode,
+                                 layers, out, ncu, timeout if timeout != 300.0 else 540.0,
+                                 cache_control, print_commands))
+        return
 
     def body():
         s = sw.load_sweep(sweep)
@@ -161,6 +179,46 @@ def run_cmd(
             raise typer.Exit(1)
 
     _guard(body)
+
+
+def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,
+              cache_control, print_commands) -> None:
+    from stepscope.bytes import stepcells
+    from stepscope.capture.models import load_card
+    from stepscope.errors import InputError
+
+    if phase not in ("decode", "prefill"):
+        raise InputError(f"--phase {phase!r}: decode or prefill")
+    if cache_control not in ("none", "all"):
+        raise InputError(f"--cache-control {cache_control!r}: none or all")
+    for name, v in (("batch", batch), ("context", context)):
+        if v < 1:
+            raise InputError(f"--{name} must be at least 1 (got {v})")
+    card = load_card(model)
+    if print_commands:
+        app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
+                                       mode=mode, layers=layers)
+        typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control)))
+        return
+    from rich.console import Console
+
+    from stepscope.bytes.cells import frame, write_cells
+
+    con = Console(stderr=True)
+    label = f"{card.name} {phase} b={batch} {mode} ({engine}) under ncu"
+    with con.status(f"{label}: starting the engine") as status:
+        def progress(n: int, s: float) -> None:
+            status.update(f"{label}: {n} kernels profiled, {s:.0f} s")
+
+        res = stepcells.run_step_cells(engine, model, phase=phase, batch=batch, context=context,
+                                       mode=mode, layers=layers, out=out, ncu=ncu,
+                                       timeout_s=timeout, cache_control=cache_control,
+                                       on_progress=progress)
+    paths = write_cells(frame(res.rows), out / "cells")
+    passes = ", ".join(f"{n} kernel(s) in {p} pass(es)" for p, n in sorted(res.passes.items()))
+    typer.echo(f"{len(res.rows)} kernels of one {phase} step measured on {res.gpu or 'unknown GPU'} "
+               f"(ncu {res.ncu_version}) in {res.seconds:.0f} s"
+               + (f" ({passes})" if passes else "") + f" -> {', '.join(map(str, paths))}")
 
 
 # `stepscope budget` lives in its own module; importing it here registers it on `app`

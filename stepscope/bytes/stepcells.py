@@ -1,0 +1,217 @@
+"""Cells from the real step: every kernel of one engine step measured under ncu, in launch order.
+
+The sentinel sweep (sweep.py) measures the torch engine's ops at many shapes; a real vLLM step
+launches other kernels (FA3's `device_kernel`, `prepare_varlen_num_blocks_kernel`, vLLM's own
+Triton input preparation, a differently dispatched LM head). This runs the engine itself, the
+same step `stepscope trace` captures (same arguments, its own cudaProfilerStart/Stop range
+around exactly that step), under
+
+    ncu --target-processes all --profile-from-start off --clock-control none
+        --cache-control none --replay-mode kernel --metrics <the sweep's> --csv --page raw
+        --print-units base  python -m stepscope.capture.engines.<engine> ...
+
+and keeps one cells row per profiled launch, numbered in launch order (`launch`), so that
+`stepscope budget` can join the n-th kernel of the nsys step to the n-th profiled kernel
+(budget.py, the `order` join), checked by name.
+
+Why these settings: `--clock-control none` leaves the GPU's clocks as the engine runs them
+(ncu would lock them to base); `--cache-control none` does not flush L2 before each kernel,
+so a kernel finds what the one before it left in L2, as it does in the real step (activations
+written by a norm are read from L2 by the next GEMM; a cold L2 would charge them to DRAM
+again). With the four default metrics every kernel takes one pass, so kernel replay never
+re-runs a kernel whose L2 state ncu has just disturbed (the log says how many passes each
+took). vLLM runs in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the engine core, whose
+worker opens the profiler range, is then the process ncu follows from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepscope.bytes import ncu as ncu_csv
+from stepscope.errors import EnvironmentProblem, InputError
+
+SWEEP_PREFIX = "step:"  # the `sweep` of step cells: step:<engine>:<model>:<phase>:b<batch>:<mode>
+ENGINES = ("vllm", "torch")
+_PROFILING = re.compile(r"==PROF== Profiling \"(?P<name>[^\"]*)\".*?(?P<passes>\d+) pass")
+
+
+@dataclass
+class StepCellsRun:
+    rows: list[dict]
+    command: list[str]
+    raw_path: Path
+    log_path: Path
+    seconds: float
+    returncode: int | None
+    ncu_version: str
+    passes: dict[int, int] = field(default_factory=dict)  # passes -> kernels that took them
+    gpu: str | None = None
+
+
+def sweep_name(engine: str, model: str, phase: str, batch: int, mode: str) -> str:
+    return f"{SWEEP_PREFIX}{engine}:{model}:{phase}:b{batch}:{mode}"
+
+
+def is_step_cells(cells) -> bool:
+    """Whether a cells table holds one step's launches in order (made by this module)."""
+    if "sweep" not in cells.columns or cells.height == 0:
+        return False
+    sweeps = cells["sweep"].drop_nulls().unique().to_list()
+    return len(sweeps) == 1 and str(sweeps[0]).startswith(SWEEP_PREFIX)
+
+
+def engine_command(engine: str, model: str, *, phase: str, batch: int, context: int,
+                   mode: str, layers: int | None, python: str = sys.executable) -> list[str]:
+    """The engine's own command line for the step (no untraced timing: only the step runs
+    inside the profiler range, and ncu would slow the timing anyway)."""
+    if engine == "vllm":
+        from stepscope.capture.engines import vllm_engine
+
+        return vllm_engine.command(model, phase=phase, batch=batch, context=context, mode=mode,
+                                   tp=1, layers=layers, python=python, untraced_steps=0)
+    if engine == "torch":
+        cmd = [python, "-m", "stepscope.capture.engines.torch_engine", "--model", model,
+               "--phase", phase, "--batch", str(batch), "--context", str(context),
+               "--mode", mode, "--tp", "1", "--warmup", "3", "--untraced-steps", "0"]
+        return cmd + (["--layers", str(layers)] if layers else [])
+    raise InputError(f"unknown engine {engine!r}: choose vllm or torch")
+
+
+# the GPU's name rides along as a device attribute (no extra pass)
+STEP_METRICS = (*ncu_csv.DEFAULT_METRICS, "device__attribute_display_name")
+
+
+def ncu_command(ncu: str, app: list[str], *, metrics: tuple[str, ...] = STEP_METRICS,
+                clock_control: str = "none", cache_control: str = "none",
+                replay_mode: str = "kernel") -> list[str]:
+    return [ncu, "--target-processes", "all", "--profile-from-start", "off",
+            "--clock-control", clock_control, "--cache-control", cache_control,
+            "--replay-mode", replay_mode, "--metrics", ",".join(metrics),
+            "--csv", "--page", "raw", "--print-units", "base", *app]
+
+
+def engine_env(engine: str) -> dict[str, str]:
+    from stepscope.capture.run import engine_env as capture_env
+
+    env = capture_env(engine)
+    if engine == "vllm":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("CUBLASLT_LOG_LEVEL", "0")
+    return env
+
+
+def step_rows(launches: list[dict], *, engine: str, model: str, phase: str, batch: int,
+              context: int, mode: str, gpu: str | None, ncu_version: str,
+              cache_control: str, clock_control: str) -> list[dict]:
+    """Cells rows of one profiled step: launches in launch order (ncu's ID, per process)."""
+    ordered = sorted(launches, key=lambda d: (d.get("pid") or 0, d.get("id") or 0))
+    tokens = batch if phase == "decode" else batch * context
+    rows = []
+    for i, d in enumerate(ordered):
+        r = ncu_csv.launch_record(d)
+        name = r.pop("device__attribute_display_name", None)
+        r.update({
+            "gpu": gpu or (name if isinstance(name, str) else None), "model": model,
+            "sweep": sweep_name(engine, model, phase, batch, mode), "cell": f"step#{i}",
+            "op": None, "proj": None, "tokens": tokens, "batch": batch, "context": context,
+            "launch": i, "matched": True, "cell_min_bytes": None, "error": None,
+            "clock_control": clock_control, "ncu_version": ncu_version, "source": "step",
+            "engine": engine, "phase": phase, "mode": mode, "cache_control": cache_control,
+        })
+        rows.append(r)
+    return rows
+
+
+def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: int,
+                   mode: str, layers: int | None, out: Path, ncu: str | None = None,
+                   timeout_s: float = 540.0, cache_control: str = "none",
+                   clock_control: str = "none", on_progress=None) -> StepCellsRun:
+    """Profile one engine step under ncu; write OUT/ncu_raw.csv and OUT/ncu.log."""
+    from stepscope.bytes.sweep import find_ncu, ncu_version
+
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r}: choose vllm or torch")
+    if engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise EnvironmentProblem("--engine vllm needs vLLM, which is not installed here "
+                                     "(pip install vllm), or use --engine torch")
+    if mode not in ("eager", "graph"):
+        raise InputError(f"--mode {mode!r}: step cells are measured in eager or graph mode")
+    ncu_path = find_ncu(ncu)
+    ver = ncu_version(ncu_path)
+    out.mkdir(parents=True, exist_ok=True)
+    raw_path, log_path = out / "ncu_raw.csv", out / "ncu.log"
+    app = engine_command(engine, model, phase=phase, batch=batch, context=context, mode=mode,
+                         layers=layers)
+    cmd = ncu_command(ncu_path, app, cache_control=cache_control, clock_control=clock_control)
+    t0 = time.perf_counter()
+    passes: dict[int, int] = {}
+    profiled = 0
+    rc = None
+    with open(raw_path, "w") as raw, open(log_path, "w") as log:
+        log.write("# " + " ".join(cmd) + "\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=engine_env(engine), text=True,
+                                    errors="replace", start_new_session=True)
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot start {cmd[0]}: {e}") from None
+        assert proc.stdout is not None
+        import signal
+        import threading
+
+        def stop() -> None:  # a hung engine must not hold the device call
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+        watchdog = threading.Timer(timeout_s, stop)
+        watchdog.start()
+        for line in proc.stdout:  # ncu's log lines, the engine's output, then the CSV
+            raw.write(line)
+            if line.startswith("==PROF== Profiling"):
+                profiled += 1
+                m = _PROFILING.search(line)
+                if m:
+                    passes[int(m["passes"])] = passes.get(int(m["passes"]), 0) + 1
+                if on_progress:
+                    on_progress(profiled, time.perf_counter() - t0)
+            elif not line.startswith('"'):
+                log.write(line)
+        rc = proc.wait()
+        watchdog.cancel()
+    seconds = time.perf_counter() - t0
+    text = raw_path.read_text(errors="replace")
+    if "ERR_NVGPUCTRPERM" in text:
+        raise EnvironmentProblem(ncu_csv.PERM_HELP)
+    parsed = ncu_csv.parse_text(text, str(raw_path))
+    if not parsed.launches:
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(tail) if "error" in ln.lower()), tail[-1] if tail else "")
+        raise EnvironmentProblem(f"ncu profiled no kernel of the step (exit {rc}"
+                                 + (f": {why.strip()[:300]}" if why else "") + f"); log: {log_path}")
+    ncu_csv.check_metrics(parsed)
+    gpu = None
+    rows = step_rows(parsed.launches, engine=engine, model=model, phase=phase, batch=batch,
+                     context=context, mode=mode, gpu=gpu, ncu_version=ver,
+                     cache_control=cache_control, clock_control=clock_control)
+    gpu = next((r["gpu"] for r in rows if r.get("gpu")), None)
+    meta = {"command": cmd, "seconds": round(seconds, 1), "returncode": rc,
+            "kernels": len(rows), "passes": {str(k): v for k, v in sorted(passes.items())},
+            "ncu_version": ver, "gpu": gpu, "engine": engine, "model": model, "phase": phase,
+            "batch": batch, "context": context, "mode": mode, "layers": layers,
+            "cache_control": cache_control, "clock_control": clock_control}
+    (out / "step_cells.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return StepCellsRun(rows, cmd, raw_path, log_path, seconds, rc, ver, passes, gpu)
