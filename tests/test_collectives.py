@@ -1,0 +1,177 @@
+"""Multi-rank traces: collective transfer vs wait, rank device floors, binding rank, rank skew,
+each checked against plain SQL over the committed 2×H200 TP=2 captures (and the foreign 2-GPU
+exports when present)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from stepscope.analysis.collectives import collectives, op_name
+from stepscope.analysis.diagnosis import diagnose
+from stepscope.api import open_trace
+from stepscope.cli import app
+from tests.conftest import EXTERNAL, FIXTURES, need, ro
+from tests.sqlref import union_figures
+
+EAGER_TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"
+GRAPH_TP2 = FIXTURES / "llama8b_decode_b1_graph_tp2.sqlite"
+
+PID = "((globalPid >> 24) & 16777215)"
+
+# Plain SQL: the i-th NCCL kernel (by start) of every device is one collective; the part all
+# devices spend inside it runs from the last start to the first end. Per device: count, time,
+# transfer and wait (the rest of each kernel).
+SPLIT_SQL = f"""
+WITH k AS (
+  SELECT deviceId AS dev, {PID} AS pid, k.start, k.end,
+         ROW_NUMBER() OVER (PARTITION BY deviceId ORDER BY k.start) AS i
+  FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+  WHERE s.value LIKE 'nccl%'
+), m AS (SELECT i, max(start) AS ls, min(end) AS fe, count(*) AS n FROM k GROUP BY i)
+SELECT k.dev, k.pid, count(*), sum(k.end - k.start), sum(m.fe - m.ls), sum((k.end - k.start) - (m.fe - m.ls)),
+       min(m.n), min(m.fe - m.ls)
+FROM k JOIN m USING (i) GROUP BY k.dev, k.pid ORDER BY k.dev
+"""
+
+
+def sql_split(path) -> dict[int, dict]:
+    out = {}
+    for dev, pid, n, t, transfer, wait, min_n, min_overlap in ro(path).execute(SPLIT_SQL):
+        assert min_n == 2 and min_overlap >= 0  # every collective found on both devices, overlapping
+        out[dev] = {"pid": pid, "n": n, "time": t, "transfer": transfer, "wait": wait}
+    return out
+
+
+def analyze_doc(path) -> dict:
+    r = CliRunner().invoke(app, ["analyze", str(need(path)), "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("path", [EAGER_TP2, GRAPH_TP2], ids=lambda p: p.stem)
+def test_transfer_and_wait_per_rank_match_sql(path):
+    want = sql_split(need(path))
+    doc = analyze_doc(path)
+    assert len(doc["steps"]) == 2
+    for s in doc["steps"]:
+        w, tp = want[s["device"]], s["tp"]
+        assert s["pid"] == w["pid"]
+        assert tp["rank"] == s["device"] and tp["ranks"] == 2 and tp["group"] == 0 and tp["split"] is True
+        assert (tp["collectives"], tp["collective_ns"]) == (w["n"], w["time"])
+        assert tp["collective_transfer_ns"] == w["transfer"] and tp["collective_wait_ns"] == w["wait"]
+        assert tp["collective_transfer_ns"] + tp["collective_wait_ns"] == tp["collective_ns"]
+        assert tp["split_note"] is None
+
+
+@pytest.mark.parametrize("path,verdict", [(EAGER_TP2, "launch-bound"), (GRAPH_TP2, "device-bound")],
+                         ids=lambda x: getattr(x, "stem", x))
+def test_rank_device_floor_is_busy_minus_wait(path, verdict):
+    want = sql_split(need(path))
+    doc = analyze_doc(path)
+    con = ro(path)
+    for s in doc["steps"]:
+        # the step's activities: launched from inside its NVTX range, on its process
+        where = (f"{{t}}.deviceId = {s['device']} AND {{t}}.correlationId IN (SELECT r.correlationId FROM "
+                 f"CUPTI_ACTIVITY_KIND_RUNTIME r JOIN NVTX_EVENTS n ON n.globalTid = r.globalTid "
+                 f"WHERE n.text LIKE 'step %' AND r.start BETWEEN n.start AND n.end "
+                 f"AND ((r.globalTid >> 24) & 16777215) = {s['pid']}) "
+                 f"AND (({{t}}.globalPid >> 24) & 16777215) = {s['pid']}")
+        busy = union_figures(con, where)["busy"]
+        assert s["gpu_busy_ns"] == busy
+        # one stream per rank in these captures: nothing runs beside a waiting all-reduce
+        assert s["floors"]["device_floor_ns"] == busy - want[s["device"]]["wait"]
+        assert s["floors"]["verdict"] == verdict  # every rank of the step
+
+
+def test_eager_tp2_binding_rank_is_the_one_that_waits_least():
+    want = sql_split(need(EAGER_TP2))
+    binding = min(want, key=lambda d: want[d]["wait"])
+    other = 1 - binding
+    doc = analyze_doc(EAGER_TP2)
+    for s in doc["steps"]:
+        assert s["tp"]["binding_rank"] == binding
+        v = s["tp"]["verdict"]
+        assert v.startswith(f"launch-bound: rank {binding}'s host")
+        assert f"rank {other} waits {want[other]['wait'] / 1e6:.2f} ms in all-reduce" in v
+    g = analyze_doc(GRAPH_TP2)["steps"][0]["tp"]["verdict"]
+    assert g.startswith("device-bound: rank ")
+
+
+@pytest.mark.parametrize("path", [EAGER_TP2, GRAPH_TP2], ids=lambda p: p.stem)
+def test_rank_skew_is_the_spread_of_one_steps_ranks(path):
+    con = ro(need(path))
+    # each rank's step: its NVTX range start (or the previous GPU work, none here) to the later
+    # of its end and the last GPU activity it launched
+    rows = con.execute(f"""
+        SELECT n.start, n.end, ((n.globalTid >> 24) & 16777215) AS pid,
+               (SELECT max(k.end) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId AND r.globalTid = n.globalTid
+                WHERE {PID.replace('globalPid', 'k.globalPid')} = ((n.globalTid >> 24) & 16777215)
+                  AND r.start BETWEEN n.start AND n.end)
+        FROM NVTX_EVENTS n WHERE n.text LIKE 'step %'""").fetchall()
+    times = [max(e, last) - s for s, e, _, last in rows]
+    doc = analyze_doc(path)
+    assert sorted(s["step_time_ns"] for s in doc["steps"]) == sorted(times)
+    assert {s["tp"]["rank_skew_ns"] for s in doc["steps"]} == {max(times) - min(times)}
+
+
+def test_single_rank_of_a_tp_job_cannot_split(tmp_path):
+    """One rank's process alone (the other's rows deleted): the step says why it cannot split
+    and keeps its whole busy time as device floor."""
+    path = tmp_path / "rank0_only.sqlite"
+    shutil.copy(need(EAGER_TP2), path)
+    con = sqlite3.connect(path)
+    pid = con.execute(f"SELECT min({PID}) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    for table, col in (("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"), ("CUPTI_ACTIVITY_KIND_MEMSET", "globalPid"),
+                       ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"), ("NVTX_EVENTS", "globalTid")):
+        con.execute(f"DELETE FROM {table} WHERE (({col} >> 24) & 16777215) != ?", (pid,))
+    con.commit()
+    n_nccl = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                            WHERE s.value LIKE 'nccl%'""").fetchone()[0]
+    con.close()
+    doc = analyze_doc(path)
+    (s,) = doc["steps"]
+    tp = s["tp"]
+    assert s["pid"] == pid and tp["ranks"] == 1 and tp["collectives"] == n_nccl
+    assert tp["split"] is False and tp["collective_wait_ns"] is None and tp["binding_rank"] is None
+    assert "only one rank's process" in tp["split_note"] and "tp=2" in tp["split_note"]
+    assert s["floors"]["device_floor_ns"] == s["gpu_busy_ns"]
+
+
+def test_single_gpu_trace_has_no_tp_section():
+    doc = analyze_doc(FIXTURES / "llama8b_decode_b1_eager.sqlite")
+    assert all("tp" not in s for s in doc["steps"])
+
+
+@pytest.mark.parametrize("name", ["nsysai_mfu_2gpu_before", "nsysai_mfu_2gpu_after"])
+def test_foreign_send_recv_split_matches_sql(name):
+    """Another project's 2-GPU run: NCCL SendRecv on stream 7 of one process and stream 15 of
+    the other, matched by order."""
+    path = need(EXTERNAL / f"{name}.sqlite")
+    want = sql_split(path)
+    c = collectives(open_trace(path).inventory)
+    got = c.kernels.join(c.ranks, on=["pid", "device", "rank"]).group_by("device").agg(
+        n=pl.len(), transfer=pl.col("transfer_ns").sum(), wait=pl.col("wait_ns").sum())
+    for r in got.iter_rows(named=True):
+        w = want[r["device"]]
+        assert (r["n"], r["transfer"], r["wait"]) == (w["n"], w["transfer"], w["wait"])
+    assert c.kernels["matched"].all()
+
+
+def test_op_names():
+    assert op_name("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "all-reduce"
+    assert op_name("ncclDevKernel_SendRecv") == "send-recv"
+    assert op_name("ncclKernel_ReduceScatter_RING_LL_Sum_half") == "reduce-scatter"
+    assert op_name("cross_device_reduce_1stage") == "all-reduce"
+
+
+def test_diagnosis_tp_frame_on_both_fixtures():
+    for path in (EAGER_TP2, GRAPH_TP2):
+        d = diagnose(open_trace(need(path)).inventory)
+        assert d.tp.height == 2 and d.tp["binding_rank"].n_unique() == 1
