@@ -175,3 +175,14 @@ def test_diagnosis_tp_frame_on_both_fixtures():
     for path in (EAGER_TP2, GRAPH_TP2):
         d = diagnose(open_trace(need(path)).inventory)
         assert d.tp.height == 2 and d.tp["binding_rank"].n_unique() == 1
+
+
+def test_terminal_shows_each_ranks_split_and_the_binding_rank():
+    want = sql_split(need(EAGER_TP2))
+    r = CliRunner().invoke(app, ["analyze", str(EAGER_TP2)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    for dev, w in want.items():
+        assert (f"collectives, rank {dev} of 2: 65 kernels, {w['time'] / 1e6:,.3f} ms = transfer "
+                f"{w['transfer'] / 1e6:,.3f} ms + waiting for the slowest rank {w['wait'] / 1e6:,.3f} ms") in r.output
+        assert f"− collective wait {w['wait'] / 1e6:,.3f} ms" in r.output
+    assert r.output.count("TP step (rank ") == 2 and r.output.count("launch-bound: rank 1's host") == 2

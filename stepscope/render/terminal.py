@@ -28,8 +28,10 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
 
 
 def verdict_line(diag, step: int) -> str:
-    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes."""
-    f = diag.step_sections(step)["floors"]
+    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
+    for a rank of a multi-rank trace, also which rank binds the TP step and why."""
+    sec = diag.step_sections(step)
+    f, tp = sec["floors"], sec.get("tp")
     s = diag.inv.steps.filter(pl.col("step") == step).row(0, named=True)
     c = diag.inv.classes.filter(pl.col("step") == step).sort("time_ns", descending=True)
     total = c["time_ns"].sum() or 1
@@ -43,7 +45,14 @@ def verdict_line(diag, step: int) -> str:
         out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
     if top:
         out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
-    return out + "."
+        wait = (tp or {}).get("collective_wait_ns")
+        if top["class"] == "comm" and wait:
+            # most of a waiting rank's NCCL time is not device work: say so where the share is
+            out += f" ({100 * wait / max(top['time_ns'], 1):.0f}% of it waiting for the slowest rank)"
+    out += "."
+    if tp and tp.get("verdict"):
+        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
+    return out
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
@@ -121,11 +130,17 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     if po["count"]:
         console.print(f"[dim]nsys's own overhead in this trace: {po['count']} records, {ms(po['time_ns'])} "
                       "(host cost per launch is inflated by tracing)[/]")
+    tp = sec.get("tp")
+    if tp:
+        _render_collectives(tp, console)
     bound = f["verdict"]
     colour = "red" if bound == "launch-bound" else "green"
+    wait = (tp or {}).get("collective_wait_ns")
+    busy = diag.inv.steps.filter(pl.col("step") == step)["gpu_busy_ns"][0]
+    device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
     console.print(
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
-        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} (GPU busy); "
+        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
     pred = f.get("predicted_graph_step_time_ns")
     step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
@@ -135,6 +150,18 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
                       f"{ms(step_ns)} (device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
                       f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
+
+
+def _render_collectives(tp: dict, console: Console) -> None:
+    """A rank's collective time, split into transfer and waiting (or why it cannot be)."""
+    head = f"collectives, rank {tp['rank']} of {tp['ranks']}: {tp['collectives']} kernels, {ms(tp['collective_ns'])}"
+    if tp["split"] and tp["collectives"]:
+        console.print(f"{head} = transfer {ms(tp['collective_transfer_ns'])} + waiting for the slowest rank "
+                      f"{ms(tp['collective_wait_ns'])}")
+    elif not tp["split"]:
+        console.print(f"{head}; [yellow]not split into transfer and wait:[/] {tp['split_note']}")
+    if tp.get("rank_skew_ns") is not None:
+        console.print(f"rank skew of this TP step: {ms(tp['rank_skew_ns'])} (spread of its ranks' step times)")
 
 
 DECADES = ((0, 1_000, "< 1 µs"), (1_000, 10_000, "1–10 µs"), (10_000, 100_000, "10–100 µs"),
