@@ -186,3 +186,26 @@ def test_terminal_shows_each_ranks_split_and_the_binding_rank():
                 f"{w['transfer'] / 1e6:,.3f} ms + waiting for the slowest rank {w['wait'] / 1e6:,.3f} ms") in r.output
         assert f"− collective wait {w['wait'] / 1e6:,.3f} ms" in r.output
     assert r.output.count("TP step (rank ") == 2 and r.output.count("launch-bound: rank 1's host") == 2
+
+
+def test_compare_tp_eager_vs_graph_per_rank_and_prediction_within_15_percent():
+    from stepscope.analysis.compare import compare
+    from stepscope.analysis.whatif import DEFAULT
+
+    we, wg = sql_split(need(EAGER_TP2)), sql_split(need(GRAPH_TP2))
+    doc = compare(diagnose(open_trace(EAGER_TP2).inventory), diagnose(open_trace(GRAPH_TP2).inventory))
+    a, b = doc["a"], doc["b"]
+    # each trace is summarized by its binding rank (the one that waits least), never a blend
+    ra, rb = min(we, key=lambda d: we[d]["wait"]), min(wg, key=lambda d: wg[d]["wait"])
+    assert (a["rank"]["device"], b["rank"]["device"]) == (ra, rb)
+    assert a["classes"]["comm"]["time_ns"] == we[ra]["time"] and b["classes"]["comm"]["time_ns"] == wg[rb]["time"]
+    assert [r["collective_wait_ns"] for r in a["ranks"]] == [we[0]["wait"], we[1]["wait"]]
+    # the what-if: graph launch lead + (busy - wait) + kernels × node gap, from SQL figures
+    busy = a["gpu_busy_ns"]
+    con = ro(EAGER_TP2)
+    n_k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = ?", (ra,)).fetchone()[0]
+    want = round(DEFAULT.graph_launch_lead_ns + busy - we[ra]["wait"] + n_k * DEFAULT.node_gap_ns)
+    assert doc["predicted_graph_step_time_ns"] == want
+    ref = b["fastest_step_time_ns"]
+    assert doc["prediction_error"] == round((want - ref) / ref, 4)
+    assert abs(doc["prediction_error"]) < 0.15  # +208.7 % when the waiting counted as device work

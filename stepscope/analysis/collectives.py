@@ -216,3 +216,19 @@ def verdict_sentence(members: pl.DataFrame, binding: int) -> str:
     waits = [f"rank {r['rank']} waits {ms(r['collective_wait_ns'] or 0)} in {r['wait_op'] or 'collectives'}"
              for r in members.iter_rows(named=True) if r["rank"] != binding]
     return out + ("; " + ", ".join(waits) if waits else "")
+
+
+def summary_rank(ranks: pl.DataFrame, tp: pl.DataFrame | None) -> dict:
+    """The rank whose steps stand for a trace in one-number summaries (compare, the TP model, the
+    report): the rank that binds most step groups (ties: the lowest), else rank 0. Medians over
+    a mix of ranks would blend a rank that works with one that waits."""
+    row = {"rank": 0, "ranks": ranks.height, "why": "the only rank" if ranks.height == 1 else
+           "rank 0: no step group has a binding rank (no collectives split across every rank)"}
+    if tp is not None and tp.height and tp["binding_rank"].drop_nulls().len():
+        b = (tp.filter(pl.col("binding_rank").is_not_null()).unique("group")
+             .group_by("binding_rank").agg(n=pl.len()).sort(["n", "binding_rank"], descending=[True, False]))
+        n_groups = tp.filter(pl.col("binding_rank").is_not_null())["group"].n_unique()
+        row["rank"] = int(b["binding_rank"][0])
+        row["why"] = f"the binding rank of {int(b['n'][0])} of {n_groups} TP step(s)"
+    r = ranks.filter(pl.col("rank") == row["rank"]).row(0, named=True)
+    return {"rank": row["rank"], "pid": r["pid"], "device": r["device"], "ranks": row["ranks"], "why": row["why"]}

@@ -206,7 +206,22 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     t.add_row("launch calls", str(a["n_launch_calls"]), str(b["n_launch_calls"]),
               str(b["n_launch_calls"] - a["n_launch_calls"]))
     t.add_row("verdict", a["verdict"], b["verdict"], "")
+    if "rank" in a or "rank" in b:
+        label = lambda x: f"rank {x['rank']['rank']} of {x['rank']['ranks']}" if "rank" in x else "one rank"  # noqa: E731
+        t.add_row("figures of", label(a), label(b), "")
     console.print(t)
+    for tag, x in (("A", a), ("B", b)):
+        if "ranks" in x:
+            r = Table(show_edge=False, header_style="bold", title=f"{tag}: every rank (medians per step)",
+                      title_justify="left")
+            for col in ("rank", "pid", "GPU", "steps", "step time", "GPU busy", "collective wait", "device floor",
+                        "CPU floor"):
+                r.add_column(col, justify="right")
+            for x_ in x["ranks"]:
+                r.add_row(str(x_["rank"]), str(x_["pid"]), str(x_["device"]), str(x_["steps"]), ms(x_["step_time_ns"]),
+                          ms(x_["gpu_busy_ns"]), ms(x_["collective_wait_ns"]), ms(x_["device_floor_ns"]),
+                          ms(x_["cpu_floor_ns"]))
+            console.print(r)
     c = Table(show_edge=False, header_style="bold", title="per class (time per step)", title_justify="left")
     for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
         c.add_column(col, justify="left" if col == "class" else "right")
