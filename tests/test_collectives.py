@@ -121,9 +121,9 @@ def test_rank_skew_is_the_spread_of_one_steps_ranks(path):
     assert {s["tp"]["rank_skew_ns"] for s in doc["steps"]} == {max(times) - min(times)}
 
 
-def test_single_rank_of_a_tp_job_cannot_split(tmp_path):
-    """One rank's process alone (the other's rows deleted): the step says why it cannot split
-    and keeps its whole busy time as device floor."""
+@pytest.fixture
+def one_rank(tmp_path):
+    """The eager TP=2 export with one rank's process alone (the other's rows deleted)."""
     path = tmp_path / "rank0_only.sqlite"
     shutil.copy(need(EAGER_TP2), path)
     con = sqlite3.connect(path)
@@ -135,6 +135,12 @@ def test_single_rank_of_a_tp_job_cannot_split(tmp_path):
     n_nccl = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
                             WHERE s.value LIKE 'nccl%'""").fetchone()[0]
     con.close()
+    return path, pid, n_nccl
+
+
+def test_single_rank_of_a_tp_job_cannot_split(one_rank):
+    """The step says why it cannot split and keeps its whole busy time as device floor."""
+    path, pid, n_nccl = one_rank
     doc = analyze_doc(path)
     (s,) = doc["steps"]
     tp = s["tp"]
@@ -209,3 +215,17 @@ def test_compare_tp_eager_vs_graph_per_rank_and_prediction_within_15_percent():
     ref = b["fastest_step_time_ns"]
     assert doc["prediction_error"] == round((want - ref) / ref, 4)
     assert abs(doc["prediction_error"]) < 0.15  # +208.7 % when the waiting counted as device work
+
+
+def test_tp_on_a_single_rank_of_a_tp_job(one_rank):
+    path, pid, n_nccl = one_rank
+    r = CliRunner().invoke(app, ["tp", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    (rank,) = doc["ranks"]
+    (st,) = rank["steps"]
+    assert rank["pid"] == pid and st["collectives"] == n_nccl and st["split"] is False
+    assert "only one rank's process" in st["split_note"]
+    assert "tp_steps" not in doc and "rank_skew_ns" not in doc
+    assert any("cannot be split" in n and "estimated" in n for n in doc["notes"])
+    assert doc["inputs"]["collective_wait_ns"] == 0 and doc["inputs"]["device_floor_ns"] == st["gpu_busy_ns"]

@@ -240,25 +240,54 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
 
 def render_tp(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
+    modes = [(m, doc["projections"][m]) for m in ("eager", "graph") if doc["projections"].get(m)]
     t = Table(show_edge=False, header_style="bold", title="Equation 1.3 per TP width", title_justify="left")
-    for col in ("TP", "CPU floor", "device floor", "step", "bound"):
-        t.add_column(col, justify="left" if col == "bound" else "right")
-    for r in doc["projection"]:
-        colour = "red" if r["bound"] == "launch-bound" else "green"
-        t.add_row(str(r["tp"]), ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
-                  f"[{colour}]{r['bound']}[/]")
+    t.add_column("TP", justify="right")
+    for m, _ in modes:
+        for col in ("CPU floor", "device floor", "step", "bound"):
+            t.add_column(f"{m} {col}", justify="left" if col == "bound" else "right")
+    t.add_column(f"measured ({doc['mode']})", justify="right")
+    by_width = {}
+    for m, p in modes:
+        for r in p["rows"]:
+            by_width.setdefault(r["tp"], {})[m] = r
+    own = {r["tp"]: r for r in doc["projection"]}
+    for w, per in by_width.items():
+        cells = [str(w)]
+        for m, _ in modes:
+            r = per[m]
+            colour = "red" if r["bound"] == "launch-bound" else "green"
+            cells += [ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
+                      f"[{colour}]{r['bound']}[/]"]
+        measured = own.get(w, {}).get("measured_step_time_ns")
+        cells.append(ms(measured) if measured is not None else "")
+        t.add_row(*cells)
     console.print(t)
-    w = doc["launch_bound_from_tp"]
-    console.print(f"[bold]launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
-                  if w else "device-bound at every width projected")
+    for m, p in modes:
+        w = p["launch_bound_from_tp"]
+        console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
+                      if w else f"{m}: device-bound at every width projected")
     for n in doc["notes"]:
         console.print(f"[dim]{n}[/]")
     if "ranks" in doc:
         r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
-        for col in ("pid", "device", "step", "NCCL", "NCCL waiting"):
-            r.add_column(col, justify="right")
+        for col in ("rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
+                    "device floor", "CPU floor", "verdict"):
+            r.add_column(col, justify="left" if col == "verdict" else "right")
+        notes = []
         for x in doc["ranks"]:
-            r.add_row(str(x["pid"]), str(x["device"]), ms(x["step_time_ns"]), ms(x["comm_time_ns"]),
-                      ms(x["comm_wait_ns"]))
+            for st in x["steps"]:
+                r.add_row(str(x["rank"]), str(x["pid"]), str(x["device"]), str(st["step"]), ms(st["step_time_ns"]),
+                          ms(st["collective_ns"]), ms(st["collective_transfer_ns"]), ms(st["collective_wait_ns"]),
+                          ms(st["device_floor_ns"]), ms(st["cpu_floor_ns"]), st["verdict"])
+                if st["split_note"]:
+                    notes.append(st["split_note"])
         console.print(r)
-        console.print(f"rank skew: {ms(doc['rank_skew_ns'])}")
+        for n in sorted(set(notes)):
+            console.print(f"[yellow]not split into transfer and wait:[/] {n}")
+    for g in doc.get("tp_steps", []):
+        skew = ms(g["rank_skew_ns"])
+        console.print(f"TP step {g['group']} ({g['ranks']} ranks, slowest {ms(g['step_time_ns'])}, rank skew {skew})"
+                      + (f": {g['verdict']}" if g["verdict"] else ""))
+    if doc.get("rank_skew_ns") is not None:
+        console.print(f"rank skew: {ms(doc['rank_skew_ns'])} (largest spread of one TP step's rank step times)")
