@@ -229,3 +229,38 @@ def test_tp_on_a_single_rank_of_a_tp_job(one_rank):
     assert "tp_steps" not in doc and "rank_skew_ns" not in doc
     assert any("cannot be split" in n and "estimated" in n for n in doc["notes"])
     assert doc["inputs"]["collective_wait_ns"] == 0 and doc["inputs"]["device_floor_ns"] == st["gpu_busy_ns"]
+
+
+def test_device_floor_is_the_union_with_collectives_cut_to_transfer(tmp_path):
+    """A kernel moved onto another stream, inside a waiting all-reduce of rank 0: the time it
+    runs beside the wait is device work, so the floor is the union, not busy - wait."""
+    path = tmp_path / "overlap.sqlite"
+    shutil.copy(need(EAGER_TP2), path)
+    con = sqlite3.connect(path)
+    nccl = "(SELECT id FROM StringIds WHERE value LIKE 'nccl%')"
+    # rank 0's all-reduce that waits longest before rank 1 arrives, and the first other kernel after it
+    s0, e0 = con.execute(f"""
+        WITH k AS (SELECT deviceId AS dev, start, end, ROW_NUMBER() OVER (PARTITION BY deviceId ORDER BY start) AS i
+                   FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN {nccl})
+        SELECT a.start, a.end FROM k a JOIN k b ON a.i = b.i AND a.dev = 0 AND b.dev = 1
+        ORDER BY b.start - a.start DESC LIMIT 1""").fetchone()
+    rid, ks, ke = con.execute(f"""SELECT rowid, start, end FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0
+                                  AND shortName NOT IN {nccl} AND start > ? ORDER BY start LIMIT 1""", (e0,)).fetchone()
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = ?, end = ?, streamId = 8 WHERE rowid = ?",
+                (s0 + 1000, s0 + 1000 + (ke - ks), rid))
+    con.commit()
+    want = con.execute(f"""
+        WITH k AS (SELECT deviceId AS dev, start, end, ROW_NUMBER() OVER (PARTITION BY deviceId ORDER BY start) AS i
+                   FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN {nccl}),
+             m AS (SELECT i, max(start) AS ls, min(end) AS fe FROM k GROUP BY i),
+             a AS (SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = 0 AND shortName NOT IN {nccl}
+                   UNION ALL SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = 0
+                   UNION ALL SELECT m.ls, m.fe FROM k JOIN m USING (i) WHERE k.dev = 0),
+             o AS (SELECT start, end, max(end) OVER (ORDER BY start, end ROWS BETWEEN UNBOUNDED PRECEDING
+                                                     AND 1 PRECEDING) AS prev FROM a)
+        SELECT sum(max(0, end - max(start, coalesce(prev, start)))) FROM o""").fetchone()[0]
+    con.close()
+    doc = analyze_doc(path)
+    s = next(x for x in doc["steps"] if x["device"] == 0)
+    assert s["floors"]["device_floor_ns"] == want
+    assert want > s["gpu_busy_ns"] - s["tp"]["collective_wait_ns"]  # the moved kernel overlaps a wait

@@ -71,7 +71,8 @@ def match_collectives(kernels: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFram
     first_use = first_use.sort("rank", "_first", "stream").with_columns(
         s_idx=pl.int_range(pl.len(), dtype=pl.Int64).over("rank"))
     c = c.join(first_use.select("rank", "stream", "s_idx"), on=["rank", "stream"])
-    c = c.sort("rank", "s_idx", "name", "start", "end").with_columns(
+    # the ordinal per (rank, stream, name) in start order: over() keeps the rows' order in a group
+    c = c.sort("rank", "s_idx", "start", "end").with_columns(
         i=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "s_idx", "name"))
     peers = c.group_by("s_idx", "name", "i").agg(
         n=pl.len(), last_start=pl.col("start").max(), first_end=pl.col("end").min())
@@ -157,9 +158,26 @@ def device_work(inv: Inventory, kernels: pl.DataFrame, steps: pl.DataFrame) -> p
     collective replaced by its transfer interval [last_start, first_end]."""
     if steps.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "device_work_ns": pl.Int64})
-    other = (inv.in_steps("step", "start", "end", "class", "is_kernel")
-             .join(steps, on="step", how="semi")
-             .filter(~(pl.col("is_kernel") & (pl.col("class") == "comm")))
+    acts = inv.in_steps("step", "start", "end", "prev_end", "class", "is_kernel")
+    # a step whose collectives overlap no other activity (the committed captures: NCCL shares
+    # the compute stream): cutting each to its transfer shortens the union by exactly its wait,
+    # without re-sorting a million rows. acts are in (step, start) order, so a collective is
+    # alone when the union before it ended by its start and the next activity starts after it.
+    comm = pl.col("is_kernel") & (pl.col("class") == "comm")
+    touching = (acts.lazy().with_columns(_next=pl.col("start").shift(-1), _next_step=pl.col("step").shift(-1))
+                .filter(comm & ((pl.col("prev_end") > pl.col("start"))
+                                | ((pl.col("_next_step") == pl.col("step")) & (pl.col("_next") < pl.col("end")))))
+                .select("step").unique().collect())
+    overlapping = steps.join(touching, on="step", how="semi")
+    plain = steps.join(overlapping, on="step", how="anti")
+    exact = (inv.steps.join(plain, on="step", how="semi").select("step", "gpu_busy_ns")
+             .join(kernels.group_by("step").agg(pl.col("wait_ns").sum()), on="step")
+             .select("step", (pl.col("gpu_busy_ns") - pl.col("wait_ns")).cast(pl.Int64).alias("device_work_ns")))
+    steps = steps.join(overlapping, on="step", how="semi")
+    if steps.is_empty():
+        return exact.sort("step")
+    other = (acts.join(steps, on="step", how="semi")
+             .filter(~comm)
              .select("step", "start", "end"))
     transfer = kernels.join(steps, on="step", how="semi").select(
         "step", pl.col("last_start").alias("start"), pl.col("first_end").alias("end"))
@@ -167,7 +185,8 @@ def device_work(inv: Inventory, kernels: pl.DataFrame, steps: pl.DataFrame) -> p
     prev_end = pl.col("end").cum_max().shift(1).over("step")
     a = a.with_columns(prev_end=prev_end)
     own = (pl.col("end") - pl.max_horizontal("start", pl.col("prev_end").fill_null(pl.col("start")))).clip(lower_bound=0)
-    return a.group_by("step").agg(device_work_ns=own.sum().cast(pl.Int64)).sort("step")
+    union = a.group_by("step").agg(device_work_ns=own.sum().cast(pl.Int64))
+    return pl.concat([exact, union]).sort("step")
 
 
 def group_verdicts(coll: Collectives, steps: pl.DataFrame, floors: pl.DataFrame) -> pl.DataFrame:
@@ -194,19 +213,25 @@ def group_verdicts(coll: Collectives, steps: pl.DataFrame, floors: pl.DataFrame)
         binding_rank=pl.when(pl.col("all_split") & (pl.col("n") > 1)).then(pl.col("binding_rank")),
     )
     s = s.join(g.select("group", "rank_skew_ns", "binding_rank"), on="group")
-    sentences = {}
-    for grp, members in s.filter(pl.col("binding_rank").is_not_null()).group_by("group"):
-        sentences[grp[0]] = verdict_sentence(members.sort("rank"), int(members["binding_rank"][0]))
+    # one sentence per TP step: a pass over the rows (a few per step), not a filter per step
+    sentences: dict[int, str] = {}
+    members: list[dict] = []
+    rows = s.filter(pl.col("binding_rank").is_not_null()).sort("group", "rank").to_dicts()
+    for i, r in enumerate(rows):
+        members.append(r)
+        if i + 1 == len(rows) or rows[i + 1]["group"] != r["group"]:
+            sentences[r["group"]] = verdict_sentence(members, r["binding_rank"])
+            members = []
     text = pl.DataFrame({"group": list(sentences), "tp_verdict": list(sentences.values())},
                         schema={"group": pl.Int64, "tp_verdict": pl.String})
     return s.join(text, on="group", how="left").select(list(schema)).sort("step")
 
 
-def verdict_sentence(members: pl.DataFrame, binding: int) -> str:
+def verdict_sentence(members: list[dict], binding: int) -> str:
     """e.g. "launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); rank 0
-    waits 13.79 ms in all-reduce"."""
+    waits 13.80 ms in all-reduce". `members`: the TP step's rows by rank."""
     ms = lambda ns: f"{ns / 1e6:.2f} ms"  # noqa: E731
-    b = members.filter(pl.col("rank") == binding).row(0, named=True)
+    b = next(r for r in members if r["rank"] == binding)
     if b["verdict"] == "launch-bound":
         out = (f"launch-bound: rank {binding}'s host (CPU floor {ms(b['cpu_floor_ns'])} vs device floor "
                f"{ms(b['device_floor_ns'])})")
@@ -214,7 +239,7 @@ def verdict_sentence(members: pl.DataFrame, binding: int) -> str:
         out = (f"device-bound: rank {binding}'s GPU (device floor {ms(b['device_floor_ns'])} vs CPU floor "
                f"{ms(b['cpu_floor_ns'])})")
     waits = [f"rank {r['rank']} waits {ms(r['collective_wait_ns'] or 0)} in {r['wait_op'] or 'collectives'}"
-             for r in members.iter_rows(named=True) if r["rank"] != binding]
+             for r in members if r["rank"] != binding]
     return out + ("; " + ", ".join(waits) if waits else "")
 
 
