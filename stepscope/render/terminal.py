@@ -49,6 +49,8 @@ def verdict_line(diag, step: int) -> str:
         if top["class"] == "comm" and wait:
             # most of a waiting rank's NCCL time is not device work: say so where the share is
             out += f" ({100 * wait / max(top['time_ns'], 1):.0f}% of it waiting for the slowest rank)"
+        elif top["class"] == "comm" and tp and not tp["split"]:
+            out += " (how much of it is waiting for another rank cannot be told from this trace)"
     out += "."
     if tp and tp.get("verdict"):
         out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
