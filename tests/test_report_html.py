@@ -146,3 +146,46 @@ def test_cells_byte_budget_section(tmp_path):
     measured = (1_000_000 + 1000) * calls
     assert f"step: {measured / 1e6:,.1f} MB measured" in md
     assert "| gemm | 129.1 MB |" in md  # 129 GEMM calls × 1.001 MB
+
+
+EAGER_TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"
+
+# Plain SQL: the i-th NCCL kernel of each device is one collective; a kernel waits before the
+# last device's start and after the first device's end.
+WAIT_PARTS_SQL = """
+WITH k AS (SELECT deviceId AS dev, k.start, k.end, ROW_NUMBER() OVER (PARTITION BY deviceId ORDER BY k.start) AS i
+           FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'nccl%'),
+     m AS (SELECT i, max(start) AS ls, min(end) AS fe FROM k GROUP BY i)
+SELECT sum(k.start < m.ls) + sum(m.fe < k.end) FROM k JOIN m USING (i)
+"""
+
+
+def test_html_tp_timeline_shows_every_rank(tmp_path):
+    from tests.conftest import ro
+
+    out = render(tmp_path, str(need(EAGER_TP2)))
+    html = out.read_text()
+    con = ro(EAGER_TP2)
+    ranks = con.execute("""SELECT DISTINCT deviceId, (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL
+                           ORDER BY deviceId""").fetchall()
+    for dev, pid in ranks:
+        assert f"rank {dev} · pid {pid} · GPU {dev}" in html
+        assert f"GPU {dev} · stream 7" in html
+    # every GPU activity of both ranks' steps is drawn (each rank's step holds all of its rows here)
+    n = con.execute("SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL) + "
+                    "(SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET)").fetchone()[0]
+    assert html.count('class="k"') == n
+    assert html.count('class="wait"') == con.execute(WAIT_PARTS_SQL).fetchone()[0]
+    assert 'id="tp-verdict-0"' in html and "launch-bound: rank 1&#x27;s host" in html
+    assert html.count("<tr><td>0</td><td>798</td>") == 1 and html.count("<tr><td>1</td><td>799</td>") == 1
+
+
+def test_markdown_tp_ranks_table(tmp_path):
+    out = render(tmp_path, str(need(EAGER_TP2)), name="tp.md")
+    md = out.read_text()
+    assert "**TP step:** launch-bound: rank 1's host" in md
+    assert "| 0 | 798 | 0 | 1 |" in md and "| 1 | 799 | 1 | 0 |" in md
+    for block in md.split("\n\n"):
+        rows = [r for r in block.splitlines() if r.startswith("| ")]
+        if rows:
+            assert len({r.replace("\\|", "").count("|") for r in rows}) == 1, block

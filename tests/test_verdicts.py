@@ -177,38 +177,50 @@ def test_tp_numbers_cli_json():
 
 def test_tp_trace_projection_reproduces_its_own_width():
     d = diag(GRAPH)
-    p = tpm.project_trace(d.inv, d.floors)
-    assert p.rows[0]["tp"] == 1 and p.rows[0]["device_floor_ns"] == d.inv.steps["gpu_busy_ns"][0]
+    p = tpm.project_trace(d)
+    at1 = p.graph.rows[0]
+    assert p.mode == "graph" and p.eager is None and at1["tp"] == 1
+    # a graph trace's graph-mode device floor: its device work + its own node gap per kernel
+    node_gap = graph_constants(d.inv).node_gap_ns
+    assert at1["device_floor_ns"] == round(d.inv.steps["gpu_busy_ns"][0] + d.inv.steps["n_kernels"][0] * node_gap)
+    assert at1["measured_step_time_ns"] == d.inv.steps["step_time_ns"][0]
     assert any("estimated" in n for n in p.notes)
     d2 = diag(TP2)
-    p2 = tpm.project_trace(d2.inv, d2.floors)
-    at2 = next(r for r in p2.rows if r["tp"] == 2)
-    assert at2["device_floor_ns"] == p2.inputs["gpu_busy_ns"] - p2.inputs["comm_wait_ns"]
+    p2 = tpm.project_trace(d2)
+    at2 = next(r for r in p2.eager.rows if r["tp"] == 2)
+    assert at2["device_floor_ns"] == p2.inputs["gpu_busy_ns"] - p2.inputs["collective_wait_ns"]
+    assert at2["measured_step_time_ns"] == p2.inputs["measured_step_time_ns"]
+    assert all(r["measured_step_time_ns"] is None for r in p2.eager.rows if r["tp"] != 2)
 
 
-def test_rank_table_on_tp2_capture():
-    inv = open_trace(need(TP2)).inventory
-    r = tpm.rank_table(inv)
-    assert r.height == 2 and sorted(r["device"].to_list()) == [0, 1]
-    assert (r["comm_wait_ns"] <= r["comm_time_ns"]).all()
-    con = ro(TP2)
-    for row in r.iter_rows(named=True):
-        n = con.execute("""SELECT sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
-                           JOIN StringIds s ON s.id = k.shortName
-                           WHERE s.value LIKE 'ncclDevKernel%' AND k.deviceId = ?""", (row["device"],)).fetchone()[0]
-        assert row["comm_time_ns"] == n
-    # the default all-reduce cost is this fixture's mean transfer time per collective
-    n_coll = inv.classes.filter(pl.col("class") == "comm")["count"].to_list()
-    transfer = ((r["comm_time_ns"] - r["comm_wait_ns"]) / pl.Series(n_coll)).mean()
-    assert tpm.DEFAULT_ALLREDUCE_NS == pytest.approx(transfer, abs=100)
+def test_default_allreduce_is_the_tp2_fixtures_mean_transfer():
+    # the transfer of the i-th NCCL kernel of both devices: last start to first end, in SQL
+    n, transfer = ro(TP2).execute("""
+        WITH k AS (SELECT deviceId, k.start, k.end, ROW_NUMBER() OVER (PARTITION BY deviceId ORDER BY k.start) AS i
+                   FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                   WHERE s.value LIKE 'ncclDevKernel%')
+        SELECT count(*), sum(fe - ls) FROM (SELECT i, min(end) AS fe, max(start) AS ls FROM k GROUP BY i)""").fetchone()
+    assert tpm.DEFAULT_ALLREDUCE_NS == round(transfer / n)
 
 
 def test_tp_cli_on_multi_rank_trace():
     r = CliRunner().invoke(app, ["tp", str(need(TP2)), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert len(doc["ranks"]) == 2 and doc["rank_skew_ns"] >= 0
-    assert {"tp", "cpu_floor_ns", "device_floor_ns", "step_time_ns", "bound"} == set(doc["projection"][0])
+    # one row per rank, its steps nested
+    assert [(x["rank"], x["device"], len(x["steps"])) for x in doc["ranks"]] == [(0, 0, 1), (1, 1, 1)]
+    assert sorted(x["pid"] for x in doc["ranks"]) == [798, 799]
+    assert {"tp", "cpu_floor_ns", "device_floor_ns", "step_time_ns", "bound", "measured_step_time_ns"} == set(
+        doc["projection"][0])
+    assert doc["mode"] == "eager" and doc["projection"] == doc["projections"]["eager"]["rows"]
+    # graph mode: the CPU floor is one graph launch, so more GPUs keep paying off
+    g = doc["projections"]["graph"]
+    assert g["launch_bound_from_tp"] is None and {r["cpu_floor_ns"] for r in g["rows"]} == {round(DEFAULT.graph_launch_lead_ns)}
+    assert doc["launch_bound_from_tp"] == 1
+    (group,) = doc["tp_steps"]
+    times = [x["steps"][0]["step_time_ns"] for x in doc["ranks"]]
+    assert group["rank_skew_ns"] == doc["rank_skew_ns"] == max(times) - min(times)
+    assert group["binding_rank"] == 1 and group["verdict"].startswith("launch-bound: rank 1's host")
 
 
 def test_analyze_json_has_gaps_launch_floors():

@@ -1,7 +1,8 @@
 """`stepscope compare A B`: two traces (eager vs graph, before vs after), side by side.
 
-A trace's figures are medians over its steps (its step time is the median `step_time_ns`).
-speedup = A's step time / B's step time. When A is eager, the graph-mode step time is also
+A trace's figures are medians over the steps of one rank (its step time is the median
+`step_time_ns`): on a multi-rank trace the rank that binds most TP steps (collectives.summary_rank),
+with every rank's medians listed beside it. speedup = A's step time / B's step time. When A is eager, the graph-mode step time is also
 predicted from A alone (whatif.py); when B is a graph trace the prediction is checked against
 B's fastest step, the steady-state replay.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.analysis.collectives import summary_rank
 from stepscope.analysis.diagnosis import Diagnosis
 from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.steps import step_shape
@@ -20,25 +22,43 @@ FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_call
 
 def summarize(d: Diagnosis) -> dict:
     inv = d.inv
-    s = inv.steps.join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns"), on="step")
+    every = inv.steps.join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns"), on="step")
+    rank = summary_rank(d.collectives.ranks, d.tp)
+    s = every.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"]))
+    mine = s.select("step")
     out = {k: _median_int(s[k]) for k in (*FIGURES, "cpu_floor_ns", "device_floor_ns")}
     out["steps"] = s.height
     out["path"] = str(inv.trace.path)
     out["graph"] = is_graph_trace(inv)
     out["fastest_step_time_ns"] = int(s["step_time_ns"].min())
-    idle = d.gap_totals.group_by("kind").agg(pl.col("time_ns").median())
+    idle = d.gap_totals.join(mine, on="step", how="semi").group_by("kind").agg(pl.col("time_ns").median())
     idle_by = dict(zip(idle["kind"].to_list(), idle["time_ns"].to_list()))
     out["idle_by_kind_ns"] = {k: int(idle_by.get(k, 0) or 0) for k in KINDS}
     out["verdict"] = "launch-bound" if out["cpu_floor_ns"] > out["device_floor_ns"] else "device-bound"
-    c = inv.classes.group_by("class").agg(pl.col("time_ns").sum(), pl.col("count").sum())
+    c = inv.classes.join(mine, on="step", how="semi").group_by("class").agg(pl.col("time_ns").sum(),
+                                                                            pl.col("count").sum())
     n = max(s.height, 1)
     out["classes"] = {r["class"]: {"count": r["count"] / n, "time_ns": int(r["time_ns"] / n)}
                       for r in c.iter_rows(named=True)}
     shapes = [step_shape(x) for x in s["name"].to_list()]
     out["model"] = next((sh.get("model") for sh in shapes if sh.get("model")), None)
     out["layers"] = _median_int(s["layers"]) if s["layers"].drop_nulls().len() else None
-    out["kernel_names"] = _names_per_step(inv)
+    out["kernel_names"] = _names_per_step(inv, mine)
+    out["step_ids"] = mine["step"].to_list()
+    if rank["ranks"] > 1:
+        out["rank"] = rank
+        out["ranks"] = _per_rank(d, every)
     return out
+
+
+def _per_rank(d: Diagnosis, steps: pl.DataFrame) -> list[dict]:
+    """Every rank's medians, so that the one summarized is seen beside the others."""
+    t = steps.join(d.tp.select("step", "rank", "collective_wait_ns"), on="step")
+    figs = ("step_time_ns", "gpu_busy_ns", "cpu_floor_ns", "device_floor_ns", "collective_wait_ns")
+    per = t.group_by("rank", "pid", "device").agg(pl.len().alias("steps"), *[pl.col(k).median() for k in figs])
+    return [{**{k: r[k] for k in ("rank", "pid", "device", "steps")},
+             **{k: None if r[k] is None else int(round(r[k])) for k in figs}}
+            for r in per.sort("rank").iter_rows(named=True)]
 
 
 def _median_int(col: pl.Series):
@@ -46,9 +66,9 @@ def _median_int(col: pl.Series):
     return None if v is None else int(round(v))
 
 
-def _names_per_step(inv) -> dict[str, float]:
-    k = inv.kernels.group_by("name").agg(pl.col("count").sum())
-    n = max(inv.steps.height, 1)
+def _names_per_step(inv, steps: pl.DataFrame) -> dict[str, float]:
+    k = inv.kernels.join(steps, on="step", how="semi").group_by("name").agg(pl.col("count").sum())
+    n = max(steps.height, 1)
     return dict(zip(k["name"].to_list(), [c / n for c in k["count"].to_list()]))
 
 
@@ -87,6 +107,8 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         for c in classes
     }
     na, nb = sa.pop("kernel_names"), sb.pop("kernel_names")
+    ids_a = sa.pop("step_ids")
+    sb.pop("step_ids")
     added = {k: v for k, v in nb.items() if k not in na}
     removed = {k: v for k, v in na.items() if k not in nb}
     doc = {
@@ -97,7 +119,8 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         "warnings": warnings,
     }
     if not sa["graph"]:
-        pred = predict_graph_step(a.inv, consts)["predicted_graph_step_time_ns"].median()
+        pred = (predict_graph_step(a.inv, consts, work=a.floors)
+                .filter(pl.col("step").is_in(ids_a))["predicted_graph_step_time_ns"].median())
         doc["predicted_graph_step_time_ns"] = int(round(pred))
         doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
@@ -125,4 +148,8 @@ def verdict_sentence(doc: dict) -> str:
         s += f"With CUDA graphs A would take about {ms(doc['predicted_graph_step_time_ns'])}"
         s += (f" (prediction off by {100 * doc['prediction_error']:+.1f}% against B)."
               if "prediction_error" in doc else ".")
+    chosen = [f"{tag}'s rank {x['rank']['rank']} of {x['rank']['ranks']} (pid {x['rank']['pid']}, GPU "
+              f"{x['rank']['device']}: {x['rank']['why']})" for tag, x in (("A", a), ("B", b)) if "rank" in x]
+    if chosen:
+        s += " Figures are per rank: " + "; ".join(chosen) + "."
     return s.strip()

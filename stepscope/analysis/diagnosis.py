@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope import jsontext
+from stepscope.analysis.collectives import Collectives, collectives, group_verdicts
 from stepscope.analysis.floors import floors
 from stepscope.analysis.gaps import KINDS, find_gaps, gap_totals, histogram
 from stepscope.analysis.inventory import Inventory
@@ -15,6 +16,12 @@ from stepscope.analysis.launch import launch_summary
 from stepscope.analysis.whatif import predict_graph_step
 
 TOP_GAPS = 5
+SECTIONS = ("gaps", "launch", "floors", "tp")
+# the tp section of a step (its JSON field: the frame's column)
+TP_FIELDS = {"rank": "rank", "ranks": "ranks", "group": "group", "collectives": "collectives",
+             "collective_ns": "collective_ns", "collective_transfer_ns": "collective_transfer_ns",
+             "collective_wait_ns": "collective_wait_ns", "split": "split", "split_note": "split_note",
+             "rank_skew_ns": "rank_skew_ns", "binding_rank": "binding_rank", "verdict": "tp_verdict"}
 
 
 @dataclass
@@ -27,6 +34,9 @@ class Diagnosis:
     launch_by_api: pl.DataFrame
     floors: pl.DataFrame       # one row per step
     graph_prediction: pl.DataFrame  # step, predicted_graph_step_time_ns (null for graph replays)
+    collectives: Collectives | None = None  # transfer vs wait per collective and step (multi-rank)
+    tp: pl.DataFrame | None = None  # per step of a multi-rank trace: the collectives.STEP_SCHEMA
+                                    # figures, rank_skew_ns, binding_rank, tp_verdict (else empty)
     _sections: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -37,9 +47,10 @@ class Diagnosis:
         self.inv.drop_event_frames()
 
     def step_sections(self, step: int) -> dict:
-        """The JSON sections a step of `analyze --json` gains: gaps, launch, floors."""
+        """The JSON sections a step of `analyze --json` gains: gaps, launch, floors, and tp for
+        the steps of a multi-rank trace (or of one with collectives)."""
         row = self.sections_text().filter(pl.col("step") == step).row(0, named=True)
-        return {k: json.loads(row[k]) for k in ("gaps", "launch", "floors")}
+        return {k: json.loads(row[k]) for k in SECTIONS if k in row and row[k] is not None}
 
     def top_gaps(self) -> pl.DataFrame:
         """The TOP_GAPS longest gaps of each step, longest first (ties: earliest first)."""
@@ -81,6 +92,11 @@ class Diagnosis:
              .join(hist, on="step", how="left").join(launch, on="step", how="left")
              .join(by_api, on="step", how="left").join(floors, on="step", how="left"))
         lead = pl.col("launch_head").fill_null("{")
+        tp = []
+        if self.tp is not None and self.tp.height:
+            x = self.tp.select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
+            t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
+            tp = ["tp"]
         return t.select(
             "step",
             pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
@@ -89,7 +105,7 @@ class Diagnosis:
             pl.concat_str(lead, pl.when(lead == "{").then(pl.lit("")).otherwise(pl.lit(",")),
                           pl.lit('"by_api":'), pl.col("by_api").fill_null("[]"),
                           pl.lit(f',"profiler_overhead":{overhead}}}')).alias("launch"),
-            "floors",
+            "floors", *tp,
         ).sort("step")
 
 
@@ -98,8 +114,11 @@ def diagnose(inv: Inventory) -> Diagnosis:
     hist = histogram(gaps)
     totals = gap_totals(gaps, inv.step_ids(), hist)
     launch, by_api = launch_summary(inv)
+    coll = collectives(inv)
+    f = floors(inv, launch, totals=totals, work=coll.work)
+    tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
-        launch=launch, launch_by_api=by_api, floors=floors(inv, launch, totals=totals),
-        graph_prediction=predict_graph_step(inv),
+        launch=launch, launch_by_api=by_api, floors=f,
+        graph_prediction=predict_graph_step(inv, work=f), collectives=coll, tp=tp,
     )

@@ -2,7 +2,9 @@
 
 CPU floor = launch calls × typical host cost per launch (the median inter-launch interval;
 with a single launch call, e.g. one cudaGraphLaunch, that call's duration); device floor =
-gpu_busy_ns. The step is launch-bound when the CPU floor is the larger.
+gpu_busy_ns, less the time the step's collectives spent waiting for a slower rank (its device
+work, analysis/collectives.py: a TP rank whose GPU sits in an all-reduce waiting for its peer's
+host is not device-bound). The step is launch-bound when the CPU floor is the larger.
 """
 
 from __future__ import annotations
@@ -19,20 +21,26 @@ def verdict_expr(cpu: str = "cpu_floor_ns", dev: str = "device_floor_ns") -> pl.
 
 
 def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,
-           totals: pl.DataFrame | None = None) -> pl.DataFrame:
+           totals: pl.DataFrame | None = None, work: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`work`: (step, device_work_ns) of the steps whose collectives waited (collectives()'s
+    `work`); every other step's device floor is its GPU busy time."""
     launch = launch_summary(inv)[0] if launch is None else launch
+    if work is None:
+        from stepscope.analysis.collectives import collectives
+
+        work = collectives(inv).work
     if totals is None:
         totals = gap_totals(find_gaps(inv) if gaps is None else gaps, inv.step_ids())
     host = totals.filter(pl.col("kind") == "host_bound").select(
         "step", pl.col("time_ns").alias("host_bound_gap_ns"))
     s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns").join(
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
-    ).join(host, on="step", how="left")
+    ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left")
     t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
     s = s.with_columns(
         t_launch_ns=t_launch,
         cpu_floor_ns=(pl.col("n_launch_calls") * t_launch).cast(pl.Int64),
-        device_floor_ns=pl.col("gpu_busy_ns"),
+        device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"),
     ).with_columns(
         verdict=verdict_expr(),
         # how many times the binding floor exceeds the other one

@@ -33,6 +33,10 @@ class Inventory:
                              # attribution reads, after analyze_trace(release_input=True))
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
+    # the collective (class comm) kernels of the whole trace, in or outside a step: step, pid,
+    # device, stream, name, start, end. Kept apart because the one-shot analysis drops the
+    # activities' stream column, which matching a collective across ranks needs
+    collectives: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COLLECTIVE_SCHEMA))
 
     def in_steps(self, *cols: str) -> pl.DataFrame:
         """The activities inside a step, narrowed to `cols` (see in_steps())."""
@@ -68,6 +72,17 @@ def in_steps(acts: pl.DataFrame, *cols: str) -> pl.DataFrame:
     return inside.with_columns(pl.col("step").set_sorted()) if "step" in cols else inside
 
 
+COLLECTIVE_SCHEMA = {"step": pl.Int64, "pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64,
+                     "name": pl.String, "start": pl.Int64, "end": pl.Int64}
+
+
+def collective_kernels(acts: pl.DataFrame) -> pl.DataFrame:
+    """The collective kernels (class comm) of an activity frame, COLLECTIVE_SCHEMA (a few
+    hundred rows per step at most: the filter comes first)."""
+    return acts.lazy().filter(pl.col("is_kernel") & (pl.col("class") == "comm")).select(
+        [pl.col(c).cast(t) for c, t in COLLECTIVE_SCHEMA.items()]).collect()
+
+
 # The activity columns a one-shot analysis keeps once its launch calls are extracted: what the
 # per-step figures, the diagnosis (gaps, launch, floors, what-if) and `analyze`'s renderers read.
 ONE_SHOT_ACT_COLUMNS = ("step", "device", "pid", "start", "end", "prev_end", "is_kernel", "name",
@@ -99,6 +114,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
+    collectives = collective_kernels(acts)
     if release_input:
         api = api.filter(pl.col("is_sync"))
         # ids, stream, thread, window and memop fields are read by nothing after this point in
@@ -119,7 +135,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
             "they count only in steps delimited by the kernel sequence"
         )
-    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings)
+    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives)
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,

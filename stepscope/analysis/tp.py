@@ -1,13 +1,18 @@
 """Tensor-parallel width projection with Equation 1.3, and the per-rank view of TP traces.
 
-Per rank at width w (seed 003, "Tensor parallelism across 4 A100s"):
+Per rank at width w (seed 003, "Tensor parallelism across 4 A100s"), in eager mode:
   CPU floor    = N_k · t_launch                  (the launch count per rank does not change)
   device floor = U + S · w0 / w + C(w)           U unsharded work, S sharded work measured at
                                                  the trace's width w0, C(w) = layers · c_layer
-                                                 for w > 1 (the collectives), 0 at w = 1
+                                                 for w > 1 (the collectives' transfer), 0 at w = 1
   step         = max(CPU floor, device floor)
+and in graph mode the CPU floor is one graph launch, while the device floor gains the replay's
+device-side gap per kernel (whatif.py's constants): more GPUs keep shortening a graph step long
+after an eager one has become launch-bound.
 Sharded: projection GEMMs, attention and their split-K reduces. From a trace, U and S come from
-its class times, scaled so that w = w0 reproduces its measured GPU busy time exactly.
+its class times, scaled so that w = w0 reproduces the device floor of the projected step (its
+device work: GPU busy less the collectives' waiting for a slower rank, collectives.py). The
+projected step is the median step of one rank: the binding rank of a multi-rank trace.
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.collectives import summary_rank
 
 SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode")
 # Two all-reduces per layer (after O and after down). Default cost of one when no TP trace is
 # given: the mean transfer time (waits removed) of the collectives in the committed H200 TP=2
 # fixture (llama8b_decode_b1_eager_tp2.sqlite, NCCL ring LL, bf16), recomputed by a test.
 ALLREDUCES_PER_LAYER = 2
-DEFAULT_ALLREDUCE_NS = 7_200
+DEFAULT_ALLREDUCE_NS = 7_109
 
 
 @dataclass
@@ -37,74 +42,118 @@ class Projection:
 def project(
     n_launch: int, t_launch_ns: float, sharded_ns: float, unsharded_ns: float = 0.0,
     widths=(1, 2, 4, 8), base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
-    scale: float = 1.0,
+    scale: float = 1.0, fixed_device_ns: float = 0.0,
 ) -> Projection:
+    """`fixed_device_ns`: device time that does not shrink with the width (a graph replay's gaps
+    between its kernels)."""
     cpu = n_launch * t_launch_ns
     rows = []
     for w in widths:
         device = scale * (unsharded_ns + sharded_ns * base_tp / w + (layers * collective_per_layer_ns if w > 1 else 0))
+        device += fixed_device_ns
         rows.append({
             "tp": w,
             "cpu_floor_ns": int(round(cpu)),
             "device_floor_ns": int(round(device)),
             "step_time_ns": int(round(max(cpu, device))),
             "bound": "launch-bound" if cpu > device else "device-bound",
+            "measured_step_time_ns": None,
         })
     bound_at = [r["tp"] for r in rows if r["bound"] == "launch-bound"]
     return Projection(rows, min(bound_at) if bound_at else None, {
         "n_launch": n_launch, "t_launch_ns": t_launch_ns, "sharded_ns": sharded_ns,
         "unsharded_ns": unsharded_ns, "base_tp": base_tp, "layers": layers,
-        "collective_per_layer_ns": collective_per_layer_ns, "scale": scale,
+        "collective_per_layer_ns": collective_per_layer_ns, "scale": scale, "fixed_device_ns": fixed_device_ns,
     })
 
 
-def project_trace(inv: Inventory, floors: pl.DataFrame, widths=(1, 2, 4, 8),
-                  collective_us: float | None = None) -> Projection:
-    """Project the trace's median step (by step time) of its first rank."""
-    s = inv.steps
-    first_pid = s.sort("step")["pid"][0]
-    ranks = s.select("pid", "device").unique().height
-    mine = s.filter(pl.col("pid") == first_pid).sort("step_time_ns")
+@dataclass
+class TraceProjection:
+    """Both modes projected from one step of a trace; `mode` is the trace's own."""
+
+    mode: str                    # "eager" | "graph"
+    eager: Projection | None     # None for a graph trace: it has no per-kernel launch cost
+    graph: Projection
+    inputs: dict
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def own(self) -> Projection:
+        return self.graph if self.mode == "graph" else self.eager
+
+
+def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) -> TraceProjection:
+    """Project the median step (by step time) of the trace's summary rank, in eager and graph
+    mode. `d`: the trace's Diagnosis."""
+    from stepscope.analysis.whatif import DEFAULT, graph_constants, is_graph_trace
+
+    inv = d.inv
+    rank = summary_rank(d.collectives.ranks, d.tp)
+    mine = inv.steps.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"])).sort(
+        "step_time_ns", "step")
     med = mine.row(mine.height // 2, named=True)
     step = med["step"]
-    shape_tp = _step_tp(med["name"])
-    base_tp = shape_tp or ranks
+    base_tp = _step_tp(med["name"]) or rank["ranks"]
     c = inv.classes.filter(pl.col("step") == step)
     t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
     sharded = float(sum(t.get(k, 0) for k in SHARDED))
     comm = float(t.get("comm", 0))
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))
     layers = med["layers"] or 0
-    per_rank = rank_table(inv) if comm else None
+    tp = d.tp.filter(pl.col("step") == step).row(0, named=True) if d.tp is not None and d.tp.height else None
     notes = []
+    if rank["ranks"] > 1:
+        notes.append(f"projected step: {step}, rank {rank['rank']} of {rank['ranks']} (pid {rank['pid']}, "
+                     f"GPU {rank['device']}: {rank['why']}), the median of its {mine.height} step(s)")
+    default_note = (f"collective cost estimated: {ALLREDUCES_PER_LAYER} all-reduces per layer × "
+                    f"{DEFAULT_ALLREDUCE_NS / 1e3:.1f} µs (measured on the H200 TP=2 fixture)")
     if collective_us is not None:
         c_layer = collective_us * 1e3 * ALLREDUCES_PER_LAYER
         notes.append(f"collective cost given: {collective_us} µs per all-reduce")
-    elif comm and layers and base_tp > 1:
-        transfer = per_rank["comm_time_ns"] - per_rank["comm_wait_ns"]
-        c_layer = float(transfer.median()) / layers if per_rank.height else comm / layers
+    elif comm and layers and base_tp > 1 and tp is not None and tp["split"]:
+        c_layer = float(tp["collective_transfer_ns"]) / layers
         notes.append("collective cost measured from this TP trace (transfer time, waits removed)")
     else:
         c_layer = DEFAULT_ALLREDUCE_NS * ALLREDUCES_PER_LAYER
-        notes.append(f"collective cost estimated: {ALLREDUCES_PER_LAYER} all-reduces per layer × "
-                     f"{DEFAULT_ALLREDUCE_NS / 1e3:.1f} µs (measured on the H200 TP=2 fixture); "
-                     "give a TP trace or --collective-us to replace it")
-    f = floors.filter(pl.col("step") == step).row(0, named=True)
+        if comm and tp is not None and not tp["split"]:
+            notes.append(f"{default_note}; this trace's collectives cannot be split: {tp['split_note']}")
+        else:
+            notes.append(default_note + "; give a TP trace or --collective-us to replace it")
+    f = d.floors.filter(pl.col("step") == step).row(0, named=True)
     work_base = unsharded + sharded + (layers * c_layer if base_tp > 1 else 0)
-    # the device floor excludes time a collective spent waiting for a slower peer
-    wait = 0
-    if per_rank is not None:
-        r = per_rank.filter(pl.col("step") == step)
-        wait = int(r["comm_wait_ns"][0]) if r.height else 0
-    device_base = med["gpu_busy_ns"] - wait
+    device_base = f["device_floor_ns"]
     scale = device_base / work_base if work_base else 1.0
-    p = project(med["n_launch_calls"], f["t_launch_ns"], sharded, unsharded, widths, base_tp, layers,
-                c_layer, scale)
-    p.inputs.update({"step": step, "pid": med["pid"], "device": med["device"],
-                     "measured_step_time_ns": med["step_time_ns"], "gpu_busy_ns": med["gpu_busy_ns"],
-                     "comm_wait_ns": wait})
-    p.notes = notes
-    return p
+    graph_trace = is_graph_trace(inv)
+    mode = "graph" if graph_trace else "eager"
+    eager = None
+    if not graph_trace:
+        eager = project(med["n_launch_calls"], f["t_launch_ns"], sharded, unsharded, widths, base_tp, layers,
+                        c_layer, scale)
+    else:
+        notes.append("eager mode not projected: a graph trace has no per-kernel launch cost")
+    # graph mode: one launch per step; a graph trace's own launch cost and node gap, else the what-if's
+    own = graph_constants(inv) if graph_trace else None
+    if own is not None:
+        g_launch, g_gap = f["t_launch_ns"], own.node_gap_ns
+        notes.append("graph mode: CPU floor = this trace's one graph launch; device floor + its measured "
+                     f"{g_gap:.0f} ns per kernel between graph nodes")
+    else:
+        g_launch, g_gap = DEFAULT.graph_launch_lead_ns, DEFAULT.node_gap_ns
+        notes.append(f"graph mode: CPU floor = one graph launch ({g_launch / 1e6:.3f} ms, the what-if's launch "
+                     f"lead); device floor + {g_gap:.0f} ns per kernel between graph nodes ({DEFAULT.source})")
+    graph = project(1, g_launch, sharded, unsharded, widths, base_tp, layers, c_layer, scale,
+                    fixed_device_ns=med["n_kernels"] * g_gap)
+    own_rows = (graph if graph_trace else eager).rows
+    for r in own_rows:
+        if r["tp"] == base_tp:
+            r["measured_step_time_ns"] = med["step_time_ns"]
+    if not any(r["tp"] == base_tp for r in own_rows):
+        notes.append(f"the measured width TP={base_tp} is not among the widths: no measured step beside the model")
+    inputs = {**(eager or graph).inputs, "step": step, "rank": rank["rank"], "pid": med["pid"],
+              "device": med["device"], "measured_step_time_ns": med["step_time_ns"],
+              "gpu_busy_ns": med["gpu_busy_ns"], "device_floor_ns": device_base,
+              "collective_wait_ns": (tp or {}).get("collective_wait_ns") or 0, "mode": mode}
+    return TraceProjection(mode, eager, graph, inputs, notes)
 
 
 def _step_tp(name: str | None) -> int | None:
@@ -114,26 +163,35 @@ def _step_tp(name: str | None) -> int | None:
     return tp if isinstance(tp, int) else None
 
 
-def rank_table(inv: Inventory) -> pl.DataFrame:
-    """Per rank (process, device), per step ordinal: step time, NCCL time, and its waiting part.
+RANK_STEP_COLUMNS = ("step", "group", "step_time_ns", "gpu_busy_ns", "collectives", "collective_ns",
+                     "collective_transfer_ns", "collective_wait_ns", "split", "split_note", "cpu_floor_ns",
+                     "device_floor_ns", "verdict")
 
-    The i-th collective kernel of a step on each rank is one collective; a rank whose kernel
-    started before the last rank's did was waiting for it: wait = latest start − own start
-    (capped at the kernel's duration); the rest of the kernel is transfer.
-    """
-    s = inv.steps.select("step", "pid", "device", "step_time_ns").sort("step")
-    s = s.with_columns(ordinal=pl.int_range(pl.len()).over("pid", "device"))
-    comm = (
-        inv.acts.filter((pl.col("class") == "comm") & pl.col("step").is_not_null())
-        .select("step", "start", "end").sort("step", "start")
-        .join(s.select("step", "pid", "device", "ordinal"), on="step")
-        .with_columns(i=pl.int_range(pl.len()).over("step"))
-    )
-    if comm.is_empty():
-        return s.with_columns(comm_time_ns=pl.lit(0, pl.Int64), comm_wait_ns=pl.lit(0, pl.Int64)).drop("ordinal")
-    last = comm.group_by("ordinal", "i").agg(last_start=pl.col("start").max())
-    comm = comm.join(last, on=["ordinal", "i"]).with_columns(
-        wait=pl.min_horizontal(pl.col("last_start") - pl.col("start"), pl.col("end") - pl.col("start")))
-    per = comm.group_by("step").agg(comm_time_ns=(pl.col("end") - pl.col("start")).sum(),
-                                    comm_wait_ns=pl.col("wait").sum())
-    return s.join(per, on="step", how="left").fill_null(0).drop("ordinal").sort("step")
+
+def rank_rows(d) -> list[dict]:
+    """One row per rank (rank, pid, device) with its steps nested: step, group, step time, GPU
+    busy, collectives (time, transfer, wait, split, why not), floors and verdict. Empty for a
+    single-GPU trace without collectives."""
+    if d.tp is None or d.tp.is_empty():
+        return []
+    s = (d.tp.join(d.inv.steps.select("step", "pid", "device", "step_time_ns", "gpu_busy_ns"), on="step")
+         .join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns", "verdict"), on="step")
+         .sort("rank", "group"))
+    out = []
+    for (rank,), grp in s.group_by("rank", maintain_order=True):
+        first = grp.row(0, named=True)
+        out.append({"rank": rank, "pid": first["pid"], "device": first["device"],
+                    "steps": grp.select(RANK_STEP_COLUMNS).to_dicts()})
+    return out
+
+
+def tp_steps(d) -> list[dict]:
+    """One row per step group of a multi-rank trace: its ranks, the slowest rank's step time,
+    the rank skew, the binding rank and the verdict sentence."""
+    if d.tp is None or d.tp.is_empty() or d.collectives.ranks.height < 2:
+        return []
+    s = d.tp.join(d.inv.steps.select("step", "step_time_ns"), on="step")
+    g = s.group_by("group").agg(
+        ranks=pl.len(), step_time_ns=pl.col("step_time_ns").max(), rank_skew_ns=pl.col("rank_skew_ns").first(),
+        binding_rank=pl.col("binding_rank").first(), verdict=pl.col("tp_verdict").first())
+    return g.sort("group").to_dicts()

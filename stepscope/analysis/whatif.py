@@ -4,7 +4,11 @@ A graph replay removes the host from the step: what remains is the device work, 
 device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
 before the first node runs. So
 
-    predicted = graph_launch_lead_ns + gpu_busy_ns(eager) + n_kernels × node_gap_ns
+    predicted = graph_launch_lead_ns + device_floor_ns(eager) + n_kernels × node_gap_ns
+
+The device floor is the GPU busy time less what the step's collectives spent waiting for a
+slower rank (floors.py): in an eager TP step most of an all-reduce is one rank waiting for its
+peer's host, which a graph replay removes; the transfer stays. On one GPU it is the busy time.
 
 The two constants are measured from graph traces (`graph_constants`); the defaults below are
 the mean over three committed H200 graph captures on two machines (nsys 2025.3 with
@@ -58,11 +62,18 @@ def is_graph_trace(inv: Inventory) -> bool:
     return not _graph_steps(inv).is_empty()
 
 
-def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT) -> pl.DataFrame:
-    """Per step: the predicted graph-mode step time (null for a step that already is a replay)."""
+def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
+                       work: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per step: the predicted graph-mode step time (null for a step that already is a replay).
+    `work`: (step, device_floor_ns), e.g. floors(); when not given, from the collectives."""
+    if work is None:
+        from stepscope.analysis.collectives import collectives
+
+        work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
+            "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
     replayed = _graph_steps(inv)["step"].to_list()
-    predicted = consts.graph_launch_lead_ns + pl.col("gpu_busy_ns") + pl.col("n_kernels") * consts.node_gap_ns
-    return inv.steps.select(
+    predicted = consts.graph_launch_lead_ns + pl.col("device_floor_ns") + pl.col("n_kernels") * consts.node_gap_ns
+    return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").select(
         "step",
         pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))
         .cast(pl.Int64).alias("predicted_graph_step_time_ns"),

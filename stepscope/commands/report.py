@@ -42,12 +42,17 @@ def report(
         from stepscope.render.output import write_atomic
         from stepscope.render.report_data import budget_for, pick_step, step_view
 
+        from stepscope.analysis.diagnosis import diagnose
+
         inv = _load(trace, step_regex, rules)
-        view = step_view(inv, pick_step(inv, step), chosen="as asked" if step else None)
+        d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
+        view = step_view(inv, pick_step(inv, step, d), d, chosen="as asked" if step else None)
         other = None
         if compare is not None:
             inv2 = _load(compare, step_regex, rules)
-            other = step_view(inv2, pick_step(inv2, compare_step), chosen="as asked" if compare_step else None)
+            d2 = diagnose(inv2)
+            other = step_view(inv2, pick_step(inv2, compare_step, d2), d2,
+                              chosen="as asked" if compare_step else None)
         budget, budget_note = budget_for(view, cells)
         if fmt == "html":
             from stepscope.render.html import render_html

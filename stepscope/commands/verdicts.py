@@ -62,6 +62,10 @@ def compare(
         raise typer.Exit(1)
 
 
+def _mode(p) -> dict | None:
+    return None if p is None else {"rows": p.rows, "launch_bound_from_tp": p.launch_bound_from_tp}
+
+
 def _widths(text: str) -> list[int]:
     try:
         w = [int(x) for x in text.split(",") if x.strip()]
@@ -90,7 +94,6 @@ def tp(
 
     ws = _widths(widths)
     numbers = (kernels, launch_us, device_ms)
-    ranks = None
     if trace is None:
         if None in numbers:
             fail("give a trace, or all of --kernels, --launch-us and --device-ms")
@@ -100,21 +103,25 @@ def tp(
         if collective_us:
             proj.notes.append(f"collective: {tpm.ALLREDUCES_PER_LAYER} all-reduces × {collective_us} µs "
                               "per layer, 32 layers assumed")
+        doc = {"inputs": proj.inputs, "mode": "eager", "projection": proj.rows,
+               "launch_bound_from_tp": proj.launch_bound_from_tp,
+               "projections": {"eager": _mode(proj), "graph": None}, "notes": proj.notes}
     else:
         if any(v is not None for v in numbers):
             fail("give either a trace or --kernels/--launch-us/--device-ms, not both")
         d = _diagnosis(trace, step_regex, rules, not no_cache)
-        proj = tpm.project_trace(d.inv, d.floors, ws, collective_us)
-        r = tpm.rank_table(d.inv)
-        if r.select("pid", "device").unique().height > 1:
-            ranks = r
-        else:
-            proj.notes.append("single-rank trace: the collective cost is estimated, not measured")
-    doc = {"inputs": proj.inputs, "projection": proj.rows, "launch_bound_from_tp": proj.launch_bound_from_tp,
-           "notes": proj.notes}
-    if ranks is not None:
-        doc["ranks"] = ranks.drop("step").to_dicts()
-        doc["rank_skew_ns"] = int(ranks["step_time_ns"].max() - ranks["step_time_ns"].min())
+        proj = tpm.project_trace(d, ws, collective_us)
+        doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
+               "launch_bound_from_tp": proj.own.launch_bound_from_tp,
+               "projections": {"eager": _mode(proj.eager), "graph": _mode(proj.graph)}, "notes": proj.notes}
+        ranks = tpm.rank_rows(d)
+        if ranks:
+            doc["ranks"] = ranks
+        groups = tpm.tp_steps(d)
+        if groups:
+            doc["tp_steps"] = groups
+            skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]
+            doc["rank_skew_ns"] = max(skews) if skews else None
     if json_out:
         from stepscope.render.json import dumps
 

@@ -24,6 +24,7 @@ CLASS_COLORS = {
 GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d"}
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 LAUNCH_COLOR, GRAPH_COLOR, RANGE_COLOR = "#6b6b6b", "#1b7837", "#cfd8e3"
+WAIT_COLOR = "#3b0a0a"  # over a collective: the part spent waiting for the slowest rank
 
 WIDTH = 1320          # SVG width in px
 LEFT = 150            # label column of the timeline
@@ -75,70 +76,18 @@ def _timeline(views: list[StepView]) -> str:
     out: list[str] = []
     y = 4
 
-    def x(ns: int, t0: int) -> float:
-        return LEFT + (ns - t0) * sx
-
     for vi, v in enumerate(views):
         t0 = v.t0
         out.append(f'<text x="0" y="{y + 12}" style="font-weight:600">{escape(_panel_name(v, vi, len(views)))}</text>')
         y += ROW + 2
-        f = v.figures
-        if f.get("w_start") is not None:
-            x0, x1 = x(f["w_start"], t0), x(f["w_end"], t0)
-            tip = f"{f['name']}: {_us(f['w_end'] - f['w_start'])}"
-            out.append(f'<text x="4" y="{y + 12}">step range</text>'
-                       f'<rect class="range" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 0.6):.1f}" height="{ROW - 6}" '
-                       f'fill="{RANGE_COLOR}">{_t(tip)}</rect>')
-            y += ROW
-        # host rows: the launch calls
-        for (pid, tid), grp in v.launches.group_by(["pid", "tid"], maintain_order=True):
-            out.append(f'<text x="4" y="{y + 12}">host {tid}</text>')
-            for r in grp.iter_rows(named=True):
-                graph = bool(r["is_graph_launch"])
-                x0 = x(r["start"], t0)
-                w = max((r["end"] - r["start"]) * sx, 0.6)
-                color = GRAPH_COLOR if graph else LAUNCH_COLOR
-                cls = "launch graph-launch" if graph else "launch"
-                tip = f"{r['api_name']} {_us(r['end'] - r['start'])} (corr {r['corr']})"
-                out.append(f'<rect class="{cls}" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
-                           f'fill="{color}">{_t(tip)}</rect>')
-                if graph:
-                    out.append(f'<path class="graph-mark" d="M{x0:.1f},{y + 1} l-4,-6 h8 z" fill="{GRAPH_COLOR}">'
-                               f'{_t("graph replay: " + str(r["api_name"]))}</path>')
-            y += ROW
-        # device rows: one per stream, gaps shaded across the device's rows
-        for dev in sorted(set(v.acts["device"].to_list())):
-            a = v.acts.filter(pl.col("device") == dev)
-            streams = sorted(set(a["stream"].to_list()))
-            top = y
-            height = ROW * len(streams)
-            for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
-                x0 = x(g["gap_start"], t0)
-                w = max(g["gap_ns"] * sx, 0.6)
-                tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
-                out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
-                           f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
-                           f'{_t(tip)}</rect>')
-            for s in streams:
-                out.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
-                for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
-                    x0 = x(r["start"], t0)
-                    w = max((r["end"] - r["start"]) * sx, 0.6)
-                    c = r["class"] or "other"
-                    tip = f"{r['name']} [{c}] {_us(r['end'] - r['start'])}"
-                    out.append(f'<rect class="k" data-class="{c}" x="{x0:.1f}" y="{y + 2}" width="{w:.1f}" height="{ROW - 4}" '
-                               f'fill="{CLASS_COLORS.get(c, "#ccc")}">{_t(tip)}</rect>')
+        ranks = v.ranks
+        for rv in ranks:  # a TP step: every rank on the one clock, so waiting lines up with its cause
+            if len(ranks) > 1:
+                tag = " (shown step)" if rv is v else ""
+                out.append(f'<text class="rank" x="0" y="{y + 12}" style="font-style:italic">'
+                           f'{escape(rv.rank_label + tag)}</text>')
                 y += ROW
-            # graph replays: a bracket under the device rows per replay (kernels sharing the launch's corr)
-            gk = a.filter(pl.col("graph_node_id").is_not_null())
-            if gk.height:
-                reps = gk.group_by("corr").agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"))
-                for r in reps.iter_rows(named=True):
-                    x0, x1 = x(r["start"], t0), x(r["end"], t0)
-                    tip = f"graph replay: {r['n']} kernels, {_us(r['end'] - r['start'])}"
-                    out.append(f'<path class="graph-replay" d="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
-                               f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
-                y += 8
+            y = _rank_rows(rv, t0, sx, y, out)
         y += 10
     # axis, shared by every panel
     tick = _nice(span)
@@ -156,16 +105,94 @@ def _timeline(views: list[StepView]) -> str:
             f'xmlns="http://www.w3.org/2000/svg">{"".join(axis)}{"".join(out)}</svg>')
 
 
+def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
+    """The step range, host rows and device rows of one rank's step; returns the next y."""
+
+    def x(ns: int) -> float:
+        return LEFT + (ns - t0) * sx
+
+    f = v.figures
+    if f.get("w_start") is not None:
+        x0, x1 = x(f["w_start"]), x(f["w_end"])
+        tip = f"{f['name']}: {_us(f['w_end'] - f['w_start'])}"
+        out.append(f'<text x="4" y="{y + 12}">step range</text>'
+                   f'<rect class="range" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 0.6):.1f}" height="{ROW - 6}" '
+                   f'fill="{RANGE_COLOR}">{_t(tip)}</rect>')
+        y += ROW
+    # host rows: the launch calls
+    for (pid, tid), grp in v.launches.group_by(["pid", "tid"], maintain_order=True):
+        out.append(f'<text x="4" y="{y + 12}">host {tid}</text>')
+        for r in grp.iter_rows(named=True):
+            graph = bool(r["is_graph_launch"])
+            x0 = x(r["start"])
+            w = max((r["end"] - r["start"]) * sx, 0.6)
+            color = GRAPH_COLOR if graph else LAUNCH_COLOR
+            cls = "launch graph-launch" if graph else "launch"
+            tip = f"{r['api_name']} {_us(r['end'] - r['start'])} (corr {r['corr']})"
+            out.append(f'<rect class="{cls}" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
+                       f'fill="{color}">{_t(tip)}</rect>')
+            if graph:
+                out.append(f'<path class="graph-mark" d="M{x0:.1f},{y + 1} l-4,-6 h8 z" fill="{GRAPH_COLOR}">'
+                           f'{_t("graph replay: " + str(r["api_name"]))}</path>')
+        y += ROW
+    # device rows: one per stream, gaps shaded across the device's rows
+    for dev in sorted(set(v.acts["device"].to_list())):
+        a = v.acts.filter(pl.col("device") == dev)
+        streams = sorted(set(a["stream"].to_list()))
+        top = y
+        height = ROW * len(streams)
+        for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
+            x0 = x(g["gap_start"])
+            w = max(g["gap_ns"] * sx, 0.6)
+            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+            out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
+                       f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
+                       f'{_t(tip)}</rect>')
+        waits = v.waits.filter(pl.col("matched") & (pl.col("device") == dev)) if v.waits is not None else None
+        for s in streams:
+            out.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
+            for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
+                x0 = x(r["start"])
+                w = max((r["end"] - r["start"]) * sx, 0.6)
+                c = r["class"] or "other"
+                tip = f"{r['name']} [{c}] {_us(r['end'] - r['start'])}"
+                out.append(f'<rect class="k" data-class="{c}" x="{x0:.1f}" y="{y + 2}" width="{w:.1f}" height="{ROW - 4}" '
+                           f'fill="{CLASS_COLORS.get(c, "#ccc")}">{_t(tip)}</rect>')
+            # the part of each collective spent waiting for the slowest rank, darkened over it
+            if waits is not None and waits.height:
+                for r in waits.filter(pl.col("stream") == s).iter_rows(named=True):
+                    for lo, hi in ((r["start"], r["last_start"]), (r["first_end"], r["end"])):
+                        if hi > lo:
+                            tip = f"waiting for the slowest rank in {r['name']}: {_us(hi - lo)}"
+                            out.append(f'<rect class="wait" x="{x(lo):.1f}" y="{y + 2}" width="{max((hi - lo) * sx, 0.6):.1f}" '
+                                       f'height="{ROW - 4}" fill="{WAIT_COLOR}" fill-opacity="0.55">{_t(tip)}</rect>')
+            y += ROW
+        # graph replays: a bracket under the device rows per replay (kernels sharing the launch's corr)
+        gk = a.filter(pl.col("graph_node_id").is_not_null())
+        if gk.height:
+            reps = gk.group_by("corr").agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"))
+            for r in reps.iter_rows(named=True):
+                x0, x1 = x(r["start"]), x(r["end"])
+                tip = f"graph replay: {r['n']} kernels, {_us(r['end'] - r['start'])}"
+                out.append(f'<path class="graph-replay" d="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
+                           f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
+            y += 8
+    return y
+
+
 def _panel_name(v: StepView, i: int, n: int) -> str:
     tag = ("A: " if i == 0 else "B: ") if n > 1 else ""
     return f"{tag}{v.label}"
 
 
-def _legend(gaps: bool) -> str:
+def _legend(gaps: bool, waits: bool = False) -> str:
     items = "".join(f'<span class="sw" style="background:{c}"></span>{k}' for k, c in CLASS_COLORS.items())
     items += f'<br><span class="sw" style="background:{LAUNCH_COLOR}"></span>launch call'
     items += f'<span class="sw" style="background:{GRAPH_COLOR}"></span>graph replay (cudaGraphLaunch ▼, bracket under its kernels)'
     items += f'<span class="sw" style="background:{RANGE_COLOR}"></span>step range'
+    if waits:
+        items += (f'<span class="sw" style="background:{WAIT_COLOR};opacity:.55"></span>'
+                  "collective waiting for the slowest rank")
     if gaps:
         items += "".join(f'<span class="sw" style="background:{GAP_COLORS[k]};opacity:.5"></span>{GAP_LABELS[k]} gap'
                          for k in GAP_KINDS)
@@ -307,16 +334,46 @@ def _floors(views: list[StepView]) -> str:
                         f'<text x="{106 + w:.1f}" y="{y + 13}">{_us(val)}</text>')
         verdict = str(f["verdict"])
         t_launch = f.get("t_launch_ns")
+        wait = (v.tp or {}).get("collective_wait_ns")
+        device = (f"device work: {_us(v.figures['gpu_busy_ns'])} of GPU busy time less {_us(wait)} of collectives "
+                  "waiting for the slowest rank" if wait else "of GPU busy time")
         expl = (f"{v.figures['n_launch_calls']} launch calls × {_us(t_launch)} per launch (median inter-launch interval) "
-                f"vs {_us(dev)} of GPU busy time")
+                f"vs {_us(dev)} {device}")
         overhead = v.inv.trace.profiler_overhead_ns
         oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {_us(overhead)}"
               if overhead else "")
         blocks.append(
             f'<div><div class="sub">{title}</div><span class="verdict {escape(verdict)}" id="verdict-{i}">{escape(verdict)}</span>'
             f'<span class="sub">{escape(expl)}{escape(oh)}</span>'
-            f'<svg class="chart floors" width="760" height="74" xmlns="http://www.w3.org/2000/svg">{"".join(bars)}</svg></div>')
+            f'<svg class="chart floors" width="760" height="74" xmlns="http://www.w3.org/2000/svg">{"".join(bars)}</svg>'
+            f'{_tp_block(v, i)}</div>')
     return "".join(blocks)
+
+
+def _tp_block(v: StepView, i: int) -> str:
+    """A TP step: its verdict (the binding rank and its cause) and every rank's split."""
+    if v.tp is None:
+        return ""
+    out = ""
+    if v.tp.get("tp_verdict"):
+        out += f'<p id="tp-verdict-{i}"><b>TP step:</b> {escape(v.tp["tp_verdict"])}</p>'
+    head = ("<tr><th>rank</th><th>pid</th><th>GPU</th><th>step</th><th>step time</th><th>collectives</th>"
+            "<th>transfer</th><th>waiting</th><th>device floor</th><th>CPU floor</th><th>verdict</th></tr>")
+    rows, notes = [], []
+    for rv in v.ranks:
+        t, f = rv.tp or {}, rv.floors
+        rows.append(f"<tr><td>{t.get('rank', '–')}</td><td>{rv.figures['pid']}</td><td>{rv.figures['device']}</td>"
+                    f"<td>{rv.step}</td><td>{_us(rv.figures['step_time_ns'])}</td><td>{_us(t.get('collective_ns'))}</td>"
+                    f"<td>{_us(t.get('collective_transfer_ns'))}</td><td>{_us(t.get('collective_wait_ns'))}</td>"
+                    f"<td>{_us(f['device_floor_ns'])}</td><td>{_us(f['cpu_floor_ns'])}</td><td>{escape(str(f['verdict']))}</td></tr>")
+        if t.get("split_note"):
+            notes.append(t["split_note"])
+    out += f'<table class="ranks" id="ranks-{i}">{head}{"".join(rows)}</table>'
+    out += "".join(f'<div class="note">not split into transfer and wait: {escape(n)}</div>' for n in sorted(set(notes)))
+    skew = v.tp.get("rank_skew_ns")
+    if skew is not None:
+        out += f'<div class="sub">rank skew of this TP step: {_us(skew)} (spread of its ranks\' step times)</div>'
+    return out
 
 
 # ---------------------------------------------------------------- tables
@@ -392,7 +449,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
         "<h2>Summary</h2>", _summary(views),
         '<h2 id="floors">Floors and verdict</h2>', _floors(views),
         "<h2>Timeline</h2>",
-        _legend(any(v.gaps is not None for v in views)),
+        _legend(any(v.gaps is not None for v in views), any(len(v.ranks) > 1 for v in views)),
         _timeline(views),
         "<h2>Class breakdown</h2>", _classes(views),
         "<h2>Gap histogram</h2>",

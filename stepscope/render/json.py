@@ -46,9 +46,12 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     parts = [pl.col("head"), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
              pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]")]
     if diag is not None:
-        t = t.join(diag.sections_text(), on="step", how="left")
+        sections = diag.sections_text()
+        t = t.join(sections, on="step", how="left")
         parts += [pl.lit(',"gaps":'), pl.col("gaps"), pl.lit(',"launch":'), pl.col("launch"),
                   pl.lit(',"floors":'), pl.col("floors")]
+        if "tp" in sections.columns:  # multi-rank traces only: single-GPU documents keep their form
+            parts += [pl.lit(',"tp":'), pl.col("tp").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
 
 

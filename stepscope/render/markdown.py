@@ -57,7 +57,29 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", _us(f.get("cpu_floor_ns")),
                      _us(f.get("device_floor_ns")), _us(f.get("t_launch_ns")), _us(v.figures["step_time_ns"])])
     out += [_table(["step", "verdict", "CPU floor", "device floor", "per launch", "step time"], rows, "llrrrr"),
-            "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time.", ""]
+            "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time "
+            "less the time collectives spent waiting for the slowest rank.", ""]
+    for i, v in enumerate(views):
+        if v.tp is None:
+            continue
+        tag = f" ({_tag(i, n)})" if n > 1 else ""
+        if v.tp.get("tp_verdict"):
+            out += [f"**TP step{tag}:** {v.tp['tp_verdict']}", ""]
+        rows, notes = [], []
+        for rv in v.ranks:
+            t, f = rv.tp or {}, rv.floors
+            rows.append([t.get("rank", "–"), rv.figures["pid"], rv.figures["device"], rv.step,
+                         _us(rv.figures["step_time_ns"]), _us(t.get("collective_ns")),
+                         _us(t.get("collective_transfer_ns")), _us(t.get("collective_wait_ns")),
+                         _us(f["device_floor_ns"]), _us(f["cpu_floor_ns"]), f["verdict"]])
+            if t.get("split_note"):
+                notes.append(t["split_note"])
+        out += [f"Ranks of this TP step{tag}:", "",
+                _table(["rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
+                        "device floor", "CPU floor", "verdict"], rows, "rrrrrrrrrrl"), ""]
+        out += [f"Not split into transfer and wait: {x}" for x in sorted(set(notes))] + ([""] if notes else [])
+        if v.tp.get("rank_skew_ns") is not None:
+            out += [f"Rank skew of this TP step: {_us(v.tp['rank_skew_ns'])}.", ""]
 
     out += ["### Classes", ""]
     order = (pl.concat([v.classes.select("class", "time_ns") for v in views]).group_by("class")

@@ -15,11 +15,13 @@ from stepscope.errors import InputError
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
 
-def pick_step(inv: Inventory, which: str | int | None = None) -> int:
+def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
     """The step a report shows: the one asked for, else a typical one.
 
     Typical = among the steps of the most common kind (same process, device, phase and kernel
-    count), the one with the median step time: not a warm-up, not an outlier.
+    count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
+    trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
+    candidates: the other ranks' steps of the same TP step are drawn beside it (`peers`).
     """
     ids = inv.step_ids()
     if which not in (None, ""):
@@ -28,7 +30,14 @@ def pick_step(inv: Inventory, which: str | int | None = None) -> int:
         if str(which).isdigit() and int(which) in ids:
             return int(which)
         raise InputError(f"no step {which} in this trace (it has steps {ids[0]}–{ids[-1]})")
-    s = inv.steps.with_columns(_kind=pl.concat_str(
+    s = inv.steps
+    if s.select("pid", "device").unique().height > 1:
+        from stepscope.analysis.collectives import summary_rank
+
+        d = diag if diag is not None else _diagnose(inv)
+        r = summary_rank(d.collectives.ranks, d.tp)
+        s = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
+    s = s.with_columns(_kind=pl.concat_str(
         [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
         separator="|"))
     common = s.group_by("_kind").agg(pl.len().alias("n"), pl.col("step").min().alias("first")).sort(
@@ -52,6 +61,21 @@ class StepView:
     floors: dict                   # the step's floors row
     notes: list[str] = field(default_factory=list)
     chosen: str = "a typical step: median step time among the steps of the most common kind"
+    tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, verdict)
+    waits: pl.DataFrame | None = None  # the step's collective kernels with their wait intervals
+    peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
+
+    @property
+    def ranks(self) -> list["StepView"]:
+        """This step and its peers, by rank."""
+        views = [self] + self.peers
+        return sorted(views, key=lambda v: (v.tp or {}).get("rank", 0))
+
+    @property
+    def rank_label(self) -> str:
+        f = self.figures
+        rank = f"rank {self.tp['rank']} · " if self.tp else ""
+        return f"{rank}pid {f['pid']} · GPU {f['device']}"
 
     @property
     def label(self) -> str:
@@ -64,14 +88,21 @@ class StepView:
 
     @property
     def t0(self) -> int:
-        """Left edge of the step's timeline: its begin, or its first host/GPU event if earlier."""
+        """Left edge of the step's timeline: its begin, or its first host/GPU event if earlier
+        (of its peers too: the ranks of a TP step share one clock and one axis)."""
+        return min(v._t0() for v in [self] + self.peers)
+
+    @property
+    def t1(self) -> int:
+        return max(v._t1() for v in [self] + self.peers)
+
+    def _t0(self) -> int:
         cands = [self.figures.get("step_begin"), self.figures.get("first_start")]
         if self.launches.height:
             cands.append(self.launches["start"].min())
         return int(min(c for c in cands if c is not None))
 
-    @property
-    def t1(self) -> int:
+    def _t1(self) -> int:
         cands = [self.figures.get("step_end"), self.figures.get("last_end")]
         if self.launches.height:
             cands.append(self.launches["end"].max())
@@ -94,16 +125,18 @@ def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, lis
     return out
 
 
-def _diagnosis(inv: Inventory):
-    """(gaps, floors) frames of every step, from the analyses `analyze` itself uses."""
+def _diagnose(inv: Inventory):
+    """The analyses `analyze` itself uses: gaps, floors, collectives."""
     from stepscope.analysis.diagnosis import diagnose
 
-    d = diagnose(inv)
-    return d.gaps, d.floors
+    return diagnose(inv)
 
 
-def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None) -> StepView:
-    gaps, floors = diag if diag is not None else _diagnosis(inv)
+def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, peers: bool = True) -> StepView:
+    """One step's view; `diag`: the trace's Diagnosis (computed when not given). On a
+    multi-rank trace the view holds the other ranks' steps of its TP step as `peers`."""
+    d = diag if diag is not None else _diagnose(inv)
+    gaps, floors = d.gaps, d.floors
     fig = inv.steps.filter(pl.col("step") == step).row(0, named=True)
     acts = inv.acts.filter(pl.col("step") == step).sort("start")
     calls = (
@@ -115,13 +148,23 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None) -
     )
     g = gaps.filter(pl.col("step") == step)
     f = floors.filter(pl.col("step") == step).row(0, named=True)  # diagnose() floors every step
-    return StepView(
+    tp_rows = d.tp.filter(pl.col("step") == step) if d.tp is not None else None
+    tp = tp_rows.row(0, named=True) if tp_rows is not None and tp_rows.height else None
+    waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
+    view = StepView(
         inv=inv, step=step, figures=fig,
         classes=inv.classes.filter(pl.col("step") == step).drop("step"),
         kernels=inv.kernels.filter(pl.col("step") == step).drop("step"),
-        acts=acts, launches=calls, gaps=g, floors=f,
+        acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
         **({"chosen": chosen} if chosen else {}),
     )
+    if chosen is None and tp is not None and tp["ranks"] > 1:
+        view.chosen += (f" of rank {tp['rank']} of {tp['ranks']}, the rank that binds most TP steps; "
+                        "the other ranks' steps of its TP step are drawn beside it")
+    if peers and tp is not None and tp["ranks"] > 1:
+        others = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
+        view.peers = [step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in others]
+    return view
 
 
 def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | None]:

@@ -28,8 +28,10 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
 
 
 def verdict_line(diag, step: int) -> str:
-    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes."""
-    f = diag.step_sections(step)["floors"]
+    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
+    for a rank of a multi-rank trace, also which rank binds the TP step and why."""
+    sec = diag.step_sections(step)
+    f, tp = sec["floors"], sec.get("tp")
     s = diag.inv.steps.filter(pl.col("step") == step).row(0, named=True)
     c = diag.inv.classes.filter(pl.col("step") == step).sort("time_ns", descending=True)
     total = c["time_ns"].sum() or 1
@@ -43,7 +45,16 @@ def verdict_line(diag, step: int) -> str:
         out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
     if top:
         out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
-    return out + "."
+        wait = (tp or {}).get("collective_wait_ns")
+        if top["class"] == "comm" and wait:
+            # most of a waiting rank's NCCL time is not device work: say so where the share is
+            out += f" ({100 * wait / max(top['time_ns'], 1):.0f}% of it waiting for the slowest rank)"
+        elif top["class"] == "comm" and tp and not tp["split"]:
+            out += " (how much of it is waiting for another rank cannot be told from this trace)"
+    out += "."
+    if tp and tp.get("verdict"):
+        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
+    return out
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
@@ -121,11 +132,17 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     if po["count"]:
         console.print(f"[dim]nsys's own overhead in this trace: {po['count']} records, {ms(po['time_ns'])} "
                       "(host cost per launch is inflated by tracing)[/]")
+    tp = sec.get("tp")
+    if tp:
+        _render_collectives(tp, console)
     bound = f["verdict"]
     colour = "red" if bound == "launch-bound" else "green"
+    wait = (tp or {}).get("collective_wait_ns")
+    busy = diag.inv.steps.filter(pl.col("step") == step)["gpu_busy_ns"][0]
+    device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
     console.print(
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
-        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} (GPU busy); "
+        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
     pred = f.get("predicted_graph_step_time_ns")
     step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
@@ -135,6 +152,18 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
                       f"{ms(step_ns)} (device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
                       f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
+
+
+def _render_collectives(tp: dict, console: Console) -> None:
+    """A rank's collective time, split into transfer and waiting (or why it cannot be)."""
+    head = f"collectives, rank {tp['rank']} of {tp['ranks']}: {tp['collectives']} kernels, {ms(tp['collective_ns'])}"
+    if tp["split"] and tp["collectives"]:
+        console.print(f"{head} = transfer {ms(tp['collective_transfer_ns'])} + waiting for the slowest rank "
+                      f"{ms(tp['collective_wait_ns'])}")
+    elif not tp["split"]:
+        console.print(f"{head}; [yellow]not split into transfer and wait:[/] {tp['split_note']}")
+    if tp.get("rank_skew_ns") is not None:
+        console.print(f"rank skew of this TP step: {ms(tp['rank_skew_ns'])} (spread of its ranks' step times)")
 
 
 DECADES = ((0, 1_000, "< 1 µs"), (1_000, 10_000, "1–10 µs"), (10_000, 100_000, "10–100 µs"),
@@ -179,7 +208,22 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     t.add_row("launch calls", str(a["n_launch_calls"]), str(b["n_launch_calls"]),
               str(b["n_launch_calls"] - a["n_launch_calls"]))
     t.add_row("verdict", a["verdict"], b["verdict"], "")
+    if "rank" in a or "rank" in b:
+        label = lambda x: f"rank {x['rank']['rank']} of {x['rank']['ranks']}" if "rank" in x else "one rank"  # noqa: E731
+        t.add_row("figures of", label(a), label(b), "")
     console.print(t)
+    for tag, x in (("A", a), ("B", b)):
+        if "ranks" in x:
+            r = Table(show_edge=False, header_style="bold", title=f"{tag}: every rank (medians per step)",
+                      title_justify="left")
+            for col in ("rank", "pid", "GPU", "steps", "step time", "GPU busy", "collective wait", "device floor",
+                        "CPU floor"):
+                r.add_column(col, justify="right")
+            for x_ in x["ranks"]:
+                r.add_row(str(x_["rank"]), str(x_["pid"]), str(x_["device"]), str(x_["steps"]), ms(x_["step_time_ns"]),
+                          ms(x_["gpu_busy_ns"]), ms(x_["collective_wait_ns"]), ms(x_["device_floor_ns"]),
+                          ms(x_["cpu_floor_ns"]))
+            console.print(r)
     c = Table(show_edge=False, header_style="bold", title="per class (time per step)", title_justify="left")
     for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
         c.add_column(col, justify="left" if col == "class" else "right")
@@ -198,25 +242,54 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
 
 def render_tp(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
+    modes = [(m, doc["projections"][m]) for m in ("eager", "graph") if doc["projections"].get(m)]
     t = Table(show_edge=False, header_style="bold", title="Equation 1.3 per TP width", title_justify="left")
-    for col in ("TP", "CPU floor", "device floor", "step", "bound"):
-        t.add_column(col, justify="left" if col == "bound" else "right")
-    for r in doc["projection"]:
-        colour = "red" if r["bound"] == "launch-bound" else "green"
-        t.add_row(str(r["tp"]), ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
-                  f"[{colour}]{r['bound']}[/]")
+    t.add_column("TP", justify="right")
+    for m, _ in modes:
+        for col in ("CPU floor", "device floor", "step", "bound"):
+            t.add_column(f"{m} {col}", justify="left" if col == "bound" else "right")
+    t.add_column(f"measured ({doc['mode']})", justify="right")
+    by_width = {}
+    for m, p in modes:
+        for r in p["rows"]:
+            by_width.setdefault(r["tp"], {})[m] = r
+    own = {r["tp"]: r for r in doc["projection"]}
+    for w, per in by_width.items():
+        cells = [str(w)]
+        for m, _ in modes:
+            r = per[m]
+            colour = "red" if r["bound"] == "launch-bound" else "green"
+            cells += [ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
+                      f"[{colour}]{r['bound']}[/]"]
+        measured = own.get(w, {}).get("measured_step_time_ns")
+        cells.append(ms(measured) if measured is not None else "")
+        t.add_row(*cells)
     console.print(t)
-    w = doc["launch_bound_from_tp"]
-    console.print(f"[bold]launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
-                  if w else "device-bound at every width projected")
+    for m, p in modes:
+        w = p["launch_bound_from_tp"]
+        console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
+                      if w else f"{m}: device-bound at every width projected")
     for n in doc["notes"]:
         console.print(f"[dim]{n}[/]")
     if "ranks" in doc:
         r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
-        for col in ("pid", "device", "step", "NCCL", "NCCL waiting"):
-            r.add_column(col, justify="right")
+        for col in ("rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
+                    "device floor", "CPU floor", "verdict"):
+            r.add_column(col, justify="left" if col == "verdict" else "right")
+        notes = []
         for x in doc["ranks"]:
-            r.add_row(str(x["pid"]), str(x["device"]), ms(x["step_time_ns"]), ms(x["comm_time_ns"]),
-                      ms(x["comm_wait_ns"]))
+            for st in x["steps"]:
+                r.add_row(str(x["rank"]), str(x["pid"]), str(x["device"]), str(st["step"]), ms(st["step_time_ns"]),
+                          ms(st["collective_ns"]), ms(st["collective_transfer_ns"]), ms(st["collective_wait_ns"]),
+                          ms(st["device_floor_ns"]), ms(st["cpu_floor_ns"]), st["verdict"])
+                if st["split_note"]:
+                    notes.append(st["split_note"])
         console.print(r)
-        console.print(f"rank skew: {ms(doc['rank_skew_ns'])}")
+        for n in sorted(set(notes)):
+            console.print(f"[yellow]not split into transfer and wait:[/] {n}")
+    for g in doc.get("tp_steps", []):
+        skew = ms(g["rank_skew_ns"])
+        console.print(f"TP step {g['group']} ({g['ranks']} ranks, slowest {ms(g['step_time_ns'])}, rank skew {skew})"
+                      + (f": {g['verdict']}" if g["verdict"] else ""))
+    if doc.get("rank_skew_ns") is not None:
+        console.print(f"rank skew: {ms(doc['rank_skew_ns'])} (largest spread of one TP step's rank step times)")
