@@ -103,7 +103,7 @@ def engine_env(engine: str) -> dict[str, str]:
 
     env = capture_env(engine)
     if engine == "vllm":
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("CUBLASLT_LOG_LEVEL", "0")
     return env
 

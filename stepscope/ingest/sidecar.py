@@ -66,6 +66,9 @@ def write_sidecar(path: str | os.PathLike, doc: dict[str, Any]) -> Path:
     doc = {"format": FORMAT, **{k: v for k, v in doc.items() if k != "format"}}
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a sidecar is as readable as its export
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=False)
             f.write("\n")
