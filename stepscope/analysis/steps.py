@@ -122,8 +122,37 @@ def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
     holds_next = (pl.col("end").shift(-1).over("pid", "tid") <= pl.col("end")) & (
         pl.col("start").shift(-1).over("pid", "tid") >= pl.col("start"))
     w = w.filter(~holds_next.fill_null(False))
-    return w.select("pid", "tid", pl.col("start").alias("w_start"), pl.col("end").alias("w_end"),
-                    "name", pl.lit("nvtx").alias("delimiter"))
+    w = w.select("pid", "tid", pl.col("start").alias("w_start"), pl.col("end").alias("w_end"),
+                 "name", pl.lit("nvtx").alias("delimiter"))
+    return _extend_vllm_windows(w, nvtx)
+
+
+# vLLM's own scheduler ranges (VLLM_NVTX_SCOPES_FOR_PROFILING=1): the next engine iteration
+VLLM_SCHEDULE_PREFIX = "schedule:"
+
+
+def _extend_vllm_windows(w: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
+    """vLLM's `execute_context_…` range covers the worker's execute_model only; the LM head and
+    sampling are launched by sample_tokens after the range closes, on the same thread. A vLLM
+    step therefore runs from its range's start to the next engine iteration on that thread: its
+    next `schedule: …` range or the next step range; the last one to the end of the process's
+    recorded work (closed like an open capture range)."""
+    is_vllm = pl.col("name").str.contains(_VLLM.pattern)
+    if w.is_empty() or not w.select(is_vllm.any()).item():
+        return w
+    nxt = nvtx.filter(pl.col("name").str.starts_with(VLLM_SCHEDULE_PREFIX)
+                      | pl.col("name").str.contains(_VLLM.pattern))
+    nxt = nxt.select(pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64),
+                     pl.col("start").alias("_next")).sort("_next")
+    v = w.with_row_index("_i").filter(is_vllm).with_columns(
+        pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64)).sort("w_end")
+    v = v.join_asof(nxt, left_on="w_end", right_on="_next", by=["pid", "tid"],
+                    strategy="forward", check_sortedness=False)
+    ends = dict(zip(v["_i"].to_list(), v["_next"].fill_null(OPEN_END).to_list()))
+    idx = w.with_row_index("_i")["_i"].to_list()
+    new_end = [ends.get(i) for i in idx]
+    return w.with_columns(pl.Series("_e", new_end, dtype=pl.Int64)).with_columns(
+        pl.coalesce("_e", "w_end").alias("w_end")).drop("_e")
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:

@@ -1,10 +1,22 @@
 """What-if CUDA graph: predict a graph-mode step from an eager trace alone.
 
-A graph replay removes the host from the step: what remains is the device work, a small
-device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
-before the first node runs. So
+A graph replay removes the host from the model's forward: what remains is the device work, a
+small device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
+before the first node runs. What an engine does *before* the forward stays on the host under
+CUDA graphs too: vLLM prepares each step's inputs with a dozen eager launches and copies
+(`_prepare_pos_seq_lens_kernel`, `_compute_slot_mappings_kernel`, FA3's scheduler metadata, ...)
+and only then replays its graph, and the GPU waits for that. The eager trace shows this
+prologue: the launches of the step issued before its embedding kernel (a step whose embedding
+is not recognized, e.g. fused into another kernel, has no measured prologue: 0). So
 
-    predicted = graph_launch_lead_ns + device_floor_ns(eager) + n_kernels × node_gap_ns
+    predicted = prologue_host_ns + graph_launch_lead_ns
+                + device_floor_ns(eager) − prologue_busy_ns + n_kernels × node_gap_ns
+
+prologue_host_ns = end of the prologue's last launch call − step begin (0 without a prologue,
+as in stepscope's torch engine, whose step starts with the embedding); prologue_busy_ns is the
+device time of the prologue's own activities, which ran while the host was still preparing.
+Launches after the forward (vLLM's LM head and sampling, issued by sample_tokens outside the
+graph) cost nothing extra: by the time the replay ends the host has long issued them.
 
 The device floor is the GPU busy time less what the step's collectives spent waiting for a
 slower rank (floors.py): in an eager TP step most of an all-reduce is one rank waiting for its
@@ -28,7 +40,7 @@ from stepscope.analysis.inventory import Inventory
 @dataclass(frozen=True)
 class GraphConstants:
     node_gap_ns: float          # idle per kernel inside a replay (device-side launch latency)
-    graph_launch_lead_ns: float  # step begin → first kernel of the replay
+    graph_launch_lead_ns: float  # end of the prologue (or step begin) → first kernel of the replay
     source: str
 
 
@@ -43,11 +55,44 @@ def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | N
     s = _graph_steps(inv)
     if s.is_empty():
         return None
+    s = s.join(prologue(inv), on="step", how="left")
+    first_node = inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
+        "step").agg(pl.col("start").min().alias("_node0"))
+    s = s.join(first_node, on="step", how="left").with_columns(
+        (pl.col("_node0") - pl.coalesce("prologue_end", "step_begin")).alias("_lead"))
     return GraphConstants(
         node_gap_ns=float((s["idle_ns"] / s["n_kernels"]).mean()),
-        graph_launch_lead_ns=float((s["first_start"] - s["step_begin"]).mean()),
+        graph_launch_lead_ns=float(s["_lead"].mean()),
         source=source,
     )
+
+
+# A forward starts with its embedding. Without a recognized embedding kernel the start is not
+# known (a norm can follow a gather the classes call framework, attention metadata kernels can
+# precede the embedding), and no prologue is counted.
+FORWARD_START = ("embedding",)
+
+
+def prologue(inv: Inventory) -> pl.DataFrame:
+    """Per step, the launches issued before its forward (see the module docstring):
+    step, prologue_launches, prologue_end (ns, null without a prologue), prologue_host_ns,
+    prologue_busy_ns. In a graph replay step the forward starts with the graph launch."""
+    a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end")
+    a = a.filter(pl.col("launch_start").is_not_null())
+    cls = pl.col("class").cast(pl.String)
+    bounds = a.group_by("step").agg(
+        pl.col("launch_start").filter(pl.col("graph_node_id").is_not_null()).min().alias("_g"),
+        pl.col("launch_start").filter(cls.is_in(FORWARD_START)).min().alias("_e"),
+    ).select("step", pl.coalesce("_g", "_e").alias("_fwd"))
+    pre = (a.join(bounds, on="step").filter(pl.col("launch_start") < pl.col("_fwd"))
+           .group_by("step").agg(prologue_launches=pl.len().cast(pl.Int64),
+                                 prologue_end=pl.col("launch_end").max(),
+                                 prologue_busy_ns=(pl.col("end") - pl.col("start")).sum()))
+    out = inv.steps.select("step", "step_begin").join(pre, on="step", how="left")
+    return out.select(
+        "step", pl.col("prologue_launches").fill_null(0), "prologue_end",
+        (pl.col("prologue_end") - pl.col("step_begin")).clip(lower_bound=0).fill_null(0).alias("prologue_host_ns"),
+        pl.col("prologue_busy_ns").fill_null(0)).sort("step")
 
 
 def _graph_steps(inv: Inventory) -> pl.DataFrame:
@@ -72,8 +117,12 @@ def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
         work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
     replayed = _graph_steps(inv)["step"].to_list()
-    predicted = consts.graph_launch_lead_ns + pl.col("device_floor_ns") + pl.col("n_kernels") * consts.node_gap_ns
-    return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").select(
+    predicted = (pl.col("prologue_host_ns") + consts.graph_launch_lead_ns
+                 + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
+                 + pl.col("n_kernels") * consts.node_gap_ns)
+    return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
+        prologue(inv).select("step", "prologue_host_ns", "prologue_busy_ns"), on="step", how="left",
+        maintain_order="left").select(
         "step",
         pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))
         .cast(pl.Int64).alias("predicted_graph_step_time_ns"),
