@@ -81,6 +81,9 @@ class Trace:
     profiler_overhead_count: int = 0
     profiler_overhead_ns: int = 0
     warnings: list[str] = field(default_factory=list)
+    # what `stepscope trace` measured outside nsys's capture range (ingest/sidecar.py): read
+    # from `<name>.stepscope.json` beside the export each time (never cached with the frames)
+    sidecar: dict | None = None
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
         """An expression mapping an id column to its string (for use in with_columns)."""

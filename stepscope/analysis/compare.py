@@ -45,6 +45,12 @@ def summarize(d: Diagnosis) -> dict:
     out["layers"] = _median_int(s["layers"]) if s["layers"].drop_nulls().len() else None
     out["kernel_names"] = _names_per_step(inv, mine)
     out["step_ids"] = mine["step"].to_list()
+    if d.untraced is not None and d.untraced.height:
+        u = d.untraced.join(mine, on="step", how="semi")
+        out["untraced_step_time_ns"] = _median_int(u["untraced_step_time_ns"])
+        out["untraced_measured"] = bool(u.height and u["untraced_measured_ns"].null_count() == 0)
+        out["untraced_source"] = u["untraced_source"][0] if u.height else None
+        out["untraced_predicted_graph_step_time_ns"] = _median_int(u["untraced_predicted_graph_step_time_ns"])
     if rank["ranks"] > 1:
         out["rank"] = rank
         out["ranks"] = _per_rank(d, every)
@@ -126,7 +132,19 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
         if sb["graph"]:
             ref = sb["fastest_step_time_ns"]
+            doc["prediction_reference_ns"] = ref  # B's measured step the error is computed against
             doc["prediction_error"] = round((doc["predicted_graph_step_time_ns"] - ref) / ref, 4)
+    if sa.get("untraced_measured") and sb.get("untraced_measured"):
+        # both sides were timed outside nsys: the speedup and the what-if in the time users see
+        ua, ub = sa["untraced_step_time_ns"], sb["untraced_step_time_ns"]
+        u = {"a_step_time_ns": ua, "b_step_time_ns": ub,
+             "speedup": round(ua / ub, 4) if ub else None}
+        if not sa["graph"] and sa.get("untraced_predicted_graph_step_time_ns") is not None:
+            u["predicted_graph_step_time_ns"] = sa["untraced_predicted_graph_step_time_ns"]
+            if sb["graph"] and ub:
+                u["prediction_reference_ns"] = ub
+                u["prediction_error"] = round((u["predicted_graph_step_time_ns"] - ub) / ub, 4)
+        doc["untraced"] = u
     doc["verdict"] = verdict_sentence(doc)
     return doc
 
@@ -146,8 +164,16 @@ def verdict_sentence(doc: dict) -> str:
         s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}. "
     if "predicted_graph_step_time_ns" in doc:
         s += f"With CUDA graphs A would take about {ms(doc['predicted_graph_step_time_ns'])}"
-        s += (f" (prediction off by {100 * doc['prediction_error']:+.1f}% against B)."
-              if "prediction_error" in doc else ".")
+        s += (f" (prediction off by {100 * doc['prediction_error']:+.1f}% against B's "
+              f"{ms(doc['prediction_reference_ns'])})." if "prediction_error" in doc else ".")
+    u = doc.get("untraced")
+    if u and u.get("speedup"):
+        s += (f" Untraced (both timed outside nsys's capture): {ms(u['a_step_time_ns'])} → "
+              f"{ms(u['b_step_time_ns'])}, {u['speedup']:.2f}×")
+        if "prediction_error" in u:
+            s += (f"; predicted {ms(u['predicted_graph_step_time_ns'])}, off by "
+                  f"{100 * u['prediction_error']:+.1f}% against B's {ms(u['prediction_reference_ns'])}")
+        s += "."
     chosen = [f"{tag}'s rank {x['rank']['rank']} of {x['rank']['ranks']} (pid {x['rank']['pid']}, GPU "
               f"{x['rank']['device']}: {x['rank']['why']})" for tag, x in (("A", a), ("B", b)) if "rank" in x]
     if chosen:

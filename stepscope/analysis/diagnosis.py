@@ -16,7 +16,14 @@ from stepscope.analysis.launch import launch_summary
 from stepscope.analysis.whatif import predict_graph_step
 
 TOP_GAPS = 5
-SECTIONS = ("gaps", "launch", "floors", "tp")
+SECTIONS = ("gaps", "launch", "floors", "tp", "untraced")
+# the untraced section of a step (analysis/untraced.py); its step_time_ns is also the step's
+# top-level untraced_step_time_ns, beside the traced step_time_ns
+UNTRACED_FIELDS = {"step_time_ns": "untraced_step_time_ns", "source": "untraced_source",
+                   "measured_ns": "untraced_measured_ns", "estimated_ns": "untraced_estimated_ns",
+                   "t_launch_ns": "untraced_t_launch_ns", "cpu_floor_ns": "untraced_cpu_floor_ns",
+                   "verdict": "untraced_verdict",
+                   "predicted_graph_step_time_ns": "untraced_predicted_graph_step_time_ns"}
 # the tp section of a step (its JSON field: the frame's column)
 TP_FIELDS = {"rank": "rank", "ranks": "ranks", "group": "group", "collectives": "collectives",
              "collective_ns": "collective_ns", "collective_transfer_ns": "collective_transfer_ns",
@@ -37,6 +44,7 @@ class Diagnosis:
     collectives: Collectives | None = None  # transfer vs wait per collective and step (multi-rank)
     tp: pl.DataFrame | None = None  # per step of a multi-rank trace: the collectives.STEP_SCHEMA
                                     # figures, rank_skew_ns, binding_rank, tp_verdict (else empty)
+    untraced: pl.DataFrame | None = None  # per step: untraced.SCHEMA (measured or estimated)
     _sections: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -97,6 +105,17 @@ class Diagnosis:
             x = self.tp.select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
             t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
             tp = ["tp"]
+        if self.untraced is not None and self.untraced.height:
+            u = self.untraced.with_columns(pl.col("untraced_predicted_graph_step_time_ns").alias("_pg")).join(
+                self.graph_prediction.select("step", pl.col("predicted_graph_step_time_ns").is_null().alias("_replay")),
+                on="step", how="left").with_columns(
+                pl.when(pl.col("_replay")).then(None).otherwise(pl.col("_pg"))
+                .alias("untraced_predicted_graph_step_time_ns"))
+            x = u.select("step", *[pl.col(c).alias(k) for k, c in UNTRACED_FIELDS.items()])
+            t = t.join(x.select("step", jsontext.records(x, list(UNTRACED_FIELDS)).alias("untraced"),
+                                pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")
+            tp.append("untraced")
+            tp.append("untraced_step_time_ns")
         return t.select(
             "step",
             pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
@@ -117,8 +136,11 @@ def diagnose(inv: Inventory) -> Diagnosis:
     coll = collectives(inv)
     f = floors(inv, launch, totals=totals, work=coll.work)
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
+    from stepscope.analysis.untraced import untraced
+
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=f,
         graph_prediction=predict_graph_step(inv, work=f), collectives=coll, tp=tp,
+        untraced=untraced(inv, launch, f),
     )

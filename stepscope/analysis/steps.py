@@ -408,6 +408,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
 
 
 _VLLM = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+VLLM_STEP_RE = _VLLM  # vLLM's step range names
 _KV = re.compile(r"(\w+)=([\w.\-/]+)")
 
 

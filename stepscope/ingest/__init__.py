@@ -9,6 +9,17 @@ from stepscope.model import Trace
 
 
 def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
+    """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it."""
+    trace = _read_trace(path, launch_config, cache)
+    from stepscope.ingest.sidecar import read_sidecar
+
+    trace.sidecar, warning = read_sidecar(path)
+    if warning:
+        trace.warnings.append(warning)
+    return trace
+
+
+def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
     """Read any supported trace file, dispatching on its content rather than trusting its name.
 
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget

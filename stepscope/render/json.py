@@ -52,6 +52,10 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
                   pl.lit(',"floors":'), pl.col("floors")]
         if "tp" in sections.columns:  # multi-rank traces only: single-GPU documents keep their form
             parts += [pl.lit(',"tp":'), pl.col("tp").fill_null("null")]
+        if "untraced" in sections.columns:
+            parts += [pl.lit(',"untraced_step_time_ns":'),
+                      pl.col("untraced_step_time_ns").cast(pl.String).fill_null("null"),
+                      pl.lit(',"untraced":'), pl.col("untraced").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
 
 

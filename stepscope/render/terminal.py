@@ -37,12 +37,30 @@ def verdict_line(diag, step: int) -> str:
     total = c["time_ns"].sum() or 1
     top = c.row(0, named=True) if c.height else None
     phase = s["phase"] or "this"
-    out = f"{phase} step is {f['verdict']} ({ms(s['step_time_ns'])})"
+    u = sec.get("untraced")
     pred = f.get("predicted_graph_step_time_ns")
-    if f["verdict"] == "launch-bound" and pred is not None and pred < s["step_time_ns"]:
-        out += f"; CUDA graphs would cut it to about {ms(pred)}"
-    elif f["verdict"] == "device-bound":
-        out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
+    if u and u.get("measured_ns"):
+        # the time users see first, the traced one beside it (nsys inflates the host side)
+        out = (f"{phase} step ≈ {ms(u['step_time_ns'])} untraced ({ms(s['step_time_ns'])} under "
+               f"nsys): {u['verdict']}")
+        upred = u.get("predicted_graph_step_time_ns")
+        if u["verdict"] == "launch-bound" and upred is not None and upred < u["step_time_ns"]:
+            out += f"; CUDA graphs would cut it to about {ms(upred)}"
+            if pred is not None:
+                out += f" ({ms(pred)} under nsys)"
+        elif u["verdict"] == "device-bound":
+            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1):.0f}% of it"
+        if u["verdict"] != f["verdict"]:
+            out += f" (under nsys: {f['verdict']})"
+    else:
+        out = f"{phase} step is {f['verdict']} ({ms(s['step_time_ns'])}"
+        if u and u.get("estimated_ns"):
+            out += f"; ≈ {ms(u['estimated_ns'])} without nsys, estimated"
+        out += ")"
+        if f["verdict"] == "launch-bound" and pred is not None and pred < s["step_time_ns"]:
+            out += f"; CUDA graphs would cut it to about {ms(pred)}"
+        elif f["verdict"] == "device-bound":
+            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
     if top:
         out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
         wait = (tp or {}).get("collective_wait_ns")
@@ -201,6 +219,10 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
             ("CPU floor", "cpu_floor_ns"), ("device floor", "device_floor_ns")]
     for label, k in rows:
         t.add_row(label, ms(a[k]), ms(b[k]), ms(b[k] - a[k]))
+    ua, ub = a.get("untraced_step_time_ns"), b.get("untraced_step_time_ns")
+    if ua is not None and ub is not None:
+        how = lambda x: "measured" if x.get("untraced_measured") else "estimated"  # noqa: E731
+        t.add_row(f"step time untraced ({how(a)} / {how(b)})", ms(ua), ms(ub), ms(ub - ua))
     for kind in ("host_bound", "sync", "device_side"):
         va, vb = a["idle_by_kind_ns"][kind], b["idle_by_kind_ns"][kind]
         t.add_row(f"  idle {kind.replace('_', '-')}", ms(va), ms(vb), ms(vb - va))

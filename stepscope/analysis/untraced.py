@@ -1,0 +1,159 @@
+"""Untraced figures: the step time users see without nsys, measured or estimated.
+
+nsys inflates the host side of a step: every CUDA call pays for its trace record, so an eager
+step's launch-bound time is longer under nsys than without it. `step_time_ns` keeps its one
+definition (DEFINITIONS.md); beside it every step gets `untraced_step_time_ns` and where it came
+from (`untraced_source`):
+
+* **measured**: `stepscope trace` timed the same step shape outside nsys's capture range and
+  wrote it into the export's sidecar (ingest/sidecar.py). A vLLM step (its window runs from
+  execute_context to the next iteration: forward and sampling) takes the sidecar's
+  `engine_step_gpu_ns` (CUDA events from execute_model's entry to sample_tokens' exit); any
+  other step the sidecar's `step_time_ns`.
+* **estimated** (always computed; the figure when there is no sidecar): the step replayed with
+  the tracing taken out of the host. Every interval between consecutive launch calls of the
+  step (and the time before the first one) loses OVERHEAD_PER_LAUNCH_NS, down to
+  MIN_INTERVAL_NS; a launch call lasts at most UNTRACED_CALL_NS (a cudaGraphLaunch
+  UNTRACED_GRAPH_CALL_NS, whose node-level tracing makes it last a millisecond under nsys).
+  The GPU then runs the step's activities in their recorded order and durations, each as early
+  as its deflated launch (plus its recorded launch latency, at most 5 µs) and the previous
+  activity allow: end_i = max(ready_i, end_{i-1}) + duration_i, computed as a cumulative max.
+  estimate = max(GPU end, host's last launch end) - step begin.
+  A vLLM step is estimated in steady state instead: vLLM's async scheduling prepares step n+1
+  on the host while step n runs on the GPU, so the step takes max(host time, device work +
+  node gaps), the host time deflated as above.
+
+OVERHEAD_PER_LAUNCH_NS is the median, over the committed traced/untraced pairs (torch engine
+and vLLM, eager and graph, batch 1 and 8; fixtures/round5 and fixtures/vllm), of (traced step −
+untraced step) / launch calls of the eager steps; the error of the estimate on each pair is in
+the README and recomputed by tests/test_untraced.py.
+
+The untraced verdict uses the same Equation 1.3 with the host cost per launch deflated the same
+way: t_launch_untraced = max(median inter-launch interval − OVERHEAD_PER_LAUNCH_NS,
+MIN_INTERVAL_NS).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.steps import VLLM_STEP_RE as _VLLM
+from stepscope.analysis.whatif import DEFAULT, prologue
+
+OVERHEAD_PER_LAUNCH_NS = 20_000
+MIN_INTERVAL_NS = 2_000
+UNTRACED_CALL_NS = 3_000
+UNTRACED_GRAPH_CALL_NS = 20_000
+LATENCY_CAP_NS = 5_000
+
+ESTIMATE_METHOD = (f"estimated: the step replayed with {OVERHEAD_PER_LAUNCH_NS // 1000} µs of "
+                   "tracing taken out of every launch interval (calibrated on stepscope's own "
+                   "traced/untraced H200 pairs; see the README)")
+SCHEMA = {"step": pl.Int64, "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String,
+          "untraced_measured_ns": pl.Int64, "untraced_estimated_ns": pl.Int64,
+          "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
+          "untraced_verdict": pl.String, "untraced_predicted_graph_step_time_ns": pl.Int64}
+
+
+def is_vllm_step() -> pl.Expr:
+    return pl.col("name").fill_null("").str.contains(_VLLM.pattern)
+
+
+def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
+    device_floor_ns), the device work the steady-state (vLLM) estimate uses."""
+    steps = inv.steps.select("step", "step_begin", "n_kernels", "gpu_busy_ns", "name")
+    calls = inv.launch_calls.select("step", "start", "end", pl.col("api_name").cast(pl.String))
+    calls = calls.join(steps.select("step", "step_begin"), on="step").sort("step", "start")
+    prev = pl.col("start").shift(1).over("step")
+    gap = (pl.col("start") - pl.coalesce(prev, pl.col("step_begin"))).clip(lower_bound=0)
+    calls = calls.with_columns(
+        (pl.col("step_begin") + (gap - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
+         .cum_sum().over("step")).alias("t2"),
+        pl.when(pl.col("api_name").str.starts_with("cudaGraphLaunch")
+                | pl.col("api_name").str.starts_with("cuGraphLaunch"))
+        .then(pl.lit(UNTRACED_GRAPH_CALL_NS, pl.Int64))
+        .otherwise((pl.col("end") - pl.col("start")).clip(upper_bound=UNTRACED_CALL_NS)).alias("d2"))
+    host = calls.group_by("step").agg((pl.col("t2") + pl.col("d2")).max().alias("host_end"))
+    a = inv.in_steps("step", "start", "end", "launch_start", "graph_node_id").with_row_index("_i")
+    # each activity moves with the launch call that issued it, or (a copy or memset, issued by a
+    # call that is not a launch) with the last launch call before it
+    keyed = calls.select("step", pl.col("start").alias("_cs"), "t2", "d2").sort("_cs")
+    a = (a.sort("launch_start").join_asof(keyed, left_on="launch_start", right_on="_cs", by="step",
+                                           strategy="backward", check_sortedness=False)
+         .sort("_i"))
+    dur = pl.col("end") - pl.col("start")
+    moved = pl.col("t2") + (pl.col("launch_start") - pl.col("_cs"))
+    ready = (pl.when(pl.col("t2").is_null()).then(pl.col("start"))
+             .when(pl.col("graph_node_id").is_not_null()).then(pl.col("t2") + pl.col("d2"))
+             .otherwise(moved + (pl.col("start") - pl.col("launch_start")).clip(0, LATENCY_CAP_NS)))
+    a = a.with_columns(dur.alias("_d"), ready.alias("_r")).with_columns(
+        pl.col("_d").cum_sum().over("step").alias("_s"))
+    gpu = a.with_columns((pl.col("_s") + (pl.col("_r") - (pl.col("_s") - pl.col("_d")))
+                          .cum_max().over("step")).alias("_e")).group_by("step").agg(
+        pl.col("_e").max().alias("gpu_end"))
+    s = steps.join(host, on="step", how="left").join(gpu, on="step", how="left")
+    if work is not None:
+        s = s.join(work.select("step", "device_floor_ns"), on="step", how="left")
+    else:
+        s = s.with_columns(pl.col("gpu_busy_ns").alias("device_floor_ns"))
+    replay = (pl.max_horizontal("gpu_end", "host_end") - pl.col("step_begin"))
+    steady = pl.max_horizontal(pl.col("host_end") - pl.col("step_begin"),
+                               pl.col("device_floor_ns") + pl.col("n_kernels") * DEFAULT.node_gap_ns)
+    est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
+    return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
+
+
+def measured(inv: Inventory) -> pl.DataFrame:
+    """Per step: the sidecar's untraced step time for it (null without a sidecar)."""
+    sc = inv.trace.sidecar
+    u = (sc or {}).get("untraced") or {}
+
+    def med(key: str) -> int | None:
+        v = (u.get(key) or {}).get("median") if isinstance(u.get(key), dict) else None
+        return v if isinstance(v, int) and v > 0 else None
+
+    vllm, other = med("engine_step_gpu_ns") or med("step_time_ns"), med("step_time_ns")
+    return inv.steps.select(
+        "step", pl.when(is_vllm_step()).then(pl.lit(vllm, pl.Int64)).otherwise(pl.lit(other, pl.Int64))
+        .alias("measured_ns"))
+
+
+def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame) -> pl.DataFrame:
+    """Per step, the SCHEMA columns: the untraced step time and its source, the estimate, and
+    the untraced Equation 1.3 (verdict, CPU floor) and graph what-if."""
+    work = floors.select("step", "device_floor_ns")
+    est = estimate(inv, work)
+    meas = measured(inv)
+    pro = prologue(inv)
+    sc = inv.trace.sidecar
+    src_measured = "measured: " + ("sidecar " + str((sc or {}).get("engine", "")) + " engine, "
+                                   "same step shape outside nsys's capture range")
+    t_launch = (pl.col("interval_median_ns") - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
+    s = (inv.steps.select("step", "n_launch_calls", "n_kernels", "name")
+         .join(est, on="step", how="left").join(meas, on="step", how="left")
+         .join(launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left")
+         .join(work, on="step", how="left").join(pro, on="step", how="left")
+         .with_columns(pl.coalesce(t_launch, pl.col("call_median_ns").clip(upper_bound=UNTRACED_CALL_NS),
+                                   pl.lit(0)).cast(pl.Int64).alias("untraced_t_launch_ns")))
+    cpu = (pl.col("n_launch_calls") * pl.col("untraced_t_launch_ns")).cast(pl.Int64)
+    pro_u = pl.max_horizontal(pl.col("prologue_host_ns") - pl.col("prologue_launches") * OVERHEAD_PER_LAUNCH_NS,
+                              pl.col("prologue_launches") * MIN_INTERVAL_NS)
+    dev = ((pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
+           + pl.col("n_kernels") * DEFAULT.node_gap_ns)
+    # untraced, a graph replay's launch costs microseconds; vLLM hides its prologue behind the
+    # previous step's GPU work (async scheduling), a synchronous engine does not
+    graph = pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)
+    return s.select(
+        "step",
+        pl.coalesce("measured_ns", "estimated_ns").alias("untraced_step_time_ns"),
+        pl.when(pl.col("measured_ns").is_not_null()).then(pl.lit(src_measured))
+        .otherwise(pl.lit(ESTIMATE_METHOD)).alias("untraced_source"),
+        pl.col("measured_ns").alias("untraced_measured_ns"),
+        pl.col("estimated_ns").alias("untraced_estimated_ns"),
+        "untraced_t_launch_ns", cpu.alias("untraced_cpu_floor_ns"),
+        pl.when(cpu > pl.col("device_floor_ns")).then(pl.lit("launch-bound"))
+        .otherwise(pl.lit("device-bound")).alias("untraced_verdict"),
+        graph.round(0).cast(pl.Int64).alias("untraced_predicted_graph_step_time_ns"),
+    ).cast(SCHEMA).sort("step")
