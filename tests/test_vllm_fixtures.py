@@ -136,3 +136,42 @@ def test_trace_json_of_the_capture_is_the_analysis_of_that_moment():
     assert [c["mode"] for c in doc["captures"]] == ["eager", "graph"]
     assert all(c["engine"]["vllm"] == "0.26.0" for c in doc["captures"])
     assert doc["compare"]["prediction_error"] == -0.2867
+
+
+@pytest.mark.parametrize("case", ["llama8b_decode_b1_eager", "llama8b_decode_b1_graph", "qwen7b_decode_b1_eager"])
+def test_engine_step_anatomy_against_sql(analyzed, case):
+    _, d = analyzed[case]
+    e = d.step_sections(0)["engine"]
+    con = sqlite3.connect(f"file:{VLLM / (case + '.sqlite')}?mode=ro", uri=True)
+    rs, re_, gt = sql_window(con)
+    rend = con.execute(f"SELECT n.end FROM NVTX_EVENTS n WHERE {NAME} LIKE 'execute_context%'").fetchone()[0]
+    n_sched, t_sched = con.execute(
+        f"SELECT count(*), sum(n.end - n.start) FROM NVTX_EVENTS n WHERE n.globalTid = ? AND n.start >= ? "
+        f"AND {NAME} LIKE 'schedule:%'", (gt, re_)).fetchone()
+    get_output = con.execute(
+        f"SELECT n.end - n.start FROM NVTX_EVENTS n WHERE {NAME} = 'llm_engine step: get_output' "
+        "AND n.start < ? AND n.end > ?", (re_, rs)).fetchone()[0]
+    assert e["forward_ns"] == rend - rs and e["sample_ns"] == re_ - rend
+    assert (e["schedule_ranges"], e["schedule_ns"]) == (n_sched, t_sched) and n_sched == 4
+    assert e["get_output_ns"] == get_output and e["engine_ranges"] is True and e["note"] is None
+
+
+def test_anatomy_says_when_vllm_ranges_are_missing(tmp_path):
+    import shutil
+
+    p = tmp_path / "no_scopes.sqlite"
+    shutil.copy(VLLM / "llama8b_decode_b1_eager.sqlite", p)
+    con = sqlite3.connect(p)
+    con.execute(f"DELETE FROM NVTX_EVENTS AS n WHERE {NAME} NOT LIKE 'execute_context%'")
+    con.commit()
+    con.close()
+    inv = open_trace(p).inventory
+    e = diagnose(inv).step_sections(0)["engine"]
+    assert e["engine_ranges"] is False and "VLLM_NVTX_SCOPES_FOR_PROFILING=1" in e["note"]
+    assert e["schedule_ns"] is None and e["get_output_ns"] is None
+    assert inv.steps["n_kernels"][0] == sql_counts(VLLM / "llama8b_decode_b1_eager.sqlite")["all_kernels"]
+
+
+def test_torch_traces_have_no_engine_section():
+    inv = open_trace(VLLM.parent / "llama8b_decode_b1_eager.sqlite").inventory
+    assert "engine" not in diagnose(inv).step_sections(0)

@@ -16,7 +16,9 @@ from stepscope.analysis.launch import launch_summary
 from stepscope.analysis.whatif import predict_graph_step
 
 TOP_GAPS = 5
-SECTIONS = ("gaps", "launch", "floors", "tp", "untraced")
+SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
+ENGINE_FIELDS = ("forward_ns", "sample_ns", "gpu_tail_ns", "schedule_ns", "schedule_ranges", "get_output_ns",
+                 "process_outputs_ns", "engine_ranges", "note")
 # the untraced section of a step (analysis/untraced.py); its step_time_ns is also the step's
 # top-level untraced_step_time_ns, beside the traced step_time_ns
 UNTRACED_FIELDS = {"step_time_ns": "untraced_step_time_ns", "source": "untraced_source",
@@ -45,6 +47,7 @@ class Diagnosis:
     tp: pl.DataFrame | None = None  # per step of a multi-rank trace: the collectives.STEP_SCHEMA
                                     # figures, rank_skew_ns, binding_rank, tp_verdict (else empty)
     untraced: pl.DataFrame | None = None  # per step: untraced.SCHEMA (measured or estimated)
+    engine: pl.DataFrame | None = None  # per vLLM step: anatomy.SCHEMA (empty for other traces)
     _sections: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -116,6 +119,11 @@ class Diagnosis:
                                 pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")
             tp.append("untraced")
             tp.append("untraced_step_time_ns")
+        if self.engine is not None and self.engine.height:
+            e = self.engine
+            t = t.join(e.select("step", jsontext.records(e, list(ENGINE_FIELDS)).alias("engine")), on="step",
+                       how="left")
+            tp.append("engine")
         return t.select(
             "step",
             pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
@@ -136,11 +144,12 @@ def diagnose(inv: Inventory) -> Diagnosis:
     coll = collectives(inv)
     f = floors(inv, launch, totals=totals, work=coll.work)
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
+    from stepscope.analysis.anatomy import anatomy
     from stepscope.analysis.untraced import untraced
 
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=f,
         graph_prediction=predict_graph_step(inv, work=f), collectives=coll, tp=tp,
-        untraced=untraced(inv, launch, f),
+        untraced=untraced(inv, launch, f), engine=anatomy(inv),
     )

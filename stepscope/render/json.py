@@ -56,6 +56,8 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
             parts += [pl.lit(',"untraced_step_time_ns":'),
                       pl.col("untraced_step_time_ns").cast(pl.String).fill_null("null"),
                       pl.lit(',"untraced":'), pl.col("untraced").fill_null("null")]
+        if "engine" in sections.columns:  # vLLM traces only
+            parts += [pl.lit(',"engine":'), pl.col("engine").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
 
 

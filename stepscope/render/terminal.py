@@ -167,9 +167,37 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     if pred is not None and pred < step_ns:
         from stepscope.analysis.whatif import DEFAULT
 
+        from stepscope.analysis.whatif import prologue
+
+        pro = prologue(diag.inv).filter(pl.col("step") == step).row(0, named=True)
+        host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
+                f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
-                      f"{ms(step_ns)} (device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
+                      f"{ms(step_ns)} ({host}device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
                       f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
+    u = sec.get("untraced")
+    if u:
+        how = u["source"].split(":")[0]
+        line = (f"untraced ({how}): step {ms(u['step_time_ns'])} (under nsys {ms(step_ns)}); host per launch "
+                f"{us(u['t_launch_ns'])} µs, CPU floor {ms(u['cpu_floor_ns'])}: {u['verdict']}")
+        if u.get("predicted_graph_step_time_ns") is not None and pred is not None:
+            line += f"; with CUDA graphs about {ms(u['predicted_graph_step_time_ns'])}"
+        console.print(line)
+        if how == "estimated":
+            console.print(f"[dim]  {u['source']}[/]")
+    e = sec.get("engine")
+    if e:
+        parts = [f"forward {ms(e['forward_ns'])}", f"sampling {ms(e['sample_ns'])} (host, after the "
+                 "execute_context range)", f"GPU tail after the last launch {ms(e['gpu_tail_ns'])}"]
+        if e.get("schedule_ns") is not None:
+            parts.append(f"next iteration's scheduling {ms(e['schedule_ns'])} ({e['schedule_ranges']} ranges)")
+        if e.get("get_output_ns") is not None:
+            parts.append(f"frontend get_output {ms(e['get_output_ns'])}")
+        if e.get("process_outputs_ns") is not None:
+            parts.append(f"frontend process_outputs {ms(e['process_outputs_ns'])}")
+        console.print("[bold]vLLM engine step:[/] " + " · ".join(parts))
+        if e.get("note"):
+            console.print(f"[dim]  {e['note']}[/]")
 
 
 def _render_collectives(tp: dict, console: Console) -> None:
