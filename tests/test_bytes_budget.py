@@ -75,7 +75,18 @@ def test_joins_and_step_total():
     assert [u["name"] for u in st["unjoined_kernels"]] == ["elementwise_kernel"]
     assert st["measured_bytes"] == sum(v["measured_bytes"] or 0 for v in k.values())
     assert st["measured_bytes"] == r.rows["measured_bytes"].fill_null(0).sum()
-    assert st["min_bytes"] == step_min_bytes("llama-3.1-8b", 1, 2048, "decode")
+    # measured and minimum over the same kernels: the ops this partial step joined (qkv, down,
+    # add_norm, rope, argmax); the whole step's minimum is kept beside it
+    from stepscope.bytes.minbytes import step_rows
+
+    plan = {r["op"]: r["min_bytes"] for r in step_rows("llama-3.1-8b", 1, 2048, "decode")}
+    joined_ops = sorted(set(r.rows.filter(pl.col("measured_bytes").is_not_null() & pl.col("op").is_not_null())["op"]))
+    assert joined_ops == ["add_norm", "argmax", "gemm:down", "gemm:qkv", "rope"]
+    assert st["min_bytes"] == sum(plan[o] for o in joined_ops)
+    assert st["plan_min_bytes"] == step_min_bytes("llama-3.1-8b", 1, 2048, "decode")
+    assert st["unjoined_min_bytes"] == st["plan_min_bytes"] - st["min_bytes"]
+    assert set(st["unjoined_ops"]) == set(plan) - set(joined_ops)
+    assert 1 < st["amplification"] < 1.1  # the subset's bytes against the subset's minimum
     assert st["removable_bytes"] == st["measured_bytes"] - st["min_bytes"]
     assert r.peak_bps == 4.8e12
     assert st["floor_ns"] == int(st["measured_bytes"] / 4.8e12 * 1e9)

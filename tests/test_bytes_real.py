@@ -209,3 +209,68 @@ def test_budget_tp2_rank_is_flagged():
     listed = sum(u["count"] for u in st["unjoined_kernels"])
     assert sum(st["joined"].values()) + listed == st["calls"]
     assert {u["class"] for u in st["unjoined_kernels"]} >= {"comm"}
+
+
+# --- the step's own kernels, measured in launch order (cells run --engine torch on the H200) ----
+STEP_CELLS = NCU / "step_torch_llama8b_decode_b1"
+R5_EAGER = FIXTURES / "round5" / "llama8b_decode_b1_eager.sqlite"
+
+
+def test_budget_by_launch_order_on_the_real_torch_step():
+    """`cells run --engine torch` measured the 388 kernels of a decode step one by one; the budget
+    joins them to the nsys capture of the same step shape by launch order (checked by name).
+    Independent figures: the raw ncu CSV (parsed here with the csv module) and plain SQL."""
+    import csv
+    import sqlite3
+
+    from stepscope.bytes.budget import budget_order, step_kernels_from_inventory, step_sequence_from_inventory
+    from stepscope.api import open_trace
+    from stepscope.bytes.cells import read_cells
+
+    inv = open_trace(R5_EAGER).inventory
+    cells = read_cells(STEP_CELLS / "cells.parquet")
+    res = budget_order(step_sequence_from_inventory(inv, 0), cells, "llama-3.1-8b", 1, 2048, "decode",
+                       "NVIDIA H200", memops=step_kernels_from_inventory(inv, 0, memops=True))
+    rows = [r for r in csv.reader(l for l in open(STEP_CELLS / "ncu_raw.csv") if l.startswith('"'))]
+    head, data = rows[0], rows[2:]
+    ir, iw = head.index("dram__bytes_read.sum"), head.index("dram__bytes_write.sum")
+    ncu_bytes = sum(int(r[ir].replace(",", "")) + int(r[iw].replace(",", "")) for r in data)
+    con = sqlite3.connect(f"file:{R5_EAGER}?mode=ro", uri=True)
+    n_kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    memset_bytes = con.execute("SELECT sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()[0]
+    st = res.step
+    assert len(data) == n_kernels == 388 and st["order"] == {"step_kernels": 388, "profiled_kernels": 388,
+                                                              "joined": 388}
+    assert st["measured_bytes"] == ncu_bytes + memset_bytes
+    assert st["min_bytes"] == st["plan_min_bytes"] == 15_289_851_408 and st["unjoined_ops"] == []
+    lm = res.rows.filter(pl.col("op") == "gemm:lm_head").row(0, named=True)
+    last = [r for r in data if r[head.index("Kernel Name")].startswith("nvjet")][-1]
+    assert lm["calls"] == 1 and lm["measured_bytes"] == int(last[ir].replace(",", "")) + int(last[iw].replace(",", ""))
+    assert 1.04e9 < lm["measured_bytes"] < 1.07e9  # the seed's decode LM head: 1.05 GB
+    assert round(st["amplification"], 3) == 1.034
+    # the light ops moved fewer DRAM bytes than their minimum: L2 served them, and the report says so
+    below = res.rows.filter(pl.col("amplification") < 1)
+    assert set(below["op"]) == {"silu_mul", "embedding", "kv_write", "add_norm", "norm", "rope", "argmax"}
+    assert below["note"].str.starts_with("L2-served").all()
+    res.self_check()
+
+
+def test_budget_command_reads_the_shape_from_the_sidecar():
+    """vLLM's step names carry neither model nor context: budget takes them from the capture's
+    sidecar; with the vLLM step's window the LM head is in the step (1.05 GB joined)."""
+    from stepscope.cli import app
+
+    trace = FIXTURES / "vllm" / "llama8b_decode_b1_eager.sqlite"
+    r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(SWEEP), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["model"] == "llama-3.1-8b" and doc["step"]["context"] == 2048
+    lm = [x for x in doc["rows"] if x["op"] == "gemm:lm_head"][0]
+    assert lm["calls"] == 1 and 1.04e9 < lm["measured_bytes"] < 1.06e9
+    assert doc["step"]["measured_bytes"] >= doc["step"]["min_bytes"]
+
+
+def test_imported_cells_are_named_after_their_file():
+    df = import_ncu([SMOKE])
+    ids = [r["ID"] for r in csv_rows(SMOKE)]
+    assert df["cell"].to_list() == [f"smoke_ncu_raw#{int(i)}" for i in ids]

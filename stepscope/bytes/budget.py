@@ -99,7 +99,9 @@ class BudgetResult:
     def self_check(self) -> None:
         m = self.rows["measured_bytes"].fill_null(0).sum()
         assert m == self.step["measured_bytes"]
-        assert self.rows["min_bytes"].fill_null(0).sum() == self.step["min_bytes"]
+        assert self.rows["min_bytes"].fill_null(0).sum() == self.step["plan_min_bytes"]
+        joined = self.rows.filter(pl.col("measured_bytes").is_not_null())["min_bytes"].fill_null(0).sum()
+        assert joined == self.step["min_bytes"]
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu, "peak_hbm_bps": self.peak_bps,
@@ -210,7 +212,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
             "cell_bytes_per_call": int(hit["bytes_per_call"]) if hit else None,
             "scale": sc, "bytes_per_call": bpc, "shared": shared if hit else None,
             "measured_bytes": bpc * int(count) if hit else None,
-            "reason": reason,
+            "reason": reason, "l2_hit_pct": hit.get("l2_hit_pct") if hit else None,
         }
 
     out: list[dict] = []
@@ -290,13 +292,20 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
                     k, None, None, k["count"], k["time_ns"],
                     reason=f"cell {near.get('cell')} ({len(launches)} launch(es)) is joined to "
                            f"this class's longer kernel(s); no cell for this one"))
-    kschema = {"name": pl.String, "demangled": pl.String, "class": pl.String,
-               "trace_class": pl.String, "grid": pl.String, "block": pl.String,
-               "count": pl.Int64, "time_ns": pl.Int64, "join": pl.String, "cell": pl.String,
-               "op": pl.String, "cell_bytes_per_call": pl.Int64, "scale": pl.Float64,
-               "bytes_per_call": pl.Int64, "shared": pl.Int64, "measured_bytes": pl.Int64,
-               "reason": pl.String}
-    kern = pl.DataFrame(out, schema=kschema)
+    return _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+
+
+KSCHEMA = {"name": pl.String, "demangled": pl.String, "class": pl.String,
+           "trace_class": pl.String, "grid": pl.String, "block": pl.String,
+           "count": pl.Int64, "time_ns": pl.Int64, "join": pl.String, "cell": pl.String,
+           "op": pl.String, "cell_bytes_per_call": pl.Int64, "scale": pl.Float64,
+           "bytes_per_call": pl.Int64, "shared": pl.Int64, "measured_bytes": pl.Int64,
+           "reason": pl.String, "l2_hit_pct": pl.Float64}
+
+
+def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, gpu_name: str | None,
+               batch: int, context: int, phase: str, tp: int) -> BudgetResult:
+    kern = pl.DataFrame([{k: r.get(k) for k in KSCHEMA} for r in out], schema=KSCHEMA)
 
     # measured side, per (class, op); unjoined kernels keep their class with op null
     meas = kern.group_by("class", "op").agg(
@@ -304,6 +313,11 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         pl.when(pl.col("measured_bytes").is_not_null().any())
         .then(pl.col("measured_bytes").sum()).otherwise(None).alias("measured_bytes"),
         pl.col("time_ns").sum().alias("time_ns"),
+        # call-weighted L2 sector hit rate of the measured launches (ncu), for the rows that
+        # move fewer DRAM bytes than their minimum
+        pl.when(pl.col("l2_hit_pct").is_not_null().any()).then(
+            (pl.col("l2_hit_pct") * pl.col("count")).sum()
+            / pl.col("count").filter(pl.col("l2_hit_pct").is_not_null()).sum()).alias("l2_hit_pct"),
     )
     plan = pl.DataFrame(plan_rows).select(
         "class", "op", pl.col("calls").alias("min_calls"), "min_bytes")
@@ -317,6 +331,14 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         .alias("amplification"),
         (pl.col("measured_bytes") - pl.col("min_bytes").fill_null(0)).alias("removable_bytes"),
         _floor("measured_bytes", peak_bps).alias("floor_ns"),
+    ).with_columns(
+        # below its minimum: the inputs came from L2 (the previous kernel's output) and the
+        # outputs still sat in the write-back L2 when the kernel ended (DRAM bytes only)
+        pl.when(pl.col("amplification") < 1).then(pl.format(
+            "L2-served: L2 sector hit rate {}%{}",
+            pl.col("l2_hit_pct").clip(upper_bound=100).round(0).cast(pl.Int64).cast(pl.String).fill_null("?"),
+            pl.when(pl.col("l2_hit_pct") > 100).then(pl.lit(" (ncu: over 100)")).otherwise(pl.lit(""))))
+        .alias("note"),
     ).sort("class", "op", nulls_last=True)
     classes = rows.group_by("class").agg(
         pl.col("calls").sum(),
@@ -328,16 +350,22 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         _floor("measured_bytes", peak_bps).alias("floor_ns"),
     ).sort("removable_bytes", descending=True, nulls_last=True)
     measured = int(kern["measured_bytes"].fill_null(0).sum())
-    minimum = int(rows["min_bytes"].fill_null(0).sum())
+    # measured and minimum over the same kernels: the minimum of the ops with measured bytes;
+    # an op no kernel of the step joined is listed with its minimum only (unjoined_min_bytes)
+    plan_min = int(rows["min_bytes"].fill_null(0).sum())
+    minimum = int(rows.filter(pl.col("measured_bytes").is_not_null())["min_bytes"].fill_null(0).sum())
     unjoined = kern.filter(pl.col("join").is_null())
     step = {
         "measured_bytes": measured, "min_bytes": minimum, "removable_bytes": measured - minimum,
+        "plan_min_bytes": plan_min, "unjoined_min_bytes": plan_min - minimum,
+        "unjoined_ops": rows.filter(pl.col("measured_bytes").is_null() & pl.col("min_bytes").is_not_null())
+        ["op"].to_list(),
         "amplification": measured / minimum if minimum else None,
         "floor_ns": int(measured / peak_bps * 1e9) if peak_bps else None,
         "min_floor_ns": int(minimum / peak_bps * 1e9) if peak_bps else None,
         "time_ns": int(kern["time_ns"].sum()), "calls": int(kern["count"].sum()),
         "joined": {j: int(kern.filter(pl.col("join") == j)["count"].sum())
-                   for j in ("launch", "name", "op", "trace")},
+                   for j in ("order", "launch", "name", "op", "trace")},
         "unjoined_kernels": [
             {"name": r["name"], "class": r["class"], "grid": r["grid"], "block": r["block"],
              "count": r["count"], "reason": r["reason"]} for r in unjoined.to_dicts()],
@@ -368,6 +396,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
     return res
 
 
+
 def _floor(col: str, peak_bps: float | None) -> pl.Expr:
     if not peak_bps:
         return pl.lit(None, pl.Int64)
@@ -396,3 +425,125 @@ def step_kernels_from_inventory(inv, step: int, memops: bool = False) -> pl.Data
          .with_columns([pl.lit(None, pl.Int64).alias(d) for d in DIMS]))
     return pl.concat([k, m.select(k.columns)], how="vertical_relaxed").sort(
         "time_ns", descending=True)
+
+
+# --- the step's own kernels, measured in launch order (stepcells.py) ----------------------------
+
+GEMM_ORDER = ("gemm:qkv", "gemm:o", "gemm:gate_up", "gemm:down")
+
+
+def step_sequence_from_inventory(inv, step: int) -> pl.DataFrame:
+    """One step's kernels one row per launch, in launch order (the order ncu profiles them)."""
+    a = inv.acts.filter((pl.col("step") == step) & pl.col("is_kernel"))
+    return (a.sort("launch_start", "start", nulls_last=True)
+            .select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String),
+                    pl.col("class").cast(pl.String), *DIMS,
+                    (pl.col("end") - pl.col("start")).alias("time_ns")))
+
+
+def _align(a: list[str | None], b: list[str | None]) -> dict[int, int]:
+    """Position in `a` -> position in `b` for the longest common subsequence of equal names
+    (the n-th kernel of the step is the n-th profiled kernel, unless one side has extra ones)."""
+    from difflib import SequenceMatcher
+
+    m = SequenceMatcher(None, a, b, autojunk=False)
+    out: dict[int, int] = {}
+    for blk in m.get_matching_blocks():
+        for k in range(blk.size):
+            out[blk.a + k] = blk.b + k
+    return out
+
+
+def _order_op(cls: str, name: str, gemm_ordinal: int | None, n_gemm: int, layers: int,
+              bytes_per_call: int | None, plan_by_op: dict) -> str | None:
+    """The op of the step plan a kernel stands for, from its class and its place in the step."""
+    if cls == "gemm":
+        if n_gemm == 4 * layers + 1 and gemm_ordinal is not None:
+            return "gemm:lm_head" if gemm_ordinal == n_gemm - 1 else GEMM_ORDER[gemm_ordinal % 4]
+        if bytes_per_call is None:
+            return None
+        # another GEMM layout: the projection whose minimum is nearest the bytes it moved
+        gemms = [o for o in plan_by_op if o.startswith("gemm:")]
+        return min(gemms, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
+    op = CLASS_TO_OP.get(cls)
+    if op == "add_norm" and "fused_add" not in (name or ""):
+        op = "norm"
+    return op
+
+
+def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, context: int,
+                 phase: str, gpu_name: str | None = None, peak_bps: float | None = None,
+                 tp: int = 1, memops: pl.DataFrame | None = None) -> BudgetResult:
+    """The budget of a step whose own kernels were measured (stepcells.py): the n-th kernel of
+    the step joined to the n-th profiled kernel when their names agree (`join` = "order";
+    the longest common subsequence of the two name lists when one side has kernels the other
+    lacks). Each kernel keeps the bytes of its own launch; its op follows from its class and
+    place: the GEMMs of a layer are qkv, o, gate_up, down in launch order and the last GEMM of
+    the step is the LM head (or, for another layout, the projection whose minimum is nearest
+    the bytes it moved). `memops` (step_kernels_from_inventory(memops=True) rows of class
+    memops) join by the bytes the trace records, as in budget()."""
+    from stepscope.bytes.minbytes import shape_of
+
+    check_gpu(cells, gpu_name, "the cells")
+    if peak_bps is None:
+        gpus = sorted({g for g in (cells["gpu"].to_list() if "gpu" in cells.columns else []) if g})
+        peak_bps = peak_hbm_bps(gpu_name) or (peak_hbm_bps(gpus[0]) if gpus else None)
+    plan_rows = step_rows(card, batch, context, phase)
+    plan_by_op = {r["op"]: r for r in plan_rows}
+    layers = shape_of(card).layers
+    c = _usable_cells(cells).sort("launch")
+    cell_rows = c.to_dicts()
+    ks = seq.to_dicts()
+    names_step = [kernel_base(k.get("demangled")) or kernel_base(k.get("name")) for k in ks]
+    names_ncu = [kernel_base(r.get("kernel")) for r in cell_rows]
+    pos = _align(names_step, names_ncu)
+    gemm_pos = [i for i, k in enumerate(ks) if k["class"] == "gemm"]
+    gemm_ord = {i: n for n, i in enumerate(gemm_pos)}
+    out: list[dict] = []
+    last_gemm_op = None
+    for i, k in enumerate(ks):
+        hit = cell_rows[pos[i]] if i in pos else None
+        bpc = int(hit["bytes_per_call"]) if hit else None
+        op = _order_op(k["class"], k.get("name") or "", gemm_ord.get(i), len(gemm_pos), layers, bpc,
+                       plan_by_op)
+        if k["class"] == "gemm":
+            last_gemm_op = op
+        elif k["class"] == "splitk_reduce":
+            op = last_gemm_op  # the split-K reduce finishes the GEMM launched before it
+        cls = k["class"]
+        if op in plan_by_op and cls in ("framework", "other"):
+            cls = plan_by_op[op]["class"]
+        out.append({
+            "name": k.get("name"), "demangled": k.get("demangled"), "class": cls, "trace_class": k["class"],
+            "grid": f"({k['grid_x']}, {k['grid_y']}, {k['grid_z']})" if k.get("grid_x") is not None else None,
+            "block": f"({k['block_x']}, {k['block_y']}, {k['block_z']})" if k.get("block_x") is not None else None,
+            "count": 1, "time_ns": int(k["time_ns"]), "join": "order" if hit else None,
+            "cell": hit.get("cell") if hit else None, "op": op if hit else None,
+            "cell_bytes_per_call": bpc, "scale": 1.0 if hit else None, "bytes_per_call": bpc,
+            "shared": 1 if hit else None, "measured_bytes": bpc,
+            "reason": None if hit else "no profiled kernel of this name at this place in the step",
+            "l2_hit_pct": hit.get("l2_hit_pct") if hit else None,
+        })
+    if memops is not None:
+        for k in memops.filter(pl.col("class") == "memops").to_dicts():
+            tb = int(k.get("trace_bytes") or 0)
+            nm = (k.get("name") or "").lower()
+            tb *= 2 if ("dtod" in nm or "device to device" in nm) else 1
+            out.append({"name": k.get("name"), "demangled": k.get("demangled"), "class": "memops",
+                        "trace_class": "memops", "count": int(k["count"]), "time_ns": int(k["time_ns"]),
+                        "join": "trace", "op": nm or "memop", "bytes_per_call": round(tb / max(1, int(k["count"]))),
+                        "measured_bytes": tb, "shared": 1})
+    res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    n_step, n_ncu, n_join = len(ks), len(cell_rows), len(pos)
+    res.step["order"] = {"step_kernels": n_step, "profiled_kernels": n_ncu, "joined": n_join}
+    if n_join < max(n_step, n_ncu):
+        res.warnings.append(f"launch-order join: {n_join} of the step's {n_step} kernels matched one of the "
+                            f"{n_ncu} profiled kernels by name and place; the rest have no bytes")
+    meta = {k: cells[k].drop_nulls().unique().to_list() for k in ("phase", "batch", "context", "model")
+            if k in cells.columns}
+    want = {"phase": phase, "batch": batch, "context": context}
+    off = [f"{k} {meta[k][0]} (step: {v})" for k, v in want.items()
+           if meta.get(k) and str(meta[k][0]) != str(v)]
+    if off:
+        res.warnings.append("the cells were measured on another step shape: " + ", ".join(off))
+    return res

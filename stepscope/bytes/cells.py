@@ -67,7 +67,10 @@ def import_ncu(paths: list[str | Path], gpu: str | None = None,
     for d in sorted(parsed.launches, key=lambda x: (order.get(x["source"], 0), x.get("id") or 0)):
         r = ncu_csv.launch_record(d)
         name = r.pop("device__attribute_display_name", None)
+        # a cell is named after its file and ncu's launch id, so budget and cells show can say
+        # which measured launch a kernel was joined to
         r.update({"gpu": gpu or (name if isinstance(name, str) else None), "model": model,
+                  "cell": f"{Path(str(d['source'])).stem}#{d.get('id')}",
                   "launch": None, "matched": None, "error": None})
         rows.append(r)
     return frame(rows)

@@ -70,7 +70,9 @@ def _run(trace, cells_path, model, batch, context, phase, step):
     if sid not in ids:
         raise InputError(f"{trace}: no step {sid} (steps: {ids[0]}..{ids[-1]})")
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
-    shape = step_shape(fig.get("name"))
+    # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
+    # carry neither the model nor the context) fills the rest
+    shape = {**((an.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
     model = model or shape.get("model")
     phase = phase or shape.get("phase") or fig.get("phase")
     batch = batch or shape.get("batch")
@@ -86,7 +88,15 @@ def _run(trace, cells_path, model, batch, context, phase, step):
         peak = float(gpus["memory_bandwidth_bps"][0])
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
-    res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
+    from stepscope.bytes.stepcells import is_step_cells
+
+    if is_step_cells(cells):  # the step's own kernels, measured one by one in launch order
+        from stepscope.bytes.budget import budget_order, step_sequence_from_inventory
+
+        res = budget_order(step_sequence_from_inventory(inv, sid), cells, model, int(batch), int(context),
+                           str(phase), gpu_name, peak, tp=tp, memops=sk)
+    else:
+        res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
     doc = {"trace": str(trace), "cells": str(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
@@ -94,6 +104,7 @@ def _run(trace, cells_path, model, batch, context, phase, step):
 
 
 def _render(doc, res) -> None:
+    import polars as pl
     from rich.console import Console
     from rich.table import Table
 
@@ -123,8 +134,26 @@ def _render(doc, res) -> None:
         con.print("classes by removable bytes: " + ", ".join(
             f"{c['class']} {_b(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
-    con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
-              f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; {len(st['unjoined_kernels'])} kernel(s) without a cell")
+    if j.get("order"):
+        o = st["order"]
+        con.print(f"joined by launch order: {j['order']} of the step's {o['step_kernels']} kernels to the "
+                  f"{o['profiled_kernels']} profiled kernels of the step's own ncu run, checked by name; "
+                  f"{j.get('trace', 0)} memops by their trace bytes")
+    else:
+        con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
+                  f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; "
+                  f"{len(st['unjoined_kernels'])} kernel(s) without a cell")
+    if st.get("unjoined_ops"):
+        con.print(f"minimum over the joined ops: {_b(st['min_bytes'])}; ops no kernel joined "
+                  f"({', '.join(st['unjoined_ops'])}) add {_b(st['unjoined_min_bytes'])} to the step's "
+                  f"{_b(st['plan_min_bytes'])}")
+    below = res.rows.filter(pl.col("note").is_not_null())
+    if below.height:
+        con.print("below their minimum (DRAM bytes only: inputs the previous kernel left in L2 were read "
+                  "from L2, outputs still in the write-back L2 at the kernel's end are not counted; ncu's "
+                  "hit rate exceeds 100 % on tiny kernels and is shown as 100): "
+                  + ", ".join(f"{r['op'] or r['class']} ({r['note'].split(': ', 1)[-1]})"
+                              for r in below.iter_rows(named=True)))
     for u in st["unjoined_kernels"][:15]:
         con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {u['name']}"
                   + (f" [dim]({u['reason']})[/]" if u.get("reason") else ""))
