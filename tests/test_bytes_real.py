@@ -272,5 +272,6 @@ def test_budget_command_reads_the_shape_from_the_sidecar():
 
 def test_imported_cells_are_named_after_their_file():
     df = import_ncu([SMOKE])
-    ids = [r["ID"] for r in csv_rows(SMOKE)]
-    assert df["cell"].to_list() == [f"smoke_ncu_raw#{int(i)}" for i in ids]
+    rows = csv_rows(SMOKE)  # in file order: three ncu runs, each numbering its launches from 0
+    assert df["cell"].to_list() == [f"smoke_ncu_raw#{n}" for n in range(len(rows))]
+    assert df["id"].to_list() == [int(r["ID"]) for r in rows]

@@ -64,14 +64,17 @@ def import_ncu(paths: list[str | Path], gpu: str | None = None,
     parsed = ncu_csv.parse_files(list(paths))
     rows = []
     order = {src: i for i, src in enumerate(parsed.sources)}  # files in the order given
-    for d in sorted(parsed.launches, key=lambda x: (order.get(x["source"], 0), x.get("id") or 0)):
+    seen: dict[str, int] = {}
+    # files in the order given, each in its own order (a file of several ncu runs restarts ids)
+    for d in sorted(parsed.launches, key=lambda x: order.get(x["source"], 0)):
         r = ncu_csv.launch_record(d)
         name = r.pop("device__attribute_display_name", None)
         # a cell is named after its file and ncu's launch id, so budget and cells show can say
         # which measured launch a kernel was joined to
         r.update({"gpu": gpu or (name if isinstance(name, str) else None), "model": model,
-                  "cell": f"{Path(str(d['source'])).stem}#{d.get('id')}",
+                  "cell": f"{Path(str(d['source'])).stem}#{seen.setdefault(d['source'], 0)}",
                   "launch": None, "matched": None, "error": None})
+        seen[d["source"]] += 1
         rows.append(r)
     return frame(rows)
 
