@@ -224,3 +224,21 @@ def test_vllm_untraced_summary():
     assert u["period_ns"]["median"] == 15_000_000 and u["per_token_wall_ns"] == 15_200_000
     p = vllm_engine.summarize_untraced(recs, "prefill", 8, 2045)
     assert p["steps"] == 1 and p["step_time_ns"]["median"] == 12_000_000
+
+
+def test_vllm_failure_is_one_line(tmp_path):
+    """The vLLM engine turns a failure into one `error=` line after the traceback (exit 2);
+    the orchestrator quotes that line with the log's path."""
+    log = tmp_path / "v.log"
+    log.write_text("# cmd\nTraceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CUDA out of "
+                   "memory.\nstepscope-engine: error=vLLM failed: OutOfMemoryError: CUDA out of memory. Tried "
+                   "to allocate 2.00 GiB\n(EngineCore pid=9) INFO shutting down\n")
+    assert run.last_error_line(log) == "vLLM failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    cap = run.Capture(mode="eager", base=tmp_path / "x", command=["nsys"], returncode=2)
+    cap_log = cap.log
+    cap_log.write_text(log.read_text())
+    with pytest.raises(run.EnvironmentProblem) as e:
+        run.check_capture(cap)
+    msg = str(e.value)
+    assert "the eager capture failed (exit 2): vLLM failed: OutOfMemoryError" in msg and str(cap_log) in msg
+    assert "\n" not in msg

@@ -134,3 +134,24 @@ def test_verdict_line_gives_the_untraced_figure_first():
     assert line.startswith("decode step ≈ 25.714 ms untraced (27.649 ms under nsys): launch-bound; "
                            "CUDA graphs would cut it to about 5.209 ms (8.151 ms under nsys)")
     assert os.path.exists(sidecar_path(path))
+
+
+def test_reports_carry_the_untraced_figures(tmp_path):
+    from typer.testing import CliRunner
+
+    from stepscope.cli import app
+
+    eager = FIX / "vllm" / "llama8b_decode_b1_eager.sqlite"
+    graph = FIX / "vllm" / "llama8b_decode_b1_graph.sqlite"
+    md = tmp_path / "r.md"
+    r = CliRunner().invoke(app, ["report", str(eager), "-o", str(md)])
+    assert r.exit_code == 0, r.output
+    text = md.read_text()
+    want = _sidecar_median(eager, "engine_step_gpu_ns")
+    assert f"**Untraced** (measured): step {want / 1000:,.1f} µs" in text
+    assert "**vLLM engine step:** forward 25,848.2 µs" in text
+    html = tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["report", str(eager), "--compare", str(graph), "-o", str(html)])
+    assert r.exit_code == 0, r.output
+    h = html.read_text()
+    assert 'id="untraced-0"' in h and 'id="untraced-1"' in h and "measured: sidecar vllm engine" in h

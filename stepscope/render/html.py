@@ -342,9 +342,15 @@ def _floors(views: list[StepView]) -> str:
         overhead = v.inv.trace.profiler_overhead_ns
         oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {_us(overhead)}"
               if overhead else "")
+        u = v.untraced
+        untr = ""
+        if u:
+            untr = (f'<p class="sub" id="untraced-{i}">untraced ({escape(u["source"].split(":")[0])}): step '
+                    f'{_us(u["step_time_ns"])} against {_us(step_t)} under nsys; {escape(str(u["verdict"]))}. '
+                    f'{escape(u["source"])}</p>')
         blocks.append(
             f'<div><div class="sub">{title}</div><span class="verdict {escape(verdict)}" id="verdict-{i}">{escape(verdict)}</span>'
-            f'<span class="sub">{escape(expl)}{escape(oh)}</span>'
+            f'<span class="sub">{escape(expl)}{escape(oh)}</span>{untr}'
             f'<svg class="chart floors" width="760" height="74" xmlns="http://www.w3.org/2000/svg">{"".join(bars)}</svg>'
             f'{_tp_block(v, i)}</div>')
     return "".join(blocks)

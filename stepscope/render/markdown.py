@@ -60,6 +60,21 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time "
             "less the time collectives spent waiting for the slowest rank.", ""]
     for i, v in enumerate(views):
+        u = v.untraced
+        if not u:
+            continue
+        tag = f" ({_tag(i, n)})" if n > 1 else ""
+        how = u["source"].split(":")[0]
+        out += [f"**Untraced{tag}** ({how}): step {_us(u['step_time_ns'])} against {_us(v.figures['step_time_ns'])} "
+                f"under nsys; {u['verdict']} (CPU floor {_us(u['cpu_floor_ns'])} at {_us(u['t_launch_ns'])} per "
+                f"launch). {u['source']}.", ""]
+        if v.engine:
+            e = v.engine
+            out += [f"**vLLM engine step{tag}:** forward {_us(e['forward_ns'])}, sampling {_us(e['sample_ns'])}, "
+                    f"GPU tail {_us(e['gpu_tail_ns'])}"
+                    + (f", frontend get_output {_us(e['get_output_ns'])}" if e.get("get_output_ns") is not None else "")
+                    + (f" ({e['note']})" if e.get("note") else "") + ".", ""]
+    for i, v in enumerate(views):
         if v.tp is None:
             continue
         tag = f" ({_tag(i, n)})" if n > 1 else ""

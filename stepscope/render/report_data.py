@@ -64,6 +64,8 @@ class StepView:
     tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, verdict)
     waits: pl.DataFrame | None = None  # the step's collective kernels with their wait intervals
     peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
+    untraced: dict | None = None   # the step's untraced section (measured from the sidecar, or estimated)
+    engine: dict | None = None     # a vLLM step's anatomy (forward, sampling, frontend)
 
     @property
     def ranks(self) -> list["StepView"]:
@@ -158,6 +160,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
         **({"chosen": chosen} if chosen else {}),
     )
+    sections = d.step_sections(step)
+    view.untraced, view.engine = sections.get("untraced"), sections.get("engine")
     if chosen is None and tp is not None and tp["ranks"] > 1:
         view.chosen += (f" of rank {tp['rank']} of {tp['ranks']}, the rank that binds most TP steps; "
                         "the other ranks' steps of its TP step are drawn beside it")
