@@ -125,8 +125,9 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         "warnings": warnings,
     }
     if not sa["graph"]:
-        pred = (predict_graph_step(a.inv, consts, work=a.floors)
-                .filter(pl.col("step").is_in(ids_a))["predicted_graph_step_time_ns"].median())
+        frame = (a.graph_prediction if consts == DEFAULT and a.graph_prediction is not None
+                 else predict_graph_step(a.inv, consts, work=a.floors, pro=a.prologue))
+        pred = frame.filter(pl.col("step").is_in(ids_a))["predicted_graph_step_time_ns"].median()
         doc["predicted_graph_step_time_ns"] = int(round(pred))
         doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}

@@ -48,6 +48,7 @@ class Diagnosis:
                                     # figures, rank_skew_ns, binding_rank, tp_verdict (else empty)
     untraced: pl.DataFrame | None = None  # per step: untraced.SCHEMA (measured or estimated)
     engine: pl.DataFrame | None = None  # per vLLM step: anatomy.SCHEMA (empty for other traces)
+    prologue: pl.DataFrame | None = None  # per step: whatif.prologue (the host work before the forward)
     _sections: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -146,10 +147,12 @@ def diagnose(inv: Inventory) -> Diagnosis:
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
     from stepscope.analysis.anatomy import anatomy
     from stepscope.analysis.untraced import untraced
+    from stepscope.analysis.whatif import prologue
 
+    pro = prologue(inv)
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=f,
-        graph_prediction=predict_graph_step(inv, work=f), collectives=coll, tp=tp,
-        untraced=untraced(inv, launch, f), engine=anatomy(inv),
+        graph_prediction=predict_graph_step(inv, work=f, pro=pro), collectives=coll, tp=tp,
+        untraced=untraced(inv, launch, f, pro), engine=anatomy(inv), prologue=pro,
     )

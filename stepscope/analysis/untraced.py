@@ -35,6 +35,7 @@ MIN_INTERVAL_NS).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
@@ -60,40 +61,111 @@ def is_vllm_step() -> pl.Expr:
     return pl.col("name").fill_null("").str.contains(_VLLM.pattern)
 
 
+def _group_bounds(keys: np.ndarray) -> np.ndarray:
+    """Start offsets of the runs of equal values in a sorted key array."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+
+
+def _cumsum_within(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Cumulative sum restarting at each group start (groups are contiguous runs)."""
+    c = np.cumsum(x)
+    before = np.concatenate(([0], c[:-1]))[starts]
+    return c - np.repeat(before, np.diff(np.append(starts, x.size)))
+
+
 def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
-    device_floor_ns), the device work the steady-state (vLLM) estimate uses."""
-    steps = inv.steps.select("step", "step_begin", "n_kernels", "gpu_busy_ns", "name")
-    calls = inv.launch_calls.select("step", "start", "end", pl.col("api_name").cast(pl.String))
-    calls = calls.join(steps.select("step", "step_begin"), on="step").sort("step", "start")
-    prev = pl.col("start").shift(1).over("step")
-    gap = (pl.col("start") - pl.coalesce(prev, pl.col("step_begin"))).clip(lower_bound=0)
-    calls = calls.with_columns(
-        (pl.col("step_begin") + (gap - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
-         .cum_sum().over("step")).alias("t2"),
-        pl.when(pl.col("api_name").str.starts_with("cudaGraphLaunch")
-                | pl.col("api_name").str.starts_with("cuGraphLaunch"))
-        .then(pl.lit(UNTRACED_GRAPH_CALL_NS, pl.Int64))
-        .otherwise((pl.col("end") - pl.col("start")).clip(upper_bound=UNTRACED_CALL_NS)).alias("d2"))
-    host = calls.group_by("step").agg((pl.col("t2") + pl.col("d2")).max().alias("host_end"))
-    a = inv.in_steps("step", "start", "end", "launch_start", "graph_node_id").with_row_index("_i")
-    # each activity moves with the launch call that issued it, or (a copy or memset, issued by a
-    # call that is not a launch) with the last launch call before it
-    keyed = calls.select("step", pl.col("start").alias("_cs"), "t2", "d2").sort("_cs")
-    a = (a.sort("launch_start").join_asof(keyed, left_on="launch_start", right_on="_cs", by="step",
-                                           strategy="backward", check_sortedness=False)
-         .sort("_i"))
-    dur = pl.col("end") - pl.col("start")
-    moved = pl.col("t2") + (pl.col("launch_start") - pl.col("_cs"))
-    ready = (pl.when(pl.col("t2").is_null()).then(pl.col("start"))
-             .when(pl.col("graph_node_id").is_not_null()).then(pl.col("t2") + pl.col("d2"))
-             .otherwise(moved + (pl.col("start") - pl.col("launch_start")).clip(0, LATENCY_CAP_NS)))
-    a = a.with_columns(dur.alias("_d"), ready.alias("_r")).with_columns(
-        pl.col("_d").cum_sum().over("step").alias("_s"))
-    gpu = a.with_columns((pl.col("_s") + (pl.col("_r") - (pl.col("_s") - pl.col("_d")))
-                          .cum_max().over("step")).alias("_e")).group_by("step").agg(
-        pl.col("_e").max().alias("gpu_end"))
-    s = steps.join(host, on="step", how="left").join(gpu, on="step", how="left")
+    device_floor_ns), the device work the steady-state (vLLM) estimate uses.
+
+    Linear in the number of activities and launch calls, in numpy over a handful of columns
+    (a million-kernel trace is estimated without copying its activity frame)."""
+    steps = inv.steps.select("step", "step_begin", "n_kernels", "gpu_busy_ns", "name").sort("step")
+    sid = steps["step"].to_numpy()
+    begin = steps["step_begin"].to_numpy().astype(np.int64)
+    n = sid.size
+    host_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    gpu_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    # the arrays of a million rows are built one at a time and dropped as soon as they are used:
+    # the estimate must not hold a second copy of the activity frame's columns
+    calls = inv.launch_calls  # sorted by (step, start)
+    c_step = np.searchsorted(sid, calls["step"].to_numpy()).astype(np.int32)
+    ct = calls["start"].to_numpy()
+    t2 = d2 = None
+    if ct.size:
+        cs = _group_bounds(c_step)
+        x = np.empty(ct.size, dtype=np.int64)  # the gap before each call, then its deflated form
+        x[1:] = ct[1:] - ct[:-1]
+        x[cs] = ct[cs] - begin[c_step[cs]]
+        np.maximum(x, 0, out=x)
+        x -= OVERHEAD_PER_LAUNCH_NS
+        np.maximum(x, MIN_INTERVAL_NS, out=x)
+        t2 = _cumsum_within(x, cs)
+        t2 += begin[c_step]
+        del x
+        names = calls["api_name"].cast(pl.String)
+        graph_call = (names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch")).to_numpy()
+        d2 = calls["end"].to_numpy() - ct
+        np.minimum(d2, UNTRACED_CALL_NS, out=d2)
+        d2[graph_call] = UNTRACED_GRAPH_CALL_NS
+        host_end[c_step[cs]] = np.maximum.reduceat(t2 + d2, cs)
+    a = inv.in_steps("step", "start", "end", "launch_start", "graph_node_id")
+    a_step = np.searchsorted(sid, a["step"].to_numpy()).astype(np.int32)
+    st = a["start"].to_numpy()
+    ready = st.copy()
+    has_call = a["launch_start"].is_not_null().to_numpy()
+    if t2 is not None and has_call.any():
+        # each activity moves with the launch call that issued it, or (a copy or memset, issued
+        # by a call that is not a launch) with the last launch call before it in its step
+        ls = a["launch_start"].fill_null(0).to_numpy()
+        base = min(int(ct.min()), int(ls[has_call].min()))
+        span = max(int(ct.max()), int(ls[has_call].max())) - base + 1
+        if span < (1 << 41) and n < (1 << 21):
+            ck = c_step.astype(np.int64) << 41
+            ck += ct - base
+            ak = a_step.astype(np.int64) << 41
+            ak += ls - base
+            j = np.searchsorted(ck, ak, side="right") - 1
+            del ck, ak
+            np.maximum(j, 0, out=j)
+            ok = has_call & (c_step[j] == a_step)
+            node = a["graph_node_id"].is_not_null().to_numpy()
+            # a graph node is ready when the (deflated) graph launch returns; any other activity
+            # at its call's new time plus its own launch latency (at most LATENCY_CAP_NS)
+            lat = np.clip(st - ls, 0, LATENCY_CAP_NS)
+            lat += t2[j] - ct[j] + ls
+            lat[node] = (t2[j] + d2[j])[node]
+            ready[ok] = lat[ok]
+            del j, ok, lat, node, ls
+    del t2, d2, ct, c_step
+    if st.size:
+        a_starts = _group_bounds(a_step)
+        dur = a["end"].to_numpy() - st
+        del st
+        S = _cumsum_within(dur, a_starts)
+        ready -= S
+        ready += dur  # ready - (S - dur): the recurrence end_i = max(ready_i, end_{i-1}) + dur_i
+        del dur
+        # a cumulative max restarting per step: offset each step's values above all earlier ones
+        lo, hi = int(ready.min()), int(ready.max())
+        off = hi - lo + 1
+        if off * (n + 1) < (1 << 62):
+            shift = a_step.astype(np.int64) * off
+            ready -= lo
+            ready += shift
+            np.maximum.accumulate(ready, out=ready)
+            ready -= shift
+            ready += lo
+            del shift
+        else:  # pragma: no cover - a trace spanning more than int64 allows: per step
+            ready = np.concatenate([np.maximum.accumulate(ready[a:b]) for a, b in
+                                    zip(a_starts, np.append(a_starts[1:], ready.size))])
+        ready += S
+        gpu_end[a_step[a_starts]] = np.maximum.reduceat(ready, a_starts)
+        del S, ready
+    s = steps.with_columns(pl.Series("host_end", host_end).replace(np.iinfo(np.int64).min, None),
+                           pl.Series("gpu_end", gpu_end).replace(np.iinfo(np.int64).min, None))
     if work is not None:
         s = s.join(work.select("step", "device_floor_ns"), on="step", how="left")
     else:
@@ -120,13 +192,14 @@ def measured(inv: Inventory) -> pl.DataFrame:
         .alias("measured_ns"))
 
 
-def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame) -> pl.DataFrame:
+def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
+             pro: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step, the SCHEMA columns: the untraced step time and its source, the estimate, and
     the untraced Equation 1.3 (verdict, CPU floor) and graph what-if."""
     work = floors.select("step", "device_floor_ns")
     est = estimate(inv, work)
     meas = measured(inv)
-    pro = prologue(inv)
+    pro = prologue(inv) if pro is None else pro
     sc = inv.trace.sidecar
     src_measured = "measured: " + ("sidecar " + str((sc or {}).get("engine", "")) + " engine, "
                                    "same step shape outside nsys's capture range")

@@ -78,13 +78,13 @@ def prologue(inv: Inventory) -> pl.DataFrame:
     step, prologue_launches, prologue_end (ns, null without a prologue), prologue_host_ns,
     prologue_busy_ns. In a graph replay step the forward starts with the graph launch."""
     a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end")
-    a = a.filter(pl.col("launch_start").is_not_null())
     cls = pl.col("class").cast(pl.String)
-    bounds = a.group_by("step").agg(
-        pl.col("launch_start").filter(pl.col("graph_node_id").is_not_null()).min().alias("_g"),
-        pl.col("launch_start").filter(cls.is_in(FORWARD_START)).min().alias("_e"),
-    ).select("step", pl.coalesce("_g", "_e").alias("_fwd"))
-    pre = (a.join(bounds, on="step").filter(pl.col("launch_start") < pl.col("_fwd"))
+    # the forward's first launch, per step (a window over the step-sorted slice: no join of the
+    # million activities with a per-step table)
+    fwd = pl.coalesce(
+        pl.col("launch_start").filter(pl.col("graph_node_id").is_not_null()).min().over("step"),
+        pl.col("launch_start").filter(cls.is_in(FORWARD_START)).min().over("step"))
+    pre = (a.filter(pl.col("launch_start") < fwd)
            .group_by("step").agg(prologue_launches=pl.len().cast(pl.Int64),
                                  prologue_end=pl.col("launch_end").max(),
                                  prologue_busy_ns=(pl.col("end") - pl.col("start")).sum()))
@@ -108,7 +108,7 @@ def is_graph_trace(inv: Inventory) -> bool:
 
 
 def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
-                       work: pl.DataFrame | None = None) -> pl.DataFrame:
+                       work: pl.DataFrame | None = None, pro: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: the predicted graph-mode step time (null for a step that already is a replay).
     `work`: (step, device_floor_ns), e.g. floors(); when not given, from the collectives."""
     if work is None:
@@ -121,7 +121,8 @@ def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
                  + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
                  + pl.col("n_kernels") * consts.node_gap_ns)
     return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
-        prologue(inv).select("step", "prologue_host_ns", "prologue_busy_ns"), on="step", how="left",
+        (prologue(inv) if pro is None else pro).select("step", "prologue_host_ns", "prologue_busy_ns"),
+        on="step", how="left",
         maintain_order="left").select(
         "step",
         pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))

@@ -169,7 +169,8 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
 
         from stepscope.analysis.whatif import prologue
 
-        pro = prologue(diag.inv).filter(pl.col("step") == step).row(0, named=True)
+        pf = diag.prologue if diag.prologue is not None else prologue(diag.inv)
+        pro = pf.filter(pl.col("step") == step).row(0, named=True)
         host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
                 f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
