@@ -13,7 +13,7 @@ import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.frames import lookup, sorted_by
-from stepscope.analysis.layers import detect_layers
+from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.steps import activities, api_flags, find_windows, segment, step_shape, window_of
 from stepscope.model import Trace
 
@@ -109,7 +109,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
-    acts, phases = _classify(acts, seg.steps, trace, rules, strings)
+    acts, phases, names = _classify(acts, seg.steps, trace, rules, strings)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
@@ -120,7 +120,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         # ids, stream, thread, window and memop fields are read by nothing after this point in
         # a one-shot analysis: ~36 MB per million activities freed before the diagnosis runs
         acts = acts.select(ONE_SHOT_ACT_COLUMNS)
-    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls)
+    keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
+    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, keys)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     warnings = list(trace.warnings) + seg.warnings
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
@@ -139,8 +140,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
-              strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Activities with name, demangled and class; and each step's phase (step, phase)."""
+              strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Activities with name, demangled and class; each step's phase (step, phase); and the
+    distinct kernel names (short_id, demangled_id, name, demangled, class by name)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
     names = kernels.select(key).unique().select(
@@ -196,7 +198,7 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
     acts = acts.with_columns(resolved.alias("class"))
-    return acts, phases
+    return acts, phases, names
 
 
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -229,7 +231,8 @@ def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return classes, kernels
 
 
-def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
+                  keys: dict[int, int] | None = None) -> pl.DataFrame:
     a = in_steps(acts, "step", "is_kernel", "start", "end", "prev_end", "launch_start", "class", "demangled_id")
     dur = pl.col("end") - pl.col("start")
     per = a.group_by("step").agg(
@@ -259,7 +262,7 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) 
         step_end=pl.max_horizontal(pl.col("w_end").fill_null(pl.col("last_end")), "last_end"),
     ).with_columns(step_time_ns=pl.max_horizontal(pl.col("step_end") - pl.col("step_begin"), 0))
 
-    layers = _layers(a)  # a is sorted by (step, start)
+    layers = _layers(a, keys)  # a is sorted by (step, start)
     s = s.join(layers, on="step", how="left").sort("step")
     return s.select(
         "step", "pid", "device", "delimiter", "name", "phase", "tid", "w_start", "w_end",
@@ -319,7 +322,9 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     return sorted_by(pl.concat(parts, how="vertical_relaxed"), "step", "start")
 
 
-def _layers(acts: pl.DataFrame) -> pl.DataFrame:
+def _layers(acts: pl.DataFrame, keys: dict[int, int] | None = None) -> pl.DataFrame:
+    """(step, layers, kernels_per_layer, layer_start) of each step's kernel sequence; `keys`
+    maps a name id to the id it is compared as (layers.layer_keys)."""
     seqs = (
         acts.select("step", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
         .group_by("step", maintain_order=True)
@@ -327,13 +332,18 @@ def _layers(acts: pl.DataFrame) -> pl.DataFrame:
         .with_columns(sig=pl.col("seq").hash())
     )
     uniq = seqs.unique("sig", keep="first")
+    src = np.array(sorted(keys or {}), dtype=np.int64)
+    dst = np.array([keys[k] for k in src.tolist()], dtype=np.int64) if keys else src
     found = {}
     for sig, seq in zip(uniq["sig"].to_list(), uniq["seq"].to_list()):
-        found[sig] = detect_layers(np.asarray(seq, dtype=np.int64))
+        seq = np.asarray(seq, dtype=np.int64)
+        if src.size:
+            at = np.clip(np.searchsorted(src, seq), 0, src.size - 1)
+            seq = np.where(src[at] == seq, dst[at], seq)
+        found[sig] = layer_pattern(seq)
     return seqs.select(
         "step",
-        pl.col("sig").replace_strict({k: v[0] for k, v in found.items()}, default=None,
-                                     return_dtype=pl.Int64).alias("layers"),
-        pl.col("sig").replace_strict({k: v[1] for k, v in found.items()}, default=None,
-                                     return_dtype=pl.Int64).alias("kernels_per_layer"),
+        *[pl.col("sig").replace_strict({k: v[i] for k, v in found.items()}, default=None,
+                                       return_dtype=pl.Int64).alias(col)
+          for i, col in enumerate(("layers", "kernels_per_layer", "layer_start"))],
     )
