@@ -14,7 +14,8 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
-from stepscope.analysis.steps import activities, api_flags, find_windows, segment, step_shape, window_of
+from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
+                                      step_shape, window_of)
 from stepscope.model import Trace
 
 
@@ -103,9 +104,17 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     windows = find_windows(trace, api, step_regex)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
+    split = split_capture_windows(windows, acts, api)
+    if split is not None:
+        # a capture range that ran several whole steps: every call and activity takes the
+        # window of the step it belongs to
+        windows = split
+        api = api.with_columns(window_of(api, windows))
+        acts = acts.with_columns(window_of(acts.select(
+            pl.col("pid"), pl.col("tid").fill_null(-1), pl.col("launch_start").fill_null(-1).alias("start")), windows))
     if release_input:
         trace.drop_event_frames()
-    seg = segment(trace, acts, windows)
+    seg = segment(trace, acts, windows, api.select("pid", "start", "is_sync").filter(pl.col("is_sync")))
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
