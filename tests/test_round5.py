@@ -84,3 +84,70 @@ def test_three_decode_steps_without_any_marker_split_the_same_way():
     assert (s["delimiter"] == "sync").all()
     assert s["n_kernels"].to_list() == [n for n, _ in per_step]
     assert s.select("layers", "kernels_per_layer").unique().rows() == [(16, 58)]
+
+
+def _grid(path, like: str) -> set[tuple]:
+    return set(ro(path).execute(f"""SELECT DISTINCT gridX, gridY, gridZ, blockY FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                    JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE '{like}'""").fetchall())
+
+
+def _cli_inventory(path):
+    """What `stepscope analyze` computes: the trace read without grid/block, the evidence
+    kernels' launch configuration read from the export on demand."""
+    from stepscope.commands.analyze import load_inventory
+
+    return load_inventory(path, None, None, cache=False)
+
+
+def test_bare_decode_step_is_decode_by_its_attention_launch():
+    """A range named just `step`: the cuDNN SDPA kernel (one name for prefill and decode) runs
+    8 blocks (SQL: grid 8x1x1) for 1 token (SQL: the rotary/norm/cache kernels, one block per
+    token, grid x = 1): at least one block per token is decode."""
+    path = need(R5 / "llama8b_decode_b1_bare.sqlite")
+    assert _grid(path, "cudnn_generated_fort_native_sdpa%") == {(8, 1, 1, 1)}
+    assert {g[0] for g in _grid(path, "rotary_embedding_kernel")} == {1}
+    for inv in (open_trace(path).inventory, _cli_inventory(path)):
+        s = inv.steps.row(0, named=True)
+        assert s["name"] == "step" and s["phase"] == "decode" and s["phase_by"] == "launch" and s["tokens"] == 1
+        att = inv.kernels.filter(pl.col("name").str.starts_with("cudnn_generated_fort_native_sdpa"))
+        assert att["class"].to_list() == ["attention_decode"] and att["count"].sum() == 32
+        assert "8 blocks for 1 token" in s["phase_detail"]
+    assert not any("no recorded phase" in w for w in inv.warnings)
+
+
+def test_bare_prefill_step_is_prefill_by_its_shape():
+    """The same kernel in prefill runs a persistent grid of 132 blocks (= the H200's SMs: it
+    decides nothing); 2048 tokens go through the layers (grid x of the per-token kernels) while
+    the argmax covers at most grid x * block y = 1 row: only the last token is sampled."""
+    path = need(R5 / "llama8b_prefill_b1_bare.sqlite")
+    assert _grid(path, "cudnn_generated_fort_native_sdpa%") == {(132, 1, 1, 1)}
+    assert {g[0] for g in _grid(path, "rotary_embedding_kernel")} == {2048}
+    assert _grid(path, "reduce_kernel") == {(1, 1, 1, 1)}
+    for inv in (open_trace(path).inventory, _cli_inventory(path)):
+        s = inv.steps.row(0, named=True)
+        assert s["phase"] == "prefill" and s["phase_by"] == "shape" and s["tokens"] == 2048
+        att = inv.kernels.filter(pl.col("name").str.starts_with("cudnn_generated_fort_native_sdpa"))
+        assert att["class"].to_list() == ["attention_prefill"]
+
+
+def test_phase_evidence_agrees_with_every_recorded_phase():
+    """On every committed capture whose step name records its phase (torch engine and vLLM,
+    prefill and decode, eager, graph, compiled, TP=2), the evidence alone reaches the same phase."""
+    from stepscope.analysis.classify import load_rules
+    from stepscope.analysis.phase import phase_evidence
+
+    rules = load_rules()
+    paths = sorted(FIXTURES.glob("llama8b_*.sqlite")) + sorted(R5.glob("*.sqlite")) + sorted(VLLM.glob("*.sqlite"))
+    seen = set()
+    for path in paths:
+        inv = open_trace(path).inventory
+        names = inv.acts.filter(pl.col("is_kernel")).select(
+            "short_id", "demangled_id", *[pl.col(c).cast(pl.String) for c in ("name", "demangled", "class")]
+        ).unique(["short_id", "demangled_id"])
+        ev = phase_evidence(inv.acts, inv.steps["step"].to_list(), names, inv.trace.gpus, rules)
+        j = inv.steps.select("step", "phase").join(ev.select("step", pl.col("phase").alias("ev"), "phase_by"), on="step")
+        assert j.height == inv.steps.height, path.name
+        assert (j["phase"] == j["ev"]).all(), (path.name, j.rows())
+        seen |= set(zip(j["phase"], j["phase_by"]))
+    # every rule took part: decode by combine pass and by launch, prefill by shape
+    assert {("decode", "combine"), ("decode", "launch"), ("prefill", "shape")} <= seen

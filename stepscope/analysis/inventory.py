@@ -14,8 +14,10 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
+from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
+from stepscope.launch_config import LaunchConfigReader
 from stepscope.model import Trace
 
 
@@ -92,12 +94,13 @@ ONE_SHOT_ACT_COLUMNS = ("step", "device", "pid", "start", "end", "prev_end", "is
 
 
 def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
-                  release_input: bool = False) -> Inventory:
+                  release_input: bool = False, launch_config: LaunchConfigReader | None = None) -> Inventory:
     """The per-step inventory of a trace. `release_input=True` empties the trace's kernel, memop
     and API frames once the activity frame holds their rows, keeps of the flagged API calls only
     the synchronizing ones once the launch calls are extracted (a million-kernel trace's API
     frame is ~40 MB), and narrows the activities to ONE_SHOT_ACT_COLUMNS: a one-shot caller's
-    memory (`analyze`)."""
+    memory (`analyze`). `launch_config` reads the grid/block of chosen kernel names when the
+    trace was read without them (stepscope.launch_config): phase evidence needs a few."""
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
@@ -118,7 +121,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
-    acts, phases, names = _classify(acts, seg.steps, trace, rules, strings)
+    acts, phases, names = _classify(acts, seg.steps, trace, rules, strings, launch_config)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
@@ -136,8 +139,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
         warnings.append(
-            f"{unresolved} step(s) have attention kernels but no recorded phase: prefill/decode "
-            "was taken from the kernel names (name the step range with phase=..., or vLLM's names)"
+            f"{unresolved} step(s) have attention kernels but no recorded phase, and the trace does not "
+            "show it either: prefill/decode was taken from the kernel names (name the step range with "
+            "phase=..., or vLLM's names)"
         )
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
@@ -149,9 +153,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
-              strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Activities with name, demangled and class; each step's phase (step, phase); and the
-    distinct kernel names (short_id, demangled_id, name, demangled, class by name)."""
+              strings: dict[int, str], launch_config: LaunchConfigReader | None = None
+              ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); and
+    the distinct kernel names (short_id, demangled_id, name, demangled, class by name)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
     names = kernels.select(key).unique().select(
@@ -198,7 +203,8 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
     phases = pl.DataFrame(
         {"step": shapes["step"], "phase": [phase_of[n] for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
-    )
+    ).with_columns(phase_by=pl.when(pl.col("phase").is_not_null()).then(pl.lit("name")))
+    phases = _phase_evidence(acts, phases, names, trace, rules, launch_config)
     is_attention = pl.col("class").is_in(list(ATTENTION))
     resolved = pl.col("class")
     for phase in ("prefill", "decode"):
@@ -208,6 +214,21 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
     acts = acts.with_columns(resolved.alias("class"))
     return acts, phases, names
+
+
+def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFrame, trace: Trace, rules: RuleSet,
+                    launch_config: LaunchConfigReader | None) -> pl.DataFrame:
+    """phases (step, phase, phase_by) completed by the trace's own evidence (analysis/phase.py)
+    for the steps whose name records no phase: PHASE_SCHEMA."""
+    out = phases.with_columns(pl.lit(None, pl.String).alias("phase_detail"), pl.lit(None, pl.Int64).alias("tokens"))
+    need = phases.filter(pl.col("phase").is_null())["step"].to_list()
+    if not need:
+        return out.select(list(PHASE_SCHEMA))
+    ev = phase_evidence(acts, need, names, trace.gpus, rules, launch_config)
+    return (out.join(ev.select("step", pl.col("phase").alias("_p"), pl.col("phase_by").alias("_by"),
+                               pl.col("phase_detail").alias("_d"), pl.col("tokens").alias("_t")), on="step", how="left")
+            .select("step", pl.coalesce("phase", "_p").alias("phase"), pl.coalesce("phase_by", "_by").alias("phase_by"),
+                    pl.col("_d").alias("phase_detail"), pl.col("_t").alias("tokens")))
 
 
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -274,7 +295,8 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
     layers = _layers(a, keys)  # a is sorted by (step, start)
     s = s.join(layers, on="step", how="left").sort("step")
     return s.select(
-        "step", "pid", "device", "delimiter", "name", "phase", "tid", "w_start", "w_end",
+        "step", "pid", "device", "delimiter", "name", "phase", "phase_by", "phase_detail", "tokens",
+        "tid", "w_start", "w_end",
         "step_begin", "step_end", "first_start", "last_end",
         "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
         "n_launch_calls", "launch_call_ns", "layers", "kernels_per_layer", "n_attention",

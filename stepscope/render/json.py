@@ -43,7 +43,8 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     kernels = jsontext.arrays(inv.kernels.filter(pl.col("step").is_in(sel)), "step",
                               ["name", "demangled", "class", "count", "time_ns"], "kernels")
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
-    parts = [pl.col("head"), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
+    t = t.join(_phase_evidence(steps), on="step", how="left")
+    parts = [pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
              pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]")]
     if diag is not None:
         sections = diag.sections_text()
@@ -53,6 +54,15 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
         if "tp" in sections.columns:  # multi-rank traces only: single-GPU documents keep their form
             parts += [pl.lit(',"tp":'), pl.col("tp").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
+
+
+def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:
+    """(step, ',"phase_evidence":{by, detail, tokens}') for the steps whose phase the trace's
+    evidence decided (or failed to): a step named with its phase gains nothing."""
+    ev = steps.filter(pl.col("phase_by").is_not_null() & (pl.col("phase_by") != "name")).select(
+        pl.col("index").alias("step"), pl.col("phase_by").alias("by"), pl.col("phase_detail").alias("detail"), "tokens")
+    return ev.select("step", pl.concat_str(pl.lit(',"phase_evidence":'), jsontext.records(ev, ["by", "detail", "tokens"]))
+                     .alias("phase_evidence"))
 
 
 def analyze_json(inv: Inventory, which=None, diag=None) -> str:

@@ -13,6 +13,19 @@ from stepscope.analysis.inventory import Inventory
 from stepscope.errors import InputError
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
+PHASE_BY = {"combine": "the split-KV combine pass", "launch": "the attention kernel's launch configuration",
+            "shape": "the step's shape (tokens through the layers vs sequences sampled)"}
+
+
+def phase_line(fig: dict) -> str | None:
+    """What decided a step's phase, when its name did not record it (None when it did)."""
+    by = fig.get("phase_by")
+    if by in (None, "name"):
+        return None
+    if by == "kernel name":
+        return ("phase not in the step's name and not told by the trace: the attention kernels' names "
+                f"decided prefill/decode ({fig.get('phase_detail')})")
+    return f"phase {fig['phase']} from {PHASE_BY.get(by, by)}: {fig.get('phase_detail')}"
 
 
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
+from stepscope.render.report_data import phase_line
 
 
 def us(ns) -> str:
@@ -81,6 +82,9 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
              f"device {first['device']} · {len(members)} step(s)")
     console.rule(f"[bold]{title}")
+    evidence = phase_line(first)
+    if evidence:
+        console.print(f"[dim]{evidence}[/]")
     if headline is not None:
         console.print(f"[bold]Verdict:[/] {headline(first['step'])}")
     layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
