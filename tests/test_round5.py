@@ -151,3 +151,65 @@ def test_phase_evidence_agrees_with_every_recorded_phase():
         seen |= set(zip(j["phase"], j["phase_by"]))
     # every rule took part: decode by combine pass and by launch, prefill by shape
     assert {("decode", "combine"), ("decode", "launch"), ("prefill", "shape")} <= seen
+
+
+def _vllm_rope_sql(path) -> tuple[int, int, int]:
+    """(anonymous Inductor kernels between the QKV GEMM and the KV-cache write, the layers'
+    reshape_and_cache_flash launches, and all anonymous Inductor kernels) by SQL over launch
+    order: the kernels launched after a GEMM and before the next cache write with nothing named
+    in between."""
+    rows = ro(path).execute("""SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                               ORDER BY k.start""").fetchall()
+    import re
+
+    anon = re.compile(r"^triton_poi_fused_\d+$")
+    between, pending, after_gemm = 0, 0, False
+    for (name,) in rows:
+        if anon.match(name):
+            pending += after_gemm
+            continue
+        if name.startswith("reshape_and_cache") and after_gemm:
+            between += pending
+        pending, after_gemm = 0, name.startswith("nvjet")
+    caches = sum(1 for (n,) in rows if n.startswith("reshape_and_cache"))
+    return between, caches, sum(1 for (n,) in rows if anon.match(n))
+
+
+def test_vllm_graph_steps_have_the_classes_of_their_eager_twins():
+    """vLLM's graph mode compiles the light ops with Inductor; the RoPE kernels come out as
+    triton_poi_fused_1..4, named after no op. Placed by their position (between the QKV GEMM and
+    the KV-cache write), every graph step has rope, activation, norm and kv_cache_write like its
+    eager twin, and the report says which kernels were named by position."""
+    for model in ("llama8b_decode_b1", "llama8b_decode_b8", "llama8b_prefill_b1", "qwen7b_decode_b1"):
+        eager = open_trace(need(VLLM / f"{model}_eager.sqlite")).inventory
+        graph_path = need(VLLM / f"{model}_graph.sqlite")
+        graph = open_trace(graph_path).inventory
+        ce = dict(eager.classes.select("class", "count").iter_rows())
+        cg = dict(graph.classes.select("class", "count").iter_rows())
+        for cls in ("rope", "activation", "norm", "kv_cache_write"):
+            assert cg.get(cls, 0) > 0 and ce.get(cls, 0) > 0, (model, cls)
+        layers = graph.steps["layers"][0]
+        between, caches, anonymous = _vllm_rope_sql(graph_path)
+        # one RoPE kernel for q and one for k per layer; every anonymous kernel is one of them
+        assert cg["rope"] == between == anonymous == 2 * layers == 2 * caches
+        assert ce["rope"] == layers and cg["kv_cache_write"] == ce["kv_cache_write"] == layers
+        assert set(graph.class_by["class"]) == {"rope"}
+        assert graph.class_by["class_by"].str.contains("between gemm and kv_cache_write").all()
+        k = graph.kernels_with_evidence().filter(pl.col("name").str.contains(r"^triton_poi_fused_\d+$"))
+        assert set(k["class"]) == {"rope"} and k["class_by"].null_count() == 0
+
+
+def test_anonymous_kernels_take_the_class_their_other_layers_run(tmp_path):
+    """When a rule names the first layer's two RoPE kernels (here a user rule, as a descriptive
+    Inductor name would), the other 31 layers' anonymous kernels at the same positions of the
+    layer pattern take that class from them."""
+    path = need(VLLM / "llama8b_decode_b1_graph.sqlite")
+    rules = tmp_path / "r.toml"
+    rules.write_text('[[rule]]\nclass = "rope"\nfield = "short"\npattern = "^triton_poi_fused_[12]$"\n'
+                     '[[position]]\nclass = "activation"\nafter = "^gemm$"\nbefore = "^kv_cache_write$"\n')
+    inv = open_trace(path, rules=rules).inventory
+    by = dict(zip(inv.class_by["name"], inv.class_by["class_by"]))
+    assert set(by) == {"triton_poi_fused_3", "triton_poi_fused_4"}
+    assert all(v == "the step's other layers run rope at this position" for v in by.values())
+    k = inv.kernels.filter(pl.col("name").is_in(["triton_poi_fused_3", "triton_poi_fused_4"]))
+    assert set(k["class"]) == {"rope"} and k["count"].sum() == 2 * 31

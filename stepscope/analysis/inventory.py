@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
+from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
@@ -40,6 +41,15 @@ class Inventory:
     # device, stream, name, start, end. Kept apart because the one-shot analysis drops the
     # activities' stream column, which matching a collective across ranks needs
     collectives: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COLLECTIVE_SCHEMA))
+    # kernels classed by evidence other than their name (NVTX ranges, their place in the layer):
+    # name, demangled, class, class_by
+    class_by: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=EVIDENCE_SCHEMA))
+
+    def kernels_with_evidence(self, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+        """`kernels` (default: every step's) with a `class_by` column: what classed a kernel
+        when its name did not (null where the name did)."""
+        k = self.kernels if kernels is None else kernels
+        return k.join(self.class_by, on=["name", "demangled", "class"], how="left", maintain_order="left")
 
     def in_steps(self, *cols: str) -> pl.DataFrame:
         """The activities inside a step, narrowed to `cols` (see in_steps())."""
@@ -121,10 +131,13 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
-    acts, phases, names = _classify(acts, seg.steps, trace, rules, strings, launch_config)
+    acts, phases, names, by_nvtx = _classify(acts, seg.steps, trace, rules, strings, launch_config)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
+    keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
+    layers = _layers(in_steps(acts, "step", "demangled_id", "is_kernel"), keys)
+    acts, evidence = place_anonymous(acts, names, rules, layers)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
     if release_input:
@@ -132,9 +145,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         # ids, stream, thread, window and memop fields are read by nothing after this point in
         # a one-shot analysis: ~36 MB per million activities freed before the diagnosis runs
         acts = acts.select(ONE_SHOT_ACT_COLUMNS)
-    keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
-    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, keys)
+    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
+    class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     warnings = list(trace.warnings) + seg.warnings
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
@@ -149,14 +162,16 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
             "they count only in steps delimited by the kernel sequence"
         )
-    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives)
+    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
+                     class_by)
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
               strings: dict[int, str], launch_config: LaunchConfigReader | None = None
-              ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); and
-    the distinct kernel names (short_id, demangled_id, name, demangled, class by name)."""
+              ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); the
+    distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
+    kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
     names = kernels.select(key).unique().select(
@@ -193,10 +208,14 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
         acts.lazy().filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"),
         trace.nvtx, rules
     )
+    by_nvtx = pl.DataFrame(schema=EVIDENCE_SCHEMA)
     if attributed.height:
         acts = acts.join(attributed, on="row", how="left").with_columns(
             pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
         ).drop("nvtx_class")
+        by_nvtx = (acts.join(attributed.select("row"), on="row", how="semi")
+                   .select(pl.col("name", "demangled", "class").cast(pl.String)).unique(maintain_order=True)
+                   .with_columns(class_by=pl.lit("the NVTX range around its launch call ([[nvtx]] rules)")))
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
     shapes = steps.select("step", "name")
     phase_of = {n: step_shape(n).get("phase") for n in shapes["name"].unique().to_list()}
@@ -213,7 +232,7 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
     acts = acts.with_columns(resolved.alias("class"))
-    return acts, phases, names
+    return acts, phases, names, by_nvtx
 
 
 def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFrame, trace: Trace, rules: RuleSet,
@@ -262,7 +281,7 @@ def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
-                  keys: dict[int, int] | None = None) -> pl.DataFrame:
+                  layers: pl.DataFrame) -> pl.DataFrame:
     a = in_steps(acts, "step", "is_kernel", "start", "end", "prev_end", "launch_start", "class", "demangled_id")
     dur = pl.col("end") - pl.col("start")
     per = a.group_by("step").agg(
@@ -292,7 +311,6 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
         step_end=pl.max_horizontal(pl.col("w_end").fill_null(pl.col("last_end")), "last_end"),
     ).with_columns(step_time_ns=pl.max_horizontal(pl.col("step_end") - pl.col("step_begin"), 0))
 
-    layers = _layers(a, keys)  # a is sorted by (step, start)
     s = s.join(layers, on="step", how="left").sort("step")
     return s.select(
         "step", "pid", "device", "delimiter", "name", "phase", "phase_by", "phase_detail", "tokens",

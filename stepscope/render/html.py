@@ -13,7 +13,7 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows, phase_line
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, phase_line
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -444,8 +444,8 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
         f"<h1>{escape(title)}</h1>",
         f'<div class="sub">{escape(src)} · {len(view.inv.step_ids())} step(s) in the trace'
         + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(v.chosen)}; delimited by {escape(v.delimiter)}"
-                  + (f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(phase_line(v.figures))}"
-                     if phase_line(v.figures) else "")
+                  + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
+                            for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)
                   for i, v in enumerate(views)) + "</div>",
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
         "<h2>Summary</h2>", _summary(views),

@@ -40,8 +40,7 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
         steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
     classes = jsontext.members(inv.classes.filter(pl.col("step").is_in(sel)), "step", "class",
                                ["count", "time_ns"], "classes")
-    kernels = jsontext.arrays(inv.kernels.filter(pl.col("step").is_in(sel)), "step",
-                              ["name", "demangled", "class", "count", "time_ns"], "kernels")
+    kernels = _kernel_arrays(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step").is_in(sel))))
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
     t = t.join(_phase_evidence(steps), on="step", how="left")
     parts = [pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
@@ -54,6 +53,18 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
         if "tp" in sections.columns:  # multi-rank traces only: single-GPU documents keep their form
             parts += [pl.lit(',"tp":'), pl.col("tp").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
+
+
+def _kernel_arrays(k: pl.DataFrame) -> pl.DataFrame:
+    """(step, kernels): each step's kernel list; an entry classed by evidence other than its
+    name carries `class_by` (what placed it), the others keep their five fields."""
+    base = ["name", "demangled", "class", "count", "time_ns"]
+    if "class_by" not in k.columns or k["class_by"].null_count() == k.height:
+        return jsontext.arrays(k, "step", base, "kernels")
+    by = pl.struct(pl.col("class_by")).struct.json_encode().str.strip_prefix("{")
+    rec = jsontext.open_records(k, base) + pl.when(pl.col("class_by").is_not_null()).then(
+        pl.lit(",") + by).otherwise(pl.lit("}"))
+    return jsontext.joined(k.select("step", rec.alias("_j")), "step", "_j", "kernels", "[", "]")
 
 
 def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows, phase_line
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, phase_line
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 
@@ -41,9 +41,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         out.append(f"- {prefix}`{t.path.name}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
                    f"({v.chosen}); delimited by {v.delimiter}")
     for i, v in enumerate(views):
-        line = phase_line(v.figures)
-        if line:
-            out.append(f"- {f'**{_tag(i, n)}**: ' if n > 1 else ''}{line}")
+        for line in [phase_line(v.figures)] + class_by_lines(v.kernels):
+            if line:
+                out.append(f"- {f'**{_tag(i, n)}**: ' if n > 1 else ''}{line}")
     notes = sorted({x for v in views for x in v.notes})
     out += [f"- note: {x}" for x in notes]
     out.append("")

@@ -28,6 +28,22 @@ def phase_line(fig: dict) -> str | None:
     return f"phase {fig['phase']} from {PHASE_BY.get(by, by)}: {fig.get('phase_detail')}"
 
 
+def class_by_lines(kernels: pl.DataFrame, limit: int = 4) -> list[str]:
+    """One line per reason a step's kernels were classed by something other than their name:
+    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)"."""
+    if "class_by" not in kernels.columns:
+        return []
+    k = kernels.filter(pl.col("class_by").is_not_null())
+    out = []
+    for (cls, why), g in k.group_by("class", "class_by", maintain_order=True):
+        g = g.group_by("name", maintain_order=True).agg(pl.col("count").sum()).sort("count", "name",
+                                                                                   descending=[True, False])
+        names = ", ".join(f"{n} ×{c}" for n, c in g.head(limit).iter_rows())
+        more = f" and {g.height - limit} more" if g.height > limit else ""
+        out.append(f"classed by evidence, not by name: {names}{more} → {cls} ({why})")
+    return out
+
+
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
     """The step a report shows: the one asked for, else a typical one.
 
@@ -167,7 +183,7 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     view = StepView(
         inv=inv, step=step, figures=fig,
         classes=inv.classes.filter(pl.col("step") == step).drop("step"),
-        kernels=inv.kernels.filter(pl.col("step") == step).drop("step"),
+        kernels=inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step"),
         acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
         **({"chosen": chosen} if chosen else {}),
     )

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
-from stepscope.render.report_data import phase_line
+from stepscope.render.report_data import class_by_lines, phase_line
 
 
 def us(ns) -> str:
@@ -104,6 +104,8 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         table.add_row(r["class"], str(r["count"]), us(r["time_ns"]), us(r["time_ns"] / r["count"]),
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
+    for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"]))):
+        console.print(f"[dim]{line}[/]")
     other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
     share = other["time_ns"].sum() / total
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
