@@ -213,3 +213,53 @@ def test_anonymous_kernels_take_the_class_their_other_layers_run(tmp_path):
     assert all(v == "the step's other layers run rope at this position" for v in by.values())
     k = inv.kernels.filter(pl.col("name").is_in(["triton_poi_fused_3", "triton_poi_fused_4"]))
     assert set(k["class"]) == {"rope"} and k["count"].sum() == 2 * 31
+
+
+OUTERMOST_OP_SQL = """
+WITH calls AS (
+  SELECT k.correlationId AS corr, r.start AS ls, r.globalTid AS gtid, s.value AS kname
+  FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName
+  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+       AND ((r.globalTid >> 24) & 16777215) = ((k.globalPid >> 24) & 16777215)
+), ops AS (
+  SELECT c.corr, c.kname, (SELECT substr(n.text, 1, instr(n.text, ',') - 1) FROM NVTX_EVENTS n
+          WHERE n.globalTid = c.gtid AND n.text LIKE 'aten::%' AND c.ls BETWEEN n.start AND n.end
+          ORDER BY n.start, n.end DESC LIMIT 1) AS op
+  FROM calls c
+)
+SELECT op, count(*) FROM ops WHERE op IS NOT NULL GROUP BY op
+"""
+
+
+def test_framework_by_op_family_and_launching_aten_op():
+    """emit_nvtx wraps every op of the unfused torch-ops decode step in an `aten::` range; the
+    outermost one around a launch call is the op the model called. By SQL (the earliest-starting
+    aten:: range on the launching thread around each launch call): aten::to, mul, add, pow, cat,
+    sub, mean launch only glue, and exactly as many kernels as stepscope attributes to them."""
+    path = need(R5 / "llama1b_decode_emit_nvtx.sqlite")
+    inv = open_trace(path).inventory
+    ops = dict(zip(inv.framework_ops["op"], inv.framework_ops["count"]))
+    sql = dict(ro(path).execute(OUTERMOST_OP_SQL).fetchall())
+    glue_ops = ("aten::to", "aten::mul", "aten::add", "aten::pow", "aten::cat", "aten::sub", "aten::mean")
+    assert {op: ops[op] for op in glue_ops} == {op: sql[op] for op in glue_ops}
+    assert set(ops) == set(glue_ops)
+    assert inv.framework_ops.row(0, named=True)["op"] == "aten::to"
+    fam = dict(zip(inv.framework["family"], inv.framework["count"]))
+    n_framework = inv.classes.filter(pl.col("class") == "framework")["count"].item()
+    assert sum(fam.values()) == sum(ops.values()) == n_framework == 744
+    assert fam["concat"] == _count(path, "s.value LIKE 'CatArrayBatchedCopy%'") == ops["aten::cat"] == 32
+    assert fam["reduce"] == ops["aten::mean"] == 33
+    doc = open_trace(path).to_dict()["steps"][0]["framework"]
+    assert doc["count"] == 744 and doc["families"]["copy"]["count"] == fam["copy"]
+    assert doc["ops"][0] == {"op": "aten::to", "family": "copy", "count": ops["aten::to"],
+                             "time_ns": inv.framework_ops.row(0, named=True)["time_ns"]}
+
+
+def test_vllm_bookkeeping_is_the_engine_family():
+    path = need(VLLM / "llama8b_decode_b8_eager.sqlite")
+    inv = open_trace(path).inventory
+    fam = dict(zip(inv.framework["family"], inv.framework["count"]))
+    n = _count(path, "s.value IN ('_prepare_pos_seq_lens_kernel', '_combine_sampled_and_draft_tokens_kernel', "
+                     "'_gather_block_tables_kernel', '_compute_slot_mappings_kernel', '_post_update_kernel', "
+                     "'_get_num_sampled_and_rejected_kernel')")
+    assert fam["engine"] == n == 6

@@ -13,6 +13,7 @@ import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
+from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
@@ -44,6 +45,11 @@ class Inventory:
     # kernels classed by evidence other than their name (NVTX ranges, their place in the layer):
     # name, demangled, class, class_by
     class_by: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=EVIDENCE_SCHEMA))
+
+    # the framework class broken down per step: by op family (step, family, count, time_ns) and,
+    # where NVTX ranges name ops (emit_nvtx), by the op that launched it (step, op, family, count, time_ns)
+    framework: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FAMILY_SCHEMA))
+    framework_ops: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=OP_SCHEMA))
 
     def kernels_with_evidence(self, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
         """`kernels` (default: every step's) with a `class_by` column: what classed a kernel
@@ -138,6 +144,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
     layers = _layers(in_steps(acts, "step", "demangled_id", "is_kernel"), keys)
     acts, evidence = place_anonymous(acts, names, rules, layers)
+    families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
     if release_input:
@@ -163,7 +170,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "they count only in steps delimited by the kernel sequence"
         )
     return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                     class_by)
+                     class_by, families, ops)
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,

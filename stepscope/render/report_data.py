@@ -44,6 +44,28 @@ def class_by_lines(kernels: pl.DataFrame, limit: int = 4) -> list[str]:
     return out
 
 
+def framework_lines(inv: Inventory, step: int, limit: int = 6) -> list[str]:
+    """The framework class of a step in words: by op family, by launching op (when NVTX ranges
+    name ops), and what to do about the op with the most launches."""
+    from stepscope.analysis.classify import FAMILY_LABELS
+
+    fam = inv.framework.filter(pl.col("step") == step)
+    if fam.is_empty():
+        return []
+    us = lambda ns: f"{ns / 1e3:,.1f} µs"  # noqa: E731
+    out = ["framework by op family: " + " · ".join(
+        f"{FAMILY_LABELS.get(r['family'], r['family'])} ×{r['count']} ({us(r['time_ns'])})" for r in fam.iter_rows(named=True))]
+    ops = inv.framework_ops.filter(pl.col("step") == step)
+    if ops.height:
+        shown = ", ".join(f"{r['op']} ×{r['count']}" for r in ops.head(limit).iter_rows(named=True))
+        more = f" and {ops.height - limit} more" if ops.height > limit else ""
+        out.append(f"framework launches by the op that issued them (NVTX ranges): {shown}{more}")
+        top = ops.row(0, named=True)
+        out.append(f"{top['count']} {top['op']} launches per step ({FAMILY_LABELS.get(top['family'], top['family'])}, "
+                   f"{us(top['time_ns'])}): fuse them (torch.compile) or capture the step in a CUDA graph")
+    return out
+
+
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
     """The step a report shows: the one asked for, else a typical one.
 

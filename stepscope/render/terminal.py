@@ -8,7 +8,7 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
-from stepscope.render.report_data import class_by_lines, phase_line
+from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 
 
 def us(ns) -> str:
@@ -106,6 +106,8 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     console.print(table)
     for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"]))):
         console.print(f"[dim]{line}[/]")
+    for line in framework_lines(inv, first["step"]):
+        console.print(line)
     other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
     share = other["time_ns"].sum() / total
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
