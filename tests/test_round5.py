@@ -263,3 +263,47 @@ def test_vllm_bookkeeping_is_the_engine_family():
                      "'_gather_block_tables_kernel', '_compute_slot_mappings_kernel', '_post_update_kernel', "
                      "'_get_num_sampled_and_rejected_kernel')")
     assert fam["engine"] == n == 6
+
+
+def test_one_representative_step_everywhere(tmp_path):
+    """Three decode steps: step 0 (940 kernels) is a kind of its own, steps 1 and 2 (942: two
+    input updates more) the most common kind. The step that stands for the trace is the median
+    by step time of that kind, the lower of two: the faster of steps 1 and 2 (by the table's step
+    times). The terminal's verdict and summary line, report, compare and tp all quote it, and
+    every figure compare gives is that step's own, not a per-figure median."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from stepscope.analysis.compare import compare
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.analysis.representative import representative
+    from stepscope.cli import app
+    from stepscope.render.report_data import pick_step
+
+    path = need(R5 / "llama1b_decode_3steps_nonvtx.sqlite")
+    inv = open_trace(path).inventory
+    s = inv.steps.sort("step")
+    assert s["n_kernels"].to_list() == [940, 942, 942]
+    t1, t2 = s["step_time_ns"][1], s["step_time_ns"][2]
+    want = 1 if (t1, 1) < (t2, 2) else 2
+    d = diagnose(inv)
+    assert representative(inv, d)["step"] == pick_step(inv, None, d) == want
+    row = s.filter(pl.col("step") == want).row(0, named=True)
+    a = compare(d, d)["a"]
+    assert a["step"] == want and a["steps"] == 3
+    assert {k: a[k] for k in ("step_time_ns", "gpu_busy_ns", "idle_ns", "n_kernels")} == \
+        {k: row[k] for k in ("step_time_ns", "gpu_busy_ns", "idle_ns", "n_kernels")}
+    fw = inv.classes.filter((pl.col("step") == want) & (pl.col("class") == "framework")).row(0, named=True)
+    assert a["classes"]["framework"] == {"count": fw["count"], "time_ns": fw["time_ns"]}
+    runner = CliRunner()
+    out = runner.invoke(app, ["analyze", str(path)], env={"COLUMNS": "300"}).output
+    block = out[out.index("2 step(s)"):]
+    ms = f"{row['step_time_ns'] / 1e6:,.3f} ms"
+    assert re.search(rf"Verdict: decode step is launch-bound \({re.escape(ms)}\)", block)
+    assert f"step time {ms}" in block and f"(step {want}: the median by step time of the 2 steps" in block
+    md = tmp_path / "r.md"
+    assert runner.invoke(app, ["report", str(path), "-o", str(md)]).exit_code == 0
+    assert f"step {want} of 3 (the median by step time of the 2 steps of the most common kind" in md.read_text()
+    tp = runner.invoke(app, ["tp", str(path)], env={"COLUMNS": "300"}).output
+    assert f"projected step: {want}, the median by step time" in tp
