@@ -157,16 +157,41 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
     (stepscope.launch_config) reads them for the evidence kernels alone."""
     ev_names = roles(names, rules)
     have = list(LAUNCH_COLS) if all(c in acts.columns for c in LAUNCH_COLS) else []
-    k = (acts.lazy().filter(pl.col("is_kernel") & pl.col("step").is_in(steps))
-         .join(ev_names.lazy(), on=["short_id", "demangled_id"])
-         .select("step", "device", "pid", "corr", "start", "end", "short_id", pl.col("name").cast(pl.String), "role",
-                 "tile_n", "label", *have).collect())
+
+    def rows_of(chosen: pl.DataFrame, in_steps: list[int]) -> pl.LazyFrame:
+        return (acts.lazy().filter(pl.col("is_kernel") & pl.col("demangled_id").is_in(chosen["demangled_id"].to_list())
+                                   & pl.col("step").is_in(in_steps))
+                .join(chosen.lazy(), on=["short_id", "demangled_id"]))
+
+    def pick(chosen: pl.DataFrame, in_steps: list[int]) -> pl.DataFrame:
+        return (rows_of(chosen, in_steps)
+                .select("step", "device", "pid", "corr", "start", "end", "short_id", "demangled_id",
+                        pl.col("label").alias("name"), "role", "tile_n", "label", *have).collect())
+
+    def of_roles(*which: str) -> pl.DataFrame:
+        return ev_names.filter(pl.col("role").is_in(list(which)))
+
+    # one block-per-token kernel tells a step's tokens: the rarest name present in every step,
+    # chosen before any row is taken (a million-kernel trace keeps a few rows per step)
+    per_token = (rows_of(of_roles("per_token"), steps).group_by("demangled_id")
+                 .agg(n=pl.len(), steps=pl.col("step").n_unique()).collect().sort("steps", "n", "demangled_id",
+                                                                                  descending=[True, False, False]))
+    k = pick(of_roles("attention", "query_tiles", "combine", "rows", "rows_bound"), steps)
+    if per_token.height:
+        rarest = ev_names.filter(pl.col("demangled_id") == per_token["demangled_id"][0])
+        k = pl.concat([k, pick(rarest, steps)], how="vertical_relaxed")
     k = k.filter(pl.col("role").is_in(["attention", "query_tiles", "combine"]).any().over("step"))
     if k.is_empty():
         return pl.DataFrame(schema=PHASE_SCHEMA)
+    # the GEMM tile bound, only for the steps whose tokens no per-token kernel tells
+    blind = sorted(set(k["step"].unique().to_list()) - set(k.filter(pl.col("role") == "per_token")["step"].to_list()))
+    if blind:
+        k = pl.concat([k, pick(of_roles("gemm_tile"), blind)], how="vertical_relaxed")
     if not have:
         if launch_config is not None:
-            cfg = launch_config(k["short_id"].unique().sort().to_list())
+            # combine passes and GEMMs tell by their names: only the others' grids are read
+            need = k.filter(~pl.col("role").is_in(["combine", "gemm_tile"]))["short_id"].unique().sort().to_list()
+            cfg = launch_config(need)
             k = k.join(cfg.select(pl.col("pid").cast(k.schema["pid"]), "corr", "start", *LAUNCH_COLS),
                        on=["pid", "corr", "start"], how="left")
         else:
