@@ -48,10 +48,52 @@ class Rule:
         return bool(self.pattern.search(short) or self.pattern.search(demangled))
 
 
+# Op families of class `framework` (the [[family]] rules): what the glue kernels do.
+FAMILIES = ("elementwise", "copy", "concat", "reduce", "index", "fill", "engine", "other")
+FAMILY_LABELS = {"elementwise": "elementwise arithmetic", "copy": "copies and casts", "concat": "concatenation",
+                 "reduce": "reductions", "index": "indexing", "fill": "fills", "engine": "engine bookkeeping",
+                 "other": "other glue"}
+FAMILY_DTYPE = pl.Enum(FAMILIES)
+PHASE_KEYS = ("combine", "per_token", "rows", "rows_bound", "query_tiles", "gemm_tile")
+
+
+@dataclass(frozen=True)
+class Family:
+    family: str
+    pattern: re.Pattern
+
+
+@dataclass(frozen=True)
+class Position:
+    """An anonymous kernel between a kernel of class `after` and one of class `before` (the
+    nearest named kernels around it in its step) is of class `cls`."""
+    cls: str
+    after: re.Pattern
+    before: re.Pattern
+
+
 @dataclass(frozen=True)
 class RuleSet:
     kernel_rules: tuple[Rule, ...]
     nvtx_rules: tuple[Rule, ...]
+    families: tuple[Family, ...] = ()
+    ops: tuple[str, ...] = ()  # regexes (polars') whose first group is the op of an NVTX range
+    phase: tuple[tuple[str, re.Pattern], ...] = ()  # PHASE_KEYS -> pattern
+    anonymous: re.Pattern | None = None  # kernel names that say nothing of their op
+    positions: tuple[Position, ...] = ()
+
+    def phase_pattern(self, key: str) -> re.Pattern | None:
+        return dict(self.phase).get(key)
+
+    def family_of(self, short: str | None, demangled: str | None) -> str:
+        short, demangled = short or "", demangled or short or ""
+        for f in self.families:
+            if f.pattern.search(demangled) or f.pattern.search(short):
+                return f.family
+        return "other"
+
+    def is_anonymous(self, short: str | None) -> bool:
+        return bool(self.anonymous is not None and self.anonymous.search(short or ""))
 
     def classify_name(self, short: str | None, demangled: str | None) -> str:
         short, demangled = short or "", demangled or short or ""
@@ -67,6 +109,45 @@ class RuleSet:
             if rule.pattern.search(name):
                 return rule.cls
         return None
+
+
+def _compile(pattern, where: str) -> re.Pattern:
+    if not isinstance(pattern, str) or not pattern:
+        raise InputError(f"{where}: needs a non-empty string 'pattern'")
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
+
+
+def _parse_evidence(doc: dict, source: str) -> dict:
+    """The [[family]], [[op]], [phase], [evidence] and [[position]] sections."""
+    out: dict = {"families": [], "ops": [], "phase": [], "anonymous": None, "positions": []}
+    for i, entry in enumerate(doc.get("family", [])):
+        where = f"{source}: [[family]] #{i + 1}"
+        if entry.get("family") not in FAMILIES:
+            raise InputError(f"{where}: unknown family {entry.get('family')!r}; use one of {', '.join(FAMILIES)}")
+        out["families"].append(Family(entry["family"], _compile(entry.get("pattern"), where)))
+    for i, entry in enumerate(doc.get("op", [])):
+        where = f"{source}: [[op]] #{i + 1}"
+        pattern = entry.get("pattern")
+        if _compile(pattern, where).groups < 1:
+            raise InputError(f"{where}: the pattern needs a group around the op name")
+        out["ops"].append(pattern)
+    for key, pattern in doc.get("phase", {}).items():
+        where = f"{source}: [phase] {key}"
+        if key not in PHASE_KEYS:
+            raise InputError(f"{where}: unknown key; use one of {', '.join(PHASE_KEYS)}")
+        out["phase"].append((key, _compile(pattern, where)))
+    if "anonymous" in doc.get("evidence", {}):
+        out["anonymous"] = _compile(doc["evidence"]["anonymous"], f"{source}: [evidence] anonymous")
+    for i, entry in enumerate(doc.get("position", [])):
+        where = f"{source}: [[position]] #{i + 1}"
+        if entry.get("class") not in CLASSES:
+            raise InputError(f"{where}: unknown class {entry.get('class')!r}; use one of {', '.join(CLASSES)}")
+        out["positions"].append(Position(entry["class"], _compile(entry.get("after"), where + " after"),
+                                         _compile(entry.get("before"), where + " before")))
+    return out
 
 
 def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
@@ -93,7 +174,9 @@ def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
 def load_rules(extra: str | Path | None = None) -> RuleSet:
     """The default rules, with a user's rules file (if any) consulted first."""
     text = resources.files("stepscope.data").joinpath("rules.toml").read_text()
-    kernel, nvtx = _parse(tomllib.loads(text), "default rules")
+    default = tomllib.loads(text)
+    kernel, nvtx = _parse(default, "default rules")
+    ev = _parse_evidence(default, "default rules")
     if extra is not None:
         extra = Path(extra)
         try:
@@ -104,7 +187,13 @@ def load_rules(extra: str | Path | None = None) -> RuleSet:
             raise InputError(f"{extra} is not a valid TOML rules file ({e})") from None
         user_kernel, user_nvtx = _parse(doc, str(extra))
         kernel, nvtx = user_kernel + kernel, user_nvtx + nvtx
-    return RuleSet(tuple(kernel), tuple(nvtx))
+        user = _parse_evidence(doc, str(extra))
+        # a user's rules come first; a user's [phase] keys and [evidence] replace the defaults
+        ev = {"families": user["families"] + ev["families"], "ops": user["ops"] + ev["ops"],
+              "phase": list({**dict(ev["phase"]), **dict(user["phase"])}.items()),
+              "anonymous": user["anonymous"] or ev["anonymous"], "positions": user["positions"] + ev["positions"]}
+    return RuleSet(tuple(kernel), tuple(nvtx), tuple(ev["families"]), tuple(ev["ops"]), tuple(ev["phase"]),
+                   ev["anonymous"], tuple(ev["positions"]))
 
 
 def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:

@@ -1,10 +1,12 @@
 """`stepscope compare A B`: two traces (eager vs graph, before vs after), side by side.
 
-A trace's figures are medians over the steps of one rank (its step time is the median
-`step_time_ns`): on a multi-rank trace the rank that binds most TP steps (collectives.summary_rank),
-with every rank's medians listed beside it. speedup = A's step time / B's step time. When A is eager, the graph-mode step time is also
-predicted from A alone (whatif.py); when B is a graph trace the prediction is checked against
-B's fastest step, the steady-state replay.
+Each trace is told by one real step, its representative (analysis/representative.py): the
+median by step time of the most common kind of steps of its summary rank (on a multi-rank
+trace the rank that binds most TP steps, collectives.summary_rank, with every rank's medians
+listed beside it). Every figure of `a` and `b` is that step's: the step time, the floors, the
+classes, the kernels. speedup = A's step time / B's. When A is eager, the graph-mode step time
+is also predicted from A's step alone (whatif.py) and, when B is a graph trace, checked against
+B's step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import polars as pl
 from stepscope.analysis.collectives import summary_rank
 from stepscope.analysis.diagnosis import Diagnosis
 from stepscope.analysis.gaps import KINDS
+from stepscope.analysis.representative import representative
 from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import DEFAULT, GraphConstants, is_graph_trace, predict_graph_step
 
@@ -25,32 +28,34 @@ def summarize(d: Diagnosis) -> dict:
     every = inv.steps.join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns"), on="step")
     rank = summary_rank(d.collectives.ranks, d.tp)
     s = every.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"]))
-    mine = s.select("step")
-    out = {k: _median_int(s[k]) for k in (*FIGURES, "cpu_floor_ns", "device_floor_ns")}
+    rep = representative(inv, d)
+    row = every.filter(pl.col("step") == rep["step"]).row(0, named=True)
+    mine = pl.DataFrame({"step": [rep["step"]]}, schema={"step": pl.Int64})
+    out = {k: row[k] for k in (*FIGURES, "cpu_floor_ns", "device_floor_ns")}
+    out["step"] = rep["step"]
+    out["chosen"] = rep["why"]
     out["steps"] = s.height
     out["path"] = str(inv.trace.path)
     out["graph"] = is_graph_trace(inv)
     out["fastest_step_time_ns"] = int(s["step_time_ns"].min())
-    idle = d.gap_totals.join(mine, on="step", how="semi").group_by("kind").agg(pl.col("time_ns").median())
+    idle = d.gap_totals.join(mine, on="step", how="semi")
     idle_by = dict(zip(idle["kind"].to_list(), idle["time_ns"].to_list()))
     out["idle_by_kind_ns"] = {k: int(idle_by.get(k, 0) or 0) for k in KINDS}
     out["verdict"] = "launch-bound" if out["cpu_floor_ns"] > out["device_floor_ns"] else "device-bound"
-    c = inv.classes.join(mine, on="step", how="semi").group_by("class").agg(pl.col("time_ns").sum(),
-                                                                            pl.col("count").sum())
-    n = max(s.height, 1)
-    out["classes"] = {r["class"]: {"count": r["count"] / n, "time_ns": int(r["time_ns"] / n)}
-                      for r in c.iter_rows(named=True)}
+    c = inv.classes.filter(pl.col("step") == rep["step"])
+    out["classes"] = {r["class"]: {"count": r["count"], "time_ns": int(r["time_ns"])} for r in c.iter_rows(named=True)}
     shapes = [step_shape(x) for x in s["name"].to_list()]
     out["model"] = next((sh.get("model") for sh in shapes if sh.get("model")), None)
-    out["layers"] = _median_int(s["layers"]) if s["layers"].drop_nulls().len() else None
+    out["layers"] = row["layers"]
     out["kernel_names"] = _names_per_step(inv, mine)
-    out["step_ids"] = mine["step"].to_list()
+    out["step_ids"] = [rep["step"]]
     if d.untraced is not None and d.untraced.height:
-        u = d.untraced.join(mine, on="step", how="semi")
-        out["untraced_step_time_ns"] = _median_int(u["untraced_step_time_ns"])
-        out["untraced_measured"] = bool(u.height and u["untraced_measured_ns"].null_count() == 0)
+        # the representative step's untraced figures (the sidecar's apply to every step of its shape)
+        u = d.untraced.filter(pl.col("step") == rep["step"])
+        out["untraced_step_time_ns"] = u["untraced_step_time_ns"][0] if u.height else None
+        out["untraced_measured"] = bool(u.height and u["untraced_measured_ns"][0] is not None)
         out["untraced_source"] = u["untraced_source"][0] if u.height else None
-        out["untraced_predicted_graph_step_time_ns"] = _median_int(u["untraced_predicted_graph_step_time_ns"])
+        out["untraced_predicted_graph_step_time_ns"] = u["untraced_predicted_graph_step_time_ns"][0] if u.height else None
     if rank["ranks"] > 1:
         out["rank"] = rank
         out["ranks"] = _per_rank(d, every)
@@ -132,8 +137,8 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
         if sb["graph"]:
-            ref = sb["fastest_step_time_ns"]
-            doc["prediction_reference_ns"] = ref  # B's measured step the error is computed against
+            ref = sb["step_time_ns"]
+            doc["prediction_reference_ns"] = ref  # B's quoted step the error is computed against
             doc["prediction_error"] = round((doc["predicted_graph_step_time_ns"] - ref) / ref, 4)
     if sa.get("untraced_measured") and sb.get("untraced_measured"):
         # both sides were timed outside nsys: the speedup and the what-if in the time users see
@@ -179,4 +184,6 @@ def verdict_sentence(doc: dict) -> str:
               f"{x['rank']['device']}: {x['rank']['why']})" for tag, x in (("A", a), ("B", b)) if "rank" in x]
     if chosen:
         s += " Figures are per rank: " + "; ".join(chosen) + "."
+    if a.get("steps", 1) > 1 or b.get("steps", 1) > 1:
+        s += f" Quoted: A's step {a['step']}, B's step {b['step']} (each the median by step time of its kind)."
     return s.strip()

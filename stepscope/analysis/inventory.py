@@ -12,9 +12,14 @@ import numpy as np
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
+from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
+from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
 from stepscope.analysis.frames import lookup, sorted_by
-from stepscope.analysis.layers import detect_layers
-from stepscope.analysis.steps import activities, api_flags, find_windows, segment, step_shape, window_of
+from stepscope.analysis.layers import layer_keys, layer_pattern
+from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
+from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
+                                      step_shape, window_of)
+from stepscope.launch_config import LaunchConfigReader
 from stepscope.model import Trace
 
 
@@ -37,6 +42,20 @@ class Inventory:
     # device, stream, name, start, end. Kept apart because the one-shot analysis drops the
     # activities' stream column, which matching a collective across ranks needs
     collectives: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=COLLECTIVE_SCHEMA))
+    # kernels classed by evidence other than their name (NVTX ranges, their place in the layer):
+    # name, demangled, class, class_by
+    class_by: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=EVIDENCE_SCHEMA))
+
+    # the framework class broken down per step: by op family (step, family, count, time_ns) and,
+    # where NVTX ranges name ops (emit_nvtx), by the op that launched it (step, op, family, count, time_ns)
+    framework: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FAMILY_SCHEMA))
+    framework_ops: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=OP_SCHEMA))
+
+    def kernels_with_evidence(self, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
+        """`kernels` (default: every step's) with a `class_by` column: what classed a kernel
+        when its name did not (null where the name did)."""
+        k = self.kernels if kernels is None else kernels
+        return k.join(self.class_by, on=["name", "demangled", "class"], how="left", maintain_order="left")
 
     def in_steps(self, *cols: str) -> pl.DataFrame:
         """The activities inside a step, narrowed to `cols` (see in_steps())."""
@@ -91,28 +110,41 @@ ONE_SHOT_ACT_COLUMNS = ("step", "device", "pid", "start", "end", "prev_end", "is
 
 
 def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
-                  release_input: bool = False) -> Inventory:
+                  release_input: bool = False, launch_config: LaunchConfigReader | None = None) -> Inventory:
     """The per-step inventory of a trace. `release_input=True` empties the trace's kernel, memop
     and API frames once the activity frame holds their rows, keeps of the flagged API calls only
     the synchronizing ones once the launch calls are extracted (a million-kernel trace's API
     frame is ~40 MB), and narrows the activities to ONE_SHOT_ACT_COLUMNS: a one-shot caller's
-    memory (`analyze`)."""
+    memory (`analyze`). `launch_config` reads the grid/block of chosen kernel names when the
+    trace was read without them (stepscope.launch_config): phase evidence needs a few."""
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
     windows = find_windows(trace, api, step_regex)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
+    split = split_capture_windows(windows, acts, api)
+    if split is not None:
+        # a capture range that ran several whole steps: every call and activity takes the
+        # window of the step it belongs to
+        windows = split
+        api = api.with_columns(window_of(api, windows))
+        acts = acts.with_columns(window_of(acts.select(
+            pl.col("pid"), pl.col("tid").fill_null(-1), pl.col("launch_start").fill_null(-1).alias("start")), windows))
     if release_input:
         trace.drop_event_frames()
-    seg = segment(trace, acts, windows)
+    seg = segment(trace, acts, windows, api.select("pid", "start", "is_sync").filter(pl.col("is_sync")))
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
-    acts, phases = _classify(acts, seg.steps, trace, rules, strings)
+    acts, phases, names, by_nvtx = _classify(acts, seg.steps, trace, rules, strings, launch_config)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
+    keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
+    layers = _layers(in_steps(acts, "step", "demangled_id", "is_kernel"), keys)
+    acts, evidence = place_anonymous(acts, names, rules, layers)
+    families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
     if release_input:
@@ -120,14 +152,16 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         # ids, stream, thread, window and memop fields are read by nothing after this point in
         # a one-shot analysis: ~36 MB per million activities freed before the diagnosis runs
         acts = acts.select(ONE_SHOT_ACT_COLUMNS)
-    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls)
+    steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
+    class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     warnings = list(trace.warnings) + seg.warnings
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
         warnings.append(
-            f"{unresolved} step(s) have attention kernels but no recorded phase: prefill/decode "
-            "was taken from the kernel names (name the step range with phase=..., or vLLM's names)"
+            f"{unresolved} step(s) have attention kernels but no recorded phase, and the trace does not "
+            "show it either: prefill/decode was taken from the kernel names (name the step range with "
+            "phase=..., or vLLM's names)"
         )
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
@@ -135,12 +169,16 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
             "they count only in steps delimited by the kernel sequence"
         )
-    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives)
+    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
+                     class_by, families, ops)
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
-              strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Activities with name, demangled and class; and each step's phase (step, phase)."""
+              strings: dict[int, str], launch_config: LaunchConfigReader | None = None
+              ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); the
+    distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
+    kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
     names = kernels.select(key).unique().select(
@@ -177,17 +215,22 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
         acts.lazy().filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"),
         trace.nvtx, rules
     )
+    by_nvtx = pl.DataFrame(schema=EVIDENCE_SCHEMA)
     if attributed.height:
         acts = acts.join(attributed, on="row", how="left").with_columns(
             pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
         ).drop("nvtx_class")
+        by_nvtx = (acts.join(attributed.select("row"), on="row", how="semi")
+                   .select(pl.col("name", "demangled", "class").cast(pl.String)).unique(maintain_order=True)
+                   .with_columns(class_by=pl.lit("the NVTX range around its launch call ([[nvtx]] rules)")))
     # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
     shapes = steps.select("step", "name")
     phase_of = {n: step_shape(n).get("phase") for n in shapes["name"].unique().to_list()}
     phases = pl.DataFrame(
         {"step": shapes["step"], "phase": [phase_of[n] for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
-    )
+    ).with_columns(phase_by=pl.when(pl.col("phase").is_not_null()).then(pl.lit("name")))
+    phases = _phase_evidence(acts, phases, names, trace, rules, launch_config)
     is_attention = pl.col("class").is_in(list(ATTENTION))
     resolved = pl.col("class")
     for phase in ("prefill", "decode"):
@@ -196,7 +239,22 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
     acts = acts.with_columns(resolved.alias("class"))
-    return acts, phases
+    return acts, phases, names, by_nvtx
+
+
+def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFrame, trace: Trace, rules: RuleSet,
+                    launch_config: LaunchConfigReader | None) -> pl.DataFrame:
+    """phases (step, phase, phase_by) completed by the trace's own evidence (analysis/phase.py)
+    for the steps whose name records no phase: PHASE_SCHEMA."""
+    out = phases.with_columns(pl.lit(None, pl.String).alias("phase_detail"), pl.lit(None, pl.Int64).alias("tokens"))
+    need = phases.filter(pl.col("phase").is_null())["step"].to_list()
+    if not need:
+        return out.select(list(PHASE_SCHEMA))
+    ev = phase_evidence(acts, need, names, trace.gpus, rules, launch_config)
+    return (out.join(ev.select("step", pl.col("phase").alias("_p"), pl.col("phase_by").alias("_by"),
+                               pl.col("phase_detail").alias("_d"), pl.col("tokens").alias("_t")), on="step", how="left")
+            .select("step", pl.coalesce("phase", "_p").alias("phase"), pl.coalesce("phase_by", "_by").alias("phase_by"),
+                    pl.col("_d").alias("phase_detail"), pl.col("_t").alias("tokens")))
 
 
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -229,7 +287,8 @@ def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return classes, kernels
 
 
-def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
+                  layers: pl.DataFrame) -> pl.DataFrame:
     a = in_steps(acts, "step", "is_kernel", "start", "end", "prev_end", "launch_start", "class", "demangled_id")
     dur = pl.col("end") - pl.col("start")
     per = a.group_by("step").agg(
@@ -259,10 +318,10 @@ def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame) 
         step_end=pl.max_horizontal(pl.col("w_end").fill_null(pl.col("last_end")), "last_end"),
     ).with_columns(step_time_ns=pl.max_horizontal(pl.col("step_end") - pl.col("step_begin"), 0))
 
-    layers = _layers(a)  # a is sorted by (step, start)
     s = s.join(layers, on="step", how="left").sort("step")
     return s.select(
-        "step", "pid", "device", "delimiter", "name", "phase", "tid", "w_start", "w_end",
+        "step", "pid", "device", "delimiter", "name", "phase", "phase_by", "phase_detail", "tokens",
+        "tid", "w_start", "w_end",
         "step_begin", "step_end", "first_start", "last_end",
         "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
         "n_launch_calls", "launch_call_ns", "layers", "kernels_per_layer", "n_attention",
@@ -319,7 +378,9 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     return sorted_by(pl.concat(parts, how="vertical_relaxed"), "step", "start")
 
 
-def _layers(acts: pl.DataFrame) -> pl.DataFrame:
+def _layers(acts: pl.DataFrame, keys: dict[int, int] | None = None) -> pl.DataFrame:
+    """(step, layers, kernels_per_layer, layer_start) of each step's kernel sequence; `keys`
+    maps a name id to the id it is compared as (layers.layer_keys)."""
     seqs = (
         acts.select("step", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
         .group_by("step", maintain_order=True)
@@ -327,13 +388,18 @@ def _layers(acts: pl.DataFrame) -> pl.DataFrame:
         .with_columns(sig=pl.col("seq").hash())
     )
     uniq = seqs.unique("sig", keep="first")
+    src = np.array(sorted(keys or {}), dtype=np.int64)
+    dst = np.array([keys[k] for k in src.tolist()], dtype=np.int64) if keys else src
     found = {}
     for sig, seq in zip(uniq["sig"].to_list(), uniq["seq"].to_list()):
-        found[sig] = detect_layers(np.asarray(seq, dtype=np.int64))
+        seq = np.asarray(seq, dtype=np.int64)
+        if src.size:
+            at = np.clip(np.searchsorted(src, seq), 0, src.size - 1)
+            seq = np.where(src[at] == seq, dst[at], seq)
+        found[sig] = layer_pattern(seq)
     return seqs.select(
         "step",
-        pl.col("sig").replace_strict({k: v[0] for k, v in found.items()}, default=None,
-                                     return_dtype=pl.Int64).alias("layers"),
-        pl.col("sig").replace_strict({k: v[1] for k, v in found.items()}, default=None,
-                                     return_dtype=pl.Int64).alias("kernels_per_layer"),
+        *[pl.col("sig").replace_strict({k: v[i] for k, v in found.items()}, default=None,
+                                       return_dtype=pl.Int64).alias(col)
+          for i, col in enumerate(("layers", "kernels_per_layer", "layer_start"))],
     )

@@ -6,6 +6,9 @@ Delimiters, in order of preference, chosen per process (DEFINITIONS.md, "A step 
   graph    one cudaGraphLaunch replay (to the next replay on the same thread)
   period   the repeat period of the kernel sequence, for traces without markers
   trace    no structure found: the whole process/device is one step (with a warning)
+A capture range (or a marker-free process) that holds the same whole-step kernel sequence
+several times is split into those steps (split_repeats): `sync` when every cut sits at a host
+synchronization (the sampled token's copy to the host), `period` otherwise.
 A kernel belongs to a step when its launching call (same process, same correlationId) starts
 inside the step's host window. Steps are per process and per device.
 """
@@ -257,21 +260,182 @@ def find_period(keys: np.ndarray, min_repeats: int = 3, min_match: float = 0.8) 
     return best
 
 
-def _periodic_steps(acts: pl.DataFrame) -> tuple[list[tuple], list[tuple]]:
+# A whole step repeated: the rarest kernel name occurs K >= 2 times and nearly every kernel's
+# name occurs a multiple of K times (extra input updates between steps tolerated), and the K
+# pieces hold the same kernels (weighted Jaccard of name counts against the largest).
+REPEAT_MULTIPLE = 0.9
+REPEAT_ALIKE = 0.9
+MIN_STEP_KERNELS = 4
+
+
+def split_repeats(keys: np.ndarray, is_kernel: np.ndarray, gap_before: np.ndarray,
+                  sync_pos: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    """Where a sequence that repeats one whole step K times is cut into its steps.
+
+    keys: one name id per activity in launch order (memops any key); gap_before: the idle
+    time before each activity; sync_pos: for each host synchronization, the index of the
+    first activity launched after it. Returns (the K - 1 indices where a step begins, whether
+    every cut is at a synchronization), or None when the sequence is not K whole steps.
+
+    Anchors are the K occurrences of one of the rarest names (the one spaced most evenly):
+    between two consecutive anchors lies one step boundary, placed at a synchronization when
+    one falls between them (the widest gap among those), else at the widest idle gap.
+    """
+    kern = keys[is_kernel]
+    if kern.size < 2 * MIN_STEP_KERNELS:
+        return None
+    names, inverse, counts = np.unique(kern, return_inverse=True, return_counts=True)
+    k = int(counts.min())
+    if k < 2 or kern.size < k * MIN_STEP_KERNELS:
+        return None
+    if (counts[inverse] % k == 0).mean() < REPEAT_MULTIPLE:
+        return None
+    rows = np.flatnonzero(is_kernel)
+    best, spread = None, None
+    for name in names[counts == k]:
+        at = rows[kern == name]
+        d = np.diff(at)
+        s = d.std() / max(d.mean(), 1)
+        if spread is None or s < spread:
+            best, spread = at, s
+    syncs = np.unique(sync_pos[(sync_pos > 0) & (sync_pos < keys.size)])
+    cuts, at_sync = [], True
+    for lo, hi in zip(best[:-1], best[1:]):
+        cand = syncs[(syncs > lo) & (syncs <= hi)]
+        if cand.size == 0:
+            at_sync = False
+            cand = np.arange(lo + 1, hi + 1)
+        cuts.append(int(cand[np.argmax(gap_before[cand])]))
+    cuts = np.asarray(cuts, dtype=np.int64)
+    bounds = np.concatenate(([0], cuts, [keys.size]))
+    pieces = [kern[np.searchsorted(rows, a):np.searchsorted(rows, b)] for a, b in zip(bounds[:-1], bounds[1:])]
+    ref = max(pieces, key=len)
+    ref_names, ref_counts = np.unique(ref, return_counts=True)
+    for piece in pieces:
+        if piece.size < MIN_STEP_KERNELS or _alike(piece, ref_names, ref_counts) < REPEAT_ALIKE:
+            return None
+    return cuts, at_sync
+
+
+def _alike(piece: np.ndarray, ref_names: np.ndarray, ref_counts: np.ndarray) -> float:
+    """Weighted Jaccard similarity of a piece's kernel-name counts with the reference's."""
+    names, counts = np.unique(piece, return_counts=True)
+    every = np.union1d(names, ref_names)
+    a = np.zeros(every.size)
+    b = np.zeros(every.size)
+    a[np.searchsorted(every, names)] = counts
+    b[np.searchsorted(every, ref_names)] = ref_counts
+    return float(np.minimum(a, b).sum() / max(np.maximum(a, b).sum(), 1))
+
+
+def _activity_keys(acts: pl.DataFrame) -> np.ndarray:
+    return acts.select(
+        pl.when(pl.col("is_kernel")).then(pl.col("demangled_id"))
+        .when(pl.col("memop") == "memcpy").then(-1).otherwise(-2)
+    ).to_series().to_numpy()
+
+
+def _gap_before(acts: pl.DataFrame) -> np.ndarray:
+    """Idle time before each activity (in the frame's order): its start less the latest end
+    of the activities before it, 0 when it overlaps them."""
+    start = acts["start"].to_numpy()
+    prev_end = np.maximum.accumulate(acts["end"].to_numpy())
+    gap = np.zeros(len(start))
+    gap[1:] = np.maximum(start[1:] - prev_end[:-1], 0)
+    return gap
+
+
+def split_capture_windows(windows: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame | None:
+    """The windows with each capture range that repeats a whole step split into one window
+    per step (None when no capture range does). A step's window ends at the host
+    synchronization that closes it (the sampled token's copy to the host), or just before the
+    first launch of the next step when the cut is at an idle gap instead."""
+    caps = windows.filter(pl.col("delimiter") == "capture")
+    if caps.is_empty():
+        return None
+    sync = api.select("pid", "start", "end", "is_sync").filter(pl.col("is_sync"))
+    out, changed = [], False
+    for w in windows.iter_rows(named=True):
+        if w["delimiter"] != "capture":
+            out.append(w)
+            continue
+        a = (acts.filter(pl.col("window") == w["window"])
+             .select("device", "launch_start", "start", "end", "is_kernel", "demangled_id", "memop")
+             .sort("launch_start", "start"))
+        if a.height == 0 or a["device"].n_unique() > 1:
+            out.append(w)
+            continue
+        s = sync.filter((pl.col("pid") == w["pid"]) & (pl.col("start") >= w["w_start"])
+                        & (pl.col("start") <= w["w_end"])).sort("start")
+        launch = a["launch_start"].to_numpy()
+        pos = np.searchsorted(launch, s["start"].to_numpy(), side="right")
+        found = split_repeats(_activity_keys(a), a["is_kernel"].to_numpy(), _gap_before_in_order(a), pos)
+        if found is None:
+            out.append(w)
+            continue
+        cuts, at_sync = found
+        ends = []
+        sync_end, sync_pos = s["end"].to_numpy(), pos
+        for c in cuts.tolist():
+            mine = np.flatnonzero(sync_pos == c)
+            ends.append(int(sync_end[mine[-1]]) if at_sync and mine.size else int(launch[c]) - 1)
+        starts = [w["w_start"]] + [e + 1 for e in ends]
+        ends = ends + [w["w_end"]]
+        n = len(starts)
+        how = "sync" if at_sync else "period"
+        for i, (lo, hi) in enumerate(zip(starts, ends)):
+            out.append({**w, "w_start": lo, "w_end": hi, "delimiter": how,
+                        "name": f"{w['name']}, step {i + 1} of {n}"})
+        changed = True
+    if not changed:
+        return None
+    return (pl.DataFrame(out, schema=windows.schema).drop("window").sort("w_start")
+            .with_row_index("window"))
+
+
+def _gap_before_in_order(a: pl.DataFrame) -> np.ndarray:
+    """_gap_before of activities given in launch order, computed in start order."""
+    order = a.with_row_index("_i").sort("start")
+    gap = _gap_before(order)
+    out = np.zeros(a.height)
+    out[order["_i"].to_numpy()] = gap
+    return out
+
+
+def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tuple[list[tuple], list[tuple]]:
     """Split each (pid, device) activity sequence at its repeat period.
 
     Returns step rows (pid, device, delimiter, name) and (row, local step number) pairs.
     Boundaries sit at the phase of the period with the widest idle gap before it: the host
-    work between two iterations.
+    work between two iterations. When that period is shorter than half the whole step the
+    sequence repeats (a layer of an LLM step, not the step), the sequence is cut into its
+    whole steps instead (split_repeats, at the host synchronizations in `sync`: pid, start).
     """
     steps, assign = [], []
     for (pid, device), grp in acts.sort("start").group_by(["pid", "device"], maintain_order=True):
-        keys = grp.select(
-            pl.when(pl.col("is_kernel")).then(pl.col("demangled_id"))
-            .when(pl.col("memop") == "memcpy").then(-1).otherwise(-2)
-        ).to_series().to_numpy()
+        keys = _activity_keys(grp)
         rows = grp["row"].to_numpy()
         p = find_period(keys)
+        whole = None
+        if p is not None and sync is not None:
+            mine = sync.filter(pl.col("pid") == pid)["start"].to_numpy()
+            launch = grp["launch_start"].fill_null(-1).to_numpy()
+            # calls launch in start order on one device stream: a sync's position is the first
+            # activity whose launch follows it
+            pos = np.searchsorted(np.maximum.accumulate(launch), mine, side="right")
+            whole = split_repeats(keys, grp["is_kernel"].to_numpy(), _gap_before(grp), pos)
+            if whole is not None and 2 * p > len(keys) / (len(whole[0]) + 1):
+                whole = None
+        if whole is not None:
+            cuts, at_sync = whole
+            bounds = np.concatenate(([0], cuts, [len(keys)]))
+            first = len(steps)
+            how = "sync" if at_sync else "period"
+            for i in range(len(bounds) - 1):
+                steps.append((pid, device, how, f"whole step {i + 1} of {len(bounds) - 1}"))
+            local = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+            assign.append((rows, first + local))
+            continue
         if p is None:
             steps.append((pid, device, "trace", "whole trace"))
             assign.append((rows, np.full(len(rows), len(steps) - 1)))
@@ -338,9 +502,11 @@ def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.D
     ).drop("_last")
 
 
-def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
+def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame | None = None) -> Segmentation:
     """Steps and each activity's step. `acts` carry the window their launching call started in
-    (activities() over an api with window_of()); processes without windows are split by period."""
+    (activities() over an api with window_of()); processes without windows are split by period
+    (into whole steps at the host synchronizations `sync` (pid, start) when the period is a
+    layer's)."""
     warnings: list[str] = []
     covered = set(windows["pid"].unique().to_list())
     step_rows: list[tuple] = []
@@ -374,7 +540,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
 
     rest = acts.filter(~pl.col("pid").is_in(list(covered)))
     if rest.height:
-        per_rows, per_assign = _periodic_steps(rest)
+        per_rows, per_assign = _periodic_steps(rest, sync)
         base = step_rows_frame.height
         if per_rows:
             step_rows = [(base + i, pid, dev, delim, name, None, None, None)

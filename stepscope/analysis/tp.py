@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.collectives import summary_rank
+from stepscope.analysis.representative import representative
 
 SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode")
 # Two all-reduces per layer (after O and after down). Default cost of one when no TP trace is
@@ -83,16 +84,18 @@ class TraceProjection:
 
 
 def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) -> TraceProjection:
-    """Project the median step (by step time) of the trace's summary rank, in eager and graph
-    mode. `d`: the trace's Diagnosis."""
+    """Project the trace's representative step (the median by step time of the most common kind
+    of its summary rank's steps: the step compare and report quote), in eager and graph mode.
+    `d`: the trace's Diagnosis."""
     from stepscope.analysis.whatif import DEFAULT, graph_constants, is_graph_trace
 
     inv = d.inv
     rank = summary_rank(d.collectives.ranks, d.tp)
-    mine = inv.steps.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"])).sort(
-        "step_time_ns", "step")
-    med = mine.row(mine.height // 2, named=True)
-    step = med["step"]
+    mine = inv.steps.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"]))
+    # the step compare and report quote too
+    rep = representative(inv, d)
+    step = rep["step"]
+    med = mine.filter(pl.col("step") == step).row(0, named=True)
     base_tp = _step_tp(med["name"]) or rank["ranks"]
     c = inv.classes.filter(pl.col("step") == step)
     t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
@@ -103,8 +106,9 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     tp = d.tp.filter(pl.col("step") == step).row(0, named=True) if d.tp is not None and d.tp.height else None
     notes = []
     if rank["ranks"] > 1:
-        notes.append(f"projected step: {step}, rank {rank['rank']} of {rank['ranks']} (pid {rank['pid']}, "
-                     f"GPU {rank['device']}: {rank['why']}), the median of its {mine.height} step(s)")
+        notes.append(f"projected step: {step} (pid {rank['pid']}, GPU {rank['device']}), {rep['why']}")
+    elif mine.height > 1:
+        notes.append(f"projected step: {step}, {rep['why']}")
     default_note = (f"collective cost estimated: {ALLREDUCES_PER_LAYER} all-reduces per layer × "
                     f"{DEFAULT_ALLREDUCE_NS / 1e3:.1f} µs (measured on the H200 TP=2 fixture)")
     if collective_us is not None:

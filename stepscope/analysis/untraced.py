@@ -28,9 +28,9 @@ and vLLM, eager and graph, batch 1 and 8; fixtures/round5 and fixtures/vllm), of
 untraced step) / launch calls of the eager steps; the error of the estimate on each pair is in
 the README and recomputed by tests/test_untraced.py.
 
-The untraced verdict uses the same Equation 1.3 with the host cost per launch deflated the same
-way: t_launch_untraced = max(median inter-launch interval − OVERHEAD_PER_LAUNCH_NS,
-MIN_INTERVAL_NS).
+The untraced verdict uses the same Equation 1.3 with the untraced host cost per launch: measured,
+the sidecar's host time of the step / the step's launch calls; estimated, max(median
+inter-launch interval − OVERHEAD_PER_LAUNCH_NS, MIN_INTERVAL_NS).
 """
 
 from __future__ import annotations
@@ -204,6 +204,13 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     src_measured = "measured: " + ("sidecar " + str((sc or {}).get("engine", "")) + " engine, "
                                    "same step shape outside nsys's capture range")
     t_launch = (pl.col("interval_median_ns") - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
+    # measured: the host time the engine took to issue the step outside the capture range, per
+    # launch call of the step (estimated: the traced interval less the tracing)
+    host = ((sc or {}).get("untraced") or {}).get("host_ns") or {}
+    host_ns = host.get("median") if isinstance(host.get("median"), int) else None
+    if host_ns:
+        t_launch = pl.when(pl.col("measured_ns").is_not_null() & (pl.col("n_launch_calls") > 0)).then(
+            pl.lit(host_ns, pl.Int64) // pl.col("n_launch_calls")).otherwise(t_launch)
     s = (inv.steps.select("step", "n_launch_calls", "n_kernels", "name")
          .join(est, on="step", how="left").join(meas, on="step", how="left")
          .join(launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left")

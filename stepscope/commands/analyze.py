@@ -27,7 +27,15 @@ def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Opti
     from stepscope.ingest import read_trace
 
     trace_obj = read_trace(trace or bundled_trace(), launch_config=False, cache=None if cache else False)
-    return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input)
+    # read without grid/block; the few kernels whose launch configuration is phase evidence
+    # are read from the export when a step's name records no phase
+    reader = None
+    if trace_obj.format == "nsys-sqlite":
+        from stepscope.launch_config import nsys_reader
+
+        reader = nsys_reader(trace_obj.path)
+    return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input,
+                         launch_config=reader)
 
 
 @app.command()

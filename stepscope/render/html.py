@@ -13,7 +13,7 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, phase_line
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -227,6 +227,31 @@ def _classes(views: list[StepView]) -> str:
     svg = (f'<svg id="class-breakdown" class="chart" width="{WIDTH}" height="{y + 4}" '
            f'xmlns="http://www.w3.org/2000/svg">{"".join(rows)}</svg>')
     return svg + _class_table(views, order)
+
+
+def _framework(views: list[StepView]) -> str:
+    """The framework class of each view by op family (and by launching op, with NVTX op ranges)."""
+    from stepscope.analysis.classify import FAMILY_LABELS
+    from stepscope.render.report_data import framework_lines
+
+    parts = []
+    for i, v in enumerate(views):
+        fam = v.inv.framework.filter(pl.col("step") == v.step)
+        if fam.is_empty():
+            continue
+        rows = "".join(f"<tr><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td><td>{r['count']}</td>"
+                       f"<td>{_us(r['time_ns'])}</td></tr>" for r in fam.iter_rows(named=True))
+        ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
+        op_rows = "".join(f"<tr><td>{escape(r['op'])}</td><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td>"
+                          f"<td>{r['count']}</td><td>{_us(r['time_ns'])}</td></tr>" for r in ops.head(10).iter_rows(named=True))
+        advice = framework_lines(v.inv, v.step)[-1] if ops.height else ""
+        parts.append(f'<div><div class="sub">{escape(_panel_name(v, i, len(views)))}: framework glue by op family</div>'
+                     f'<table class="framework" id="framework-{i}"><tr><th>op family</th><th>count</th><th>time</th></tr>'
+                     f"{rows}</table>"
+                     + (f'<table class="framework-ops"><tr><th>launching op</th><th>op family</th><th>launches</th>'
+                        f"<th>time</th></tr>{op_rows}</table><p class=\"note\">{escape(advice)}</p>" if ops.height else "")
+                     + "</div>")
+    return f'<div class="row">{"".join(parts)}</div>' if parts else ""
 
 
 def _class_table(views: list[StepView], order: list[str]) -> str:
@@ -450,6 +475,8 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
         f"<h1>{escape(title)}</h1>",
         f'<div class="sub">{escape(src)} · {len(view.inv.step_ids())} step(s) in the trace'
         + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(v.chosen)}; delimited by {escape(v.delimiter)}"
+                  + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
+                            for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)
                   for i, v in enumerate(views)) + "</div>",
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
         "<h2>Summary</h2>", _summary(views),
@@ -457,7 +484,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
         "<h2>Timeline</h2>",
         _legend(any(v.gaps is not None for v in views), any(len(v.ranks) > 1 for v in views)),
         _timeline(views),
-        "<h2>Class breakdown</h2>", _classes(views),
+        "<h2>Class breakdown</h2>", _classes(views), _framework(views),
         "<h2>Gap histogram</h2>",
         '<div class="row" id="gap-histograms">' + "".join(_gap_histogram(v, i, len(views)) for i, v in enumerate(views)) + "</div>",
         "<h2>Top kernels</h2>",

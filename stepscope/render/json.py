@@ -40,11 +40,11 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
         steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
     classes = jsontext.members(inv.classes.filter(pl.col("step").is_in(sel)), "step", "class",
                                ["count", "time_ns"], "classes")
-    kernels = jsontext.arrays(inv.kernels.filter(pl.col("step").is_in(sel)), "step",
-                              ["name", "demangled", "class", "count", "time_ns"], "kernels")
+    kernels = _kernel_arrays(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step").is_in(sel))))
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
-    parts = [pl.col("head"), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
-             pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]")]
+    t = t.join(_phase_evidence(steps), on="step", how="left").join(_framework(inv, sel), on="step", how="left")
+    parts = [pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
+             pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]"), pl.col("framework").fill_null("")]
     if diag is not None:
         sections = diag.sections_text()
         t = t.join(sections, on="step", how="left")
@@ -59,6 +59,44 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
         if "engine" in sections.columns:  # vLLM traces only
             parts += [pl.lit(',"engine":'), pl.col("engine").fill_null("null")]
     return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
+
+
+def _kernel_arrays(k: pl.DataFrame) -> pl.DataFrame:
+    """(step, kernels): each step's kernel list; an entry classed by evidence other than its
+    name carries `class_by` (what placed it), the others keep their five fields."""
+    base = ["name", "demangled", "class", "count", "time_ns"]
+    if "class_by" not in k.columns or k["class_by"].null_count() == k.height:
+        return jsontext.arrays(k, "step", base, "kernels")
+    by = pl.struct(pl.col("class_by")).struct.json_encode().str.strip_prefix("{")
+    rec = jsontext.open_records(k, base) + pl.when(pl.col("class_by").is_not_null()).then(
+        pl.lit(",") + by).otherwise(pl.lit("}"))
+    return jsontext.joined(k.select("step", rec.alias("_j")), "step", "_j", "kernels", "[", "]")
+
+
+def _framework(inv: Inventory, sel: list[int]) -> pl.DataFrame:
+    """(step, ',"framework":{count, time_ns, families, ops}') for the steps with framework
+    kernels: the class by op family and, where NVTX ranges name ops, by launching op."""
+    fam = inv.framework.filter(pl.col("step").is_in(sel))
+    if fam.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64, "framework": pl.String})
+    total = fam.group_by("step").agg(pl.col("count").sum(), pl.col("time_ns").sum())
+    head = total.select("step", jsontext.open_records(total, ["count", "time_ns"]).alias("head"))
+    members = jsontext.members(fam, "step", "family", ["count", "time_ns"], "families")
+    ops = inv.framework_ops.filter(pl.col("step").is_in(sel))
+    ops = jsontext.arrays(ops, "step", ["op", "family", "count", "time_ns"], "ops")
+    t = head.join(members, on="step", how="left").join(ops, on="step", how="left")
+    return t.select("step", pl.concat_str(pl.lit(',"framework":'), pl.col("head"), pl.lit(',"families":'),
+                                          pl.col("families"), pl.lit(',"ops":'), pl.col("ops").fill_null("[]"),
+                                          pl.lit("}")).alias("framework"))
+
+
+def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:
+    """(step, ',"phase_evidence":{by, detail, tokens}') for the steps whose phase the trace's
+    evidence decided (or failed to): a step named with its phase gains nothing."""
+    ev = steps.filter(pl.col("phase_by").is_not_null() & (pl.col("phase_by") != "name")).select(
+        pl.col("index").alias("step"), pl.col("phase_by").alias("by"), pl.col("phase_detail").alias("detail"), "tokens")
+    return ev.select("step", pl.concat_str(pl.lit(',"phase_evidence":'), jsontext.records(ev, ["by", "detail", "tokens"]))
+                     .alias("phase_evidence"))
 
 
 def analyze_json(inv: Inventory, which=None, diag=None) -> str:

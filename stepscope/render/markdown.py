@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
+from stepscope.analysis.classify import FAMILY_LABELS
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, framework_lines, phase_line
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 
@@ -40,6 +41,10 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
         out.append(f"- {prefix}`{t.path.name}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
                    f"({v.chosen}); delimited by {v.delimiter}")
+    for i, v in enumerate(views):
+        for line in [phase_line(v.figures)] + class_by_lines(v.kernels):
+            if line:
+                out.append(f"- {f'**{_tag(i, n)}**: ' if n > 1 else ''}{line}")
     notes = sorted({x for v in views for x in v.notes})
     out += [f"- note: {x}" for x in notes]
     out.append("")
@@ -115,6 +120,22 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         rows.append(row)
     out += [_table(head, rows), ""]
 
+    for i, v in enumerate(views):
+        fam = v.inv.framework.filter(pl.col("step") == v.step)
+        if fam.is_empty():
+            continue
+        total = fam["time_ns"].sum() or 1
+        rows = [[FAMILY_LABELS.get(r["family"], r["family"]), r["count"], _us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
+                for r in fam.iter_rows(named=True)]
+        tag = f" ({_tag(i, n)})" if n > 1 else ""
+        out += [f"### Framework glue by op family{tag}", "", _table(["op family", "count", "time", "share"], rows), ""]
+        ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
+        if ops.height:
+            rows = [[f"`{r['op']}`", FAMILY_LABELS.get(r["family"], r["family"]), r["count"], _us(r["time_ns"])]
+                    for r in ops.head(10).iter_rows(named=True)]
+            out += ["By the op that launched them (NVTX ranges):", "",
+                    _table(["op", "op family", "launches", "time"], rows, "llrr"), ""]
+            out += [framework_lines(v.inv, v.step)[-1] + ".", ""]
     out += ["### Gaps", ""]
     rows = []
     for k in GAP_KINDS:

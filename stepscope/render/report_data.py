@@ -10,19 +10,68 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.representative import representative
 from stepscope.errors import InputError
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
+PHASE_BY = {"combine": "the split-KV combine pass", "launch": "the attention kernel's launch configuration",
+            "shape": "the step's shape (tokens through the layers vs sequences sampled)"}
+
+
+def phase_line(fig: dict) -> str | None:
+    """What decided a step's phase, when its name did not record it (None when it did)."""
+    by = fig.get("phase_by")
+    if by in (None, "name"):
+        return None
+    if by == "kernel name":
+        return ("phase not in the step's name and not told by the trace: the attention kernels' names "
+                f"decided prefill/decode ({fig.get('phase_detail')})")
+    return f"phase {fig['phase']} from {PHASE_BY.get(by, by)}: {fig.get('phase_detail')}"
+
+
+def class_by_lines(kernels: pl.DataFrame, limit: int = 4) -> list[str]:
+    """One line per reason a step's kernels were classed by something other than their name:
+    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)"."""
+    if "class_by" not in kernels.columns:
+        return []
+    k = kernels.filter(pl.col("class_by").is_not_null())
+    out = []
+    for (cls, why), g in k.group_by("class", "class_by", maintain_order=True):
+        g = g.group_by("name", maintain_order=True).agg(pl.col("count").sum()).sort("count", "name",
+                                                                                   descending=[True, False])
+        names = ", ".join(f"{n} ×{c}" for n, c in g.head(limit).iter_rows())
+        more = f" and {g.height - limit} more" if g.height > limit else ""
+        out.append(f"classed by evidence, not by name: {names}{more} → {cls} ({why})")
+    return out
+
+
+def framework_lines(inv: Inventory, step: int, limit: int = 6) -> list[str]:
+    """The framework class of a step in words: by op family, by launching op (when NVTX ranges
+    name ops), and what to do about the op with the most launches."""
+    from stepscope.analysis.classify import FAMILY_LABELS
+
+    fam = inv.framework.filter(pl.col("step") == step)
+    if fam.is_empty():
+        return []
+    us = lambda ns: f"{ns / 1e3:,.1f} µs"  # noqa: E731
+    out = ["framework by op family: " + " · ".join(
+        f"{FAMILY_LABELS.get(r['family'], r['family'])} ×{r['count']} ({us(r['time_ns'])})" for r in fam.iter_rows(named=True))]
+    ops = inv.framework_ops.filter(pl.col("step") == step)
+    if ops.height:
+        shown = ", ".join(f"{r['op']} ×{r['count']}" for r in ops.head(limit).iter_rows(named=True))
+        more = f" and {ops.height - limit} more" if ops.height > limit else ""
+        out.append(f"framework launches by the op that issued them (NVTX ranges): {shown}{more}")
+        top = ops.row(0, named=True)
+        out.append(f"{top['count']} {top['op']} launches per step ({FAMILY_LABELS.get(top['family'], top['family'])}, "
+                   f"{us(top['time_ns'])}): fuse them (torch.compile) or capture the step in a CUDA graph")
+    return out
 
 
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
-    """The step a report shows: the one asked for, else a typical one.
-
-    Typical = among the steps of the most common kind (same process, device, phase and kernel
-    count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
-    trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
-    candidates: the other ranks' steps of the same TP step are drawn beside it (`peers`).
-    """
+    """The step a report shows: the one asked for, else the trace's representative step
+    (analysis/representative.py: the median by step time of the most common kind of the
+    summary rank's steps, the step `compare` and `tp` quote too). On a multi-rank trace the
+    other ranks' steps of the same TP step are drawn beside it (`peers`)."""
     ids = inv.step_ids()
     if which not in (None, ""):
         if which == "first":
@@ -30,20 +79,7 @@ def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
         if str(which).isdigit() and int(which) in ids:
             return int(which)
         raise InputError(f"no step {which} in this trace (it has steps {ids[0]}–{ids[-1]})")
-    s = inv.steps
-    if s.select("pid", "device").unique().height > 1:
-        from stepscope.analysis.collectives import summary_rank
-
-        d = diag if diag is not None else _diagnose(inv)
-        r = summary_rank(d.collectives.ranks, d.tp)
-        s = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
-    s = s.with_columns(_kind=pl.concat_str(
-        [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
-        separator="|"))
-    common = s.group_by("_kind").agg(pl.len().alias("n"), pl.col("step").min().alias("first")).sort(
-        ["n", "first"], descending=[True, False])["_kind"][0]
-    members = s.filter(pl.col("_kind") == common).sort("step_time_ns", "step")
-    return int(members["step"][(members.height - 1) // 2])
+    return representative(inv, diag)["step"]
 
 
 @dataclass
@@ -60,7 +96,7 @@ class StepView:
     gaps: pl.DataFrame             # find_gaps rows of this step
     floors: dict                   # the step's floors row
     notes: list[str] = field(default_factory=list)
-    chosen: str = "a typical step: median step time among the steps of the most common kind"
+    chosen: str = "the representative step"  # why this step (representative()'s `why`, or "as asked")
     tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, verdict)
     waits: pl.DataFrame | None = None  # the step's collective kernels with their wait intervals
     peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
@@ -127,6 +163,11 @@ def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, lis
     return out
 
 
+def _why(inv: Inventory, step: int, diag) -> str:
+    rep = representative(inv, diag)
+    return rep["why"] if rep["step"] == step else "as asked"
+
+
 def _diagnose(inv: Inventory):
     """The analyses `analyze` itself uses: gaps, floors, collectives."""
     from stepscope.analysis.diagnosis import diagnose
@@ -156,15 +197,14 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     view = StepView(
         inv=inv, step=step, figures=fig,
         classes=inv.classes.filter(pl.col("step") == step).drop("step"),
-        kernels=inv.kernels.filter(pl.col("step") == step).drop("step"),
+        kernels=inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step"),
         acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
-        **({"chosen": chosen} if chosen else {}),
+        chosen=chosen or _why(inv, step, d),
     )
     sections = d.step_sections(step)
     view.untraced, view.engine = sections.get("untraced"), sections.get("engine")
     if chosen is None and tp is not None and tp["ranks"] > 1:
-        view.chosen += (f" of rank {tp['rank']} of {tp['ranks']}, the rank that binds most TP steps; "
-                        "the other ranks' steps of its TP step are drawn beside it")
+        view.chosen += "; the other ranks' steps of its TP step are drawn beside it"
     if peers and tp is not None and tp["ranks"] > 1:
         others = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
         view.peers = [step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in others]

@@ -8,6 +8,8 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.representative import kinds, median_step
+from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 
 
 def us(ns) -> str:
@@ -19,12 +21,13 @@ def ms(ns) -> str:
 
 
 def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
-    """Steps grouped by kind: same process, device, delimiter, phase and kernel count."""
-    s = inv.steps.filter(pl.col("step").is_in(ids))
-    kinds = []
-    for _, grp in s.group_by(["pid", "device", "delimiter", "phase", "n_kernels"], maintain_order=True):
-        kinds.append((grp.row(0, named=True), grp["step"].to_list()))
-    return kinds
+    """Steps grouped by kind (same process, device, delimiter, phase and kernel count), each with
+    the row of its representative step: the median by step time (analysis/representative.py)."""
+    out = []
+    for grp in kinds(inv.steps.filter(pl.col("step").is_in(ids))):
+        rep = median_step(grp)
+        out.append((grp.filter(pl.col("step") == rep).row(0, named=True), grp["step"].to_list()))
+    return out
 
 
 def verdict_line(diag, step: int) -> str:
@@ -92,13 +95,16 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
 
 
 def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console, headline=None) -> None:
-    s = inv.steps.filter(pl.col("step").is_in(members))
-    med = {c: s[c].median() for c in ("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
-                                      "kernel_time_sum_ns", "n_launch_calls", "launch_call_ns")}
+    """One kind of step, told by its representative step `first`: the verdict, the figures, the
+    classes and the diagnosis are all that one step's."""
+    med = first
     phase = first["phase"] or "phase unknown"
     title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
              f"device {first['device']} · {len(members)} step(s)")
     console.rule(f"[bold]{title}")
+    evidence = phase_line(first)
+    if evidence:
+        console.print(f"[dim]{evidence}[/]")
     if headline is not None:
         console.print(f"[bold]Verdict:[/] {headline(first['step'])}")
     layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
@@ -106,7 +112,8 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         f"step time {ms(med['step_time_ns'])} · GPU busy {ms(med['gpu_busy_ns'])} · span "
         f"{ms(med['gpu_span_ns'])} · idle {ms(med['idle_ns'])} · {first['n_kernels']} kernels "
         f"({layers}) · {int(med['n_launch_calls'])} launch calls, {ms(med['launch_call_ns'])} in them"
-        + ("  [dim](medians over the steps of this kind)[/]" if len(members) > 1 else ""))
+        + (f"  [dim](step {first['step']}: the median by step time of the {len(members)} steps of this kind)[/]"
+           if len(members) > 1 else ""))
     c = inv.classes.filter(pl.col("step") == first["step"])
     total = c["time_ns"].sum() or 1
     table = Table(show_edge=False, header_style="bold")
@@ -118,6 +125,10 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         table.add_row(r["class"], str(r["count"]), us(r["time_ns"]), us(r["time_ns"] / r["count"]),
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
+    for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"]))):
+        console.print(f"[dim]{line}[/]")
+    for line in framework_lines(inv, first["step"]):
+        console.print(line)
     other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
     share = other["time_ns"].sum() / total
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
@@ -242,7 +253,9 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     a, b = doc["a"], doc["b"]
     console.rule(f"[bold]A {a['path']}  vs  B {b['path']}")
     t = Table(show_edge=False, header_style="bold")
-    for col in ("figure (median per step)", "A", "B", "B − A"):
+    console.print(f"[dim]A: step {a['step']} of its {a['steps']}: {a['chosen']} · B: step {b['step']} of its "
+                  f"{b['steps']}: {b['chosen']}[/]")
+    for col in ("figure (the quoted step)", "A", "B", "B − A"):
         t.add_column(col, justify="left" if col.startswith("figure") else "right")
     rows = [("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU idle", "idle_ns"),
             ("CPU floor", "cpu_floor_ns"), ("device floor", "device_floor_ns")]
@@ -275,7 +288,7 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
                           ms(x_["gpu_busy_ns"]), ms(x_["collective_wait_ns"]), ms(x_["device_floor_ns"]),
                           ms(x_["cpu_floor_ns"]))
             console.print(r)
-    c = Table(show_edge=False, header_style="bold", title="per class (time per step)", title_justify="left")
+    c = Table(show_edge=False, header_style="bold", title="per class (the quoted steps)", title_justify="left")
     for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
         c.add_column(col, justify="left" if col == "class" else "right")
     for cls, r in sorted(doc["classes"].items(), key=lambda kv: -abs(kv[1]["delta_time_ns"])):

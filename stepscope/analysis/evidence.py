@@ -1,0 +1,82 @@
+"""Kernels whose name says nothing of their op, classed by where they run in their layer.
+
+torch.compile names some fused kernels after their ops and others just `triton_poi_fused_3`.
+Such an anonymous kernel (the `[evidence] anonymous` pattern of rules.toml) takes, in order:
+
+  layer    the class the step's other layers run at the same position of the layer pattern
+           (layers.layer_pattern), when named kernels sit there;
+  position the class of a `[[position]]` rule whose neighbours match: the nearest named
+           kernels before and after it in the step (e.g. between the QKV GEMM and the KV-cache
+           write a decoder layer applies RoPE);
+
+and keeps its class by name (framework) otherwise. A kernel a rule classes (a user's --rules
+included) is not anonymous, whatever its name. Each decision is reported (`class_by`),
+never made silently. Work is per step and per distinct (neighbour, neighbour) pair, over the
+steps that hold anonymous kernels only.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from stepscope.analysis.classify import CLASS_DTYPE, RuleSet
+
+EVIDENCE_SCHEMA = {"name": pl.String, "demangled": pl.String, "class": pl.String, "class_by": pl.String}
+# classes that say what a position of the layer computes (glue and the unknown do not)
+_TELLING = ("framework", "other", "memops")
+
+
+def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
+                    layers: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(acts with the anonymous kernels re-classed, EVIDENCE_SCHEMA rows for them).
+
+    acts: sorted by (step, start), with row, step, is_kernel, demangled_id, class; names: the
+    distinct kernel names (demangled_id, name); layers: (step, layers, kernels_per_layer,
+    layer_start) over each step's kernels."""
+    # anonymous: the name says nothing and no rule (a user's included) gave it a class
+    anon = [i for i, n, c in zip(names["demangled_id"].to_list(), names["name"].to_list(), names["class"].to_list())
+            if rules.is_anonymous(n) and c in ("framework", "other")]
+    if not anon or acts["step"].null_count() == acts.height:
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    is_anon = pl.col("demangled_id").is_in(anon) & pl.col("is_kernel")
+    steps = acts.filter(is_anon & pl.col("step").is_not_null())["step"].unique()
+    k = (acts.filter(pl.col("is_kernel") & pl.col("step").is_in(steps.to_list()))
+         .select("row", "step", "name", "demangled", pl.col("class").cast(pl.String), is_anon.alias("anon"))
+         .with_columns(idx=pl.int_range(pl.len()).over("step")))
+    # --- the same position in the step's other layers
+    k = k.join(layers.select("step", pl.col("kernels_per_layer").alias("p"), pl.col("layer_start").alias("s"),
+                             pl.col("layers").alias("n")), on="step", how="left")
+    inside = (pl.col("idx") >= pl.col("s")) & (pl.col("idx") < pl.col("s") + pl.col("n") * pl.col("p"))
+    k = k.with_columns(pos=pl.when(inside).then((pl.col("idx") - pl.col("s")) % pl.col("p")))
+    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("class").is_in(list(_TELLING)))
+             .group_by("step", "pos", "class").len()
+             .sort("step", "pos", "len", "class", descending=[False, False, True, False])
+             .group_by("step", "pos", maintain_order=True).first()
+             .select("step", "pos", pl.col("class").alias("by_layer")))
+    k = k.join(votes, on=["step", "pos"], how="left")
+    # --- the nearest named kernels around it
+    named = pl.when(~pl.col("anon")).then(pl.col("class"))
+    k = k.with_columns(prev=named.shift(1).forward_fill().over("step").fill_null(""),
+                       next=named.shift(-1).backward_fill().over("step").fill_null(""))
+    pairs = k.filter(pl.col("anon")).select("prev", "next").unique()
+    rule_of = []
+    for prev, nxt in pairs.iter_rows():
+        hit = next((r for r in rules.positions if prev and nxt and r.after.search(prev) and r.before.search(nxt)), None)
+        rule_of.append((prev, nxt, hit.cls if hit else None,
+                        f"between {prev} and {nxt}, where a decoder layer runs {hit.cls}" if hit else None))
+    pairs = pl.DataFrame(rule_of, schema={"prev": pl.String, "next": pl.String, "by_position": pl.String,
+                                          "why": pl.String}, orient="row")
+    k = k.filter(pl.col("anon")).join(pairs, on=["prev", "next"], how="left")
+    k = k.with_columns(
+        new=pl.coalesce("by_layer", "by_position"),
+        class_by=pl.when(pl.col("by_layer").is_not_null())
+        .then(pl.concat_str(pl.lit("the step's other layers run "), pl.col("by_layer"), pl.lit(" at this position")))
+        .otherwise(pl.col("why")),
+    ).filter(pl.col("new").is_not_null())
+    if k.is_empty():
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    acts = acts.join(k.select("row", pl.col("new").cast(CLASS_DTYPE)), on="row", how="left", maintain_order="left") \
+        .with_columns(pl.coalesce("new", "class").alias("class")).drop("new")
+    ev = k.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String), pl.col("new").alias("class"),
+                  "class_by").unique(maintain_order=True)
+    return acts, ev
