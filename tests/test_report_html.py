@@ -96,6 +96,7 @@ def test_markdown_report(tmp_path):
     assert "**launch-bound**" in md and "**device-bound**" in md
     for h in ("### Summary", "### Floors and verdict", "### Classes", "### Gaps", "### Top kernels"):
         assert h in md
+    assert "docs/DEFINITIONS.md" in md.splitlines()[-1] and "docs/KERNEL_CLASSES.md" in md.splitlines()[-1]
     # every table row has as many cells as its header
     for block in md.split("\n\n"):
         rows = [r for r in block.splitlines() if r.startswith("| ")]

@@ -13,7 +13,7 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
+from stepscope.render.report_data import GAP_KINDS, StepView, class_rows, footer
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -466,8 +466,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
     ]
     if budget is not None or budget_note:
         body += ["<h2>Byte budget</h2>", _budget(budget, budget_note)]
-    body.append('<p class="sub">Definitions of every figure: stepscope DEFINITIONS.md. '
-                "Hover any bar for its exact value.</p>")
+    body.append(f'<p class="sub" id="footer">{escape(footer())} Hover any bar for its exact value.</p>')
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
 <script>window.addEventListener("error",function(e){{document.documentElement.setAttribute("data-js-error",String(e.message))}});</script>

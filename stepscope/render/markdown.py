@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
+from stepscope.render.report_data import GAP_KINDS, StepView, class_rows, footer
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 
@@ -155,7 +155,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             out += [budget_note, ""]
     elif budget_note:
         out += ["### Byte budget", "", budget_note, ""]
-    out.append("<sub>made with `stepscope report`; every figure is defined in stepscope's DEFINITIONS.md</sub>")
+    out.append(f"<sub>{footer()}</sub>")
     return "\n".join(out) + "\n"
 
 

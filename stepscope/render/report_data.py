@@ -15,6 +15,17 @@ from stepscope.errors import InputError
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
 
+def footer() -> str:
+    """The line under every report: which stepscope wrote it and where its terms are defined.
+    The docs are named by their path in the repository, not linked: a report is read offline
+    and must not point at the network."""
+    from stepscope import __version__
+
+    return (f"Written by stepscope {__version__}. Every figure is defined in "
+            "docs/DEFINITIONS.md and every kernel class in docs/KERNEL_CLASSES.md of the stepscope "
+            "repository.")
+
+
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
     """The step a report shows: the one asked for, else a typical one.
 
