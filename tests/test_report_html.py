@@ -145,8 +145,8 @@ def test_cells_byte_budget_section(tmp_path):
     md = render(tmp_path, str(EAGER), "--cells", str(cells), name="r.md").read_text()
     calls = sk["count"].sum()
     measured = (1_000_000 + 1000) * calls
-    assert f"step: {measured / 1e6:,.1f} MB measured" in md
-    assert "| gemm | 129.1 MB |" in md  # 129 GEMM calls × 1.001 MB
+    assert f"step: {measured / 1e6:.2f} MB measured" in md  # 420 calls × 1.001 MB = 420.42 MB
+    assert "| gemm | 129.13 MB |" in md  # 129 GEMM calls × 1.001 MB
 
 
 EAGER_TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"

@@ -15,17 +15,6 @@ import typer
 from stepscope.cli import app, fail
 
 
-def _b(x) -> str:
-    if x is None:
-        return "—"
-    sign = "-" if x < 0 else ""
-    x = abs(x)
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if x >= div:
-            return f"{sign}{x / div:.2f} {unit}"
-    return f"{sign}{int(x)} B"
-
-
 @app.command("budget")
 def budget_cmd(
     trace: Path = typer.Argument(..., help="nsys SQLite export of the engine step(s)"),
@@ -108,6 +97,8 @@ def _render(doc, res) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.units import MISSING, nbytes, us
+
     con = Console()
     st = doc["step"]
     t = Table(title=f"HBM byte budget — step {doc['step_index']} ({st['phase']}, batch "
@@ -118,21 +109,19 @@ def _render(doc, res) -> None:
     for r in res.rows.iter_rows(named=True):
         amp = r["amplification"]
         t.add_row(r["class"], r["op"] or "[dim](no cell)[/]", str(r["calls"]),
-                  _b(r["measured_bytes_per_call"]), _b(r["measured_bytes"]), _b(r["min_bytes"]),
-                  f"{amp:.2f}" if amp is not None else "—", _b(r["removable_bytes"]),
-                  f"{r['floor_ns'] / 1e3:.1f} µs" if r["floor_ns"] is not None else "—",
-                  f"{r['time_ns'] / 1e3:.1f} µs")
-    t.add_row("[bold]step[/]", "", str(st["calls"]), "", _b(st["measured_bytes"]),
-              _b(st["min_bytes"]),
-              f"{st['amplification']:.2f}" if st["amplification"] else "—",
-              _b(st["removable_bytes"]),
-              f"{st['floor_ns'] / 1e3:.1f} µs" if st["floor_ns"] is not None else "—",
-              f"{st['time_ns'] / 1e3:.1f} µs")
+                  nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
+                  f"{amp:.2f}" if amp is not None else MISSING, nbytes(r["removable_bytes"]),
+                  us(r["floor_ns"]), us(r["time_ns"]))
+    t.add_row("[bold]step[/]", "", str(st["calls"]), "", nbytes(st["measured_bytes"]),
+              nbytes(st["min_bytes"]),
+              f"{st['amplification']:.2f}" if st["amplification"] else MISSING,
+              nbytes(st["removable_bytes"]),
+              us(st["floor_ns"]), us(st["time_ns"]))
     con.print(t)
     ranked = [c for c in doc["classes"] if c["removable_bytes"] is not None]
     if ranked:
         con.print("classes by removable bytes: " + ", ".join(
-            f"{c['class']} {_b(c['removable_bytes'])}" for c in ranked[:5]))
+            f"{c['class']} {nbytes(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
     if j.get("order"):
         o = st["order"]
@@ -144,9 +133,9 @@ def _render(doc, res) -> None:
                   f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; "
                   f"{len(st['unjoined_kernels'])} kernel(s) without a cell")
     if st.get("unjoined_ops"):
-        con.print(f"minimum over the joined ops: {_b(st['min_bytes'])}; ops no kernel joined "
-                  f"({', '.join(st['unjoined_ops'])}) add {_b(st['unjoined_min_bytes'])} to the step's "
-                  f"{_b(st['plan_min_bytes'])}")
+        con.print(f"minimum over the joined ops: {nbytes(st['min_bytes'])}; ops no kernel joined "
+                  f"({', '.join(st['unjoined_ops'])}) add {nbytes(st['unjoined_min_bytes'])} to the step's "
+                  f"{nbytes(st['plan_min_bytes'])}")
     below = res.rows.filter(pl.col("note").is_not_null())
     if below.height:
         con.print("below their minimum (DRAM bytes only: inputs the previous kernel left in L2 were read "

@@ -14,6 +14,7 @@ from html import escape
 import polars as pl
 
 from stepscope.render.report_data import GAP_KINDS, StepView, class_rows, footer
+from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -43,10 +44,6 @@ td:first-child,th:first-child{text-align:left} th{background:#f6f6f6}
 svg text{font-size:11px;fill:#333} rect.k:hover,rect.c:hover{stroke:#000;stroke-width:1}
 code{font-size:12px}
 """ % FONT
-
-
-def _us(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e3:,.1f} µs"
 
 
 def _num(x) -> str:
@@ -90,16 +87,16 @@ def _timeline(views: list[StepView]) -> str:
             y = _rank_rows(rv, t0, sx, y, out)
         y += 10
     # axis, shared by every panel
-    tick = _nice(span)
+    step = _nice(span)
     axis = [f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + plot_w}" y2="{y}" stroke="#888"/>']
     k = 0
-    while k * tick <= span:
-        xx = LEFT + k * tick * sx
+    while k * step <= span:
+        xx = LEFT + k * step * sx
         axis.append(f'<line x1="{xx:.1f}" y1="{y}" x2="{xx:.1f}" y2="{y + 4}" stroke="#888"/>'
-                    f'<text x="{xx:.1f}" y="{y + 16}" text-anchor="middle">{k * tick / 1e3:,.0f}</text>')
+                    f'<text x="{xx:.1f}" y="{y + 16}" text-anchor="middle">{tick(k * step)}</text>')
         axis.append(f'<line x1="{xx:.1f}" y1="0" x2="{xx:.1f}" y2="{y}" stroke="#000" stroke-opacity="0.06"/>')
         k += 1
-    axis.append(f'<text x="{LEFT + plot_w}" y="{y + 30}" text-anchor="end">µs from the start of each step</text>')
+    axis.append(f'<text x="{LEFT + plot_w}" y="{y + 30}" text-anchor="end">time from the start of each step</text>')
     h = y + 36
     return (f'<svg id="timeline" class="chart" width="{WIDTH}" height="{h}" viewBox="0 0 {WIDTH} {h}" '
             f'xmlns="http://www.w3.org/2000/svg">{"".join(axis)}{"".join(out)}</svg>')
@@ -114,7 +111,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
     f = v.figures
     if f.get("w_start") is not None:
         x0, x1 = x(f["w_start"]), x(f["w_end"])
-        tip = f"{f['name']}: {_us(f['w_end'] - f['w_start'])}"
+        tip = f"{f['name']}: {ms(f['w_end'] - f['w_start'])}"
         out.append(f'<text x="4" y="{y + 12}">step range</text>'
                    f'<rect class="range" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 0.6):.1f}" height="{ROW - 6}" '
                    f'fill="{RANGE_COLOR}">{_t(tip)}</rect>')
@@ -128,7 +125,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
             w = max((r["end"] - r["start"]) * sx, 0.6)
             color = GRAPH_COLOR if graph else LAUNCH_COLOR
             cls = "launch graph-launch" if graph else "launch"
-            tip = f"{r['api_name']} {_us(r['end'] - r['start'])} (corr {r['corr']})"
+            tip = f"{r['api_name']} {us(r['end'] - r['start'])} (corr {r['corr']})"
             out.append(f'<rect class="{cls}" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
                        f'fill="{color}">{_t(tip)}</rect>')
             if graph:
@@ -144,7 +141,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
         for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
             x0 = x(g["gap_start"])
             w = max(g["gap_ns"] * sx, 0.6)
-            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
             out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
                        f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
                        f'{_t(tip)}</rect>')
@@ -155,7 +152,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
                 x0 = x(r["start"])
                 w = max((r["end"] - r["start"]) * sx, 0.6)
                 c = r["class"] or "other"
-                tip = f"{r['name']} [{c}] {_us(r['end'] - r['start'])}"
+                tip = f"{r['name']} [{c}] {us(r['end'] - r['start'])}"
                 out.append(f'<rect class="k" data-class="{c}" x="{x0:.1f}" y="{y + 2}" width="{w:.1f}" height="{ROW - 4}" '
                            f'fill="{CLASS_COLORS.get(c, "#ccc")}">{_t(tip)}</rect>')
             # the part of each collective spent waiting for the slowest rank, darkened over it
@@ -163,7 +160,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
                 for r in waits.filter(pl.col("stream") == s).iter_rows(named=True):
                     for lo, hi in ((r["start"], r["last_start"]), (r["first_end"], r["end"])):
                         if hi > lo:
-                            tip = f"waiting for the slowest rank in {r['name']}: {_us(hi - lo)}"
+                            tip = f"waiting for the slowest rank in {r['name']}: {us(hi - lo)}"
                             out.append(f'<rect class="wait" x="{x(lo):.1f}" y="{y + 2}" width="{max((hi - lo) * sx, 0.6):.1f}" '
                                        f'height="{ROW - 4}" fill="{WAIT_COLOR}" fill-opacity="0.55">{_t(tip)}</rect>')
             y += ROW
@@ -173,7 +170,7 @@ def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
             reps = gk.group_by("corr").agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"))
             for r in reps.iter_rows(named=True):
                 x0, x1 = x(r["start"]), x(r["end"])
-                tip = f"graph replay: {r['n']} kernels, {_us(r['end'] - r['start'])}"
+                tip = f"graph replay: {r['n']} kernels, {us(r['end'] - r['start'])}"
                 out.append(f'<path class="graph-replay" d="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
                            f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
             y += 8
@@ -220,8 +217,8 @@ def _classes(views: list[StepView]) -> str:
             op = "1" if i == 0 else "0.55"
             tag = ("A " if i == 0 else "B ") if len(frames) > 1 else ""
             rows.append(f'<rect class="c" x="140" y="{y + 2}" width="{w:.1f}" height="{ROW - 6}" fill="{CLASS_COLORS.get(c, "#ccc")}" '
-                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {n} × , {_us(t)}")}</rect>'
-                        f'<text x="{146 + w:.1f}" y="{y + 12}">{tag}{_us(t)} · {n}×</text>')
+                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {n} kernels, {us(t)}")}</rect>'
+                        f'<text x="{146 + w:.1f}" y="{y + 12}">{tag}{us(t)} · {n}×</text>')
             y += ROW - 2
         y += 4
     svg = (f'<svg id="class-breakdown" class="chart" width="{WIDTH}" height="{y + 4}" '
@@ -241,9 +238,9 @@ def _class_table(views: list[StepView], order: list[str]) -> str:
     for c, vals in class_rows(views, order):
         cells = [f"<td>{escape(c)}</td>"]
         for n, t, share in vals:
-            cells.append(f"<td>{n}</td><td>{_us(t)}</td><td>{share:.1f}%</td>")
+            cells.append(f"<td>{n}</td><td>{us(t)}</td><td>{share:.1f}%</td>")
         if len(views) == 2:
-            cells.append(f"<td>{vals[1][0] - vals[0][0]:+d}</td><td>{(vals[1][1] - vals[0][1]) / 1e3:+,.1f} µs</td>")
+            cells.append(f"<td>{vals[1][0] - vals[0][0]:+d}</td><td>{us(vals[1][1] - vals[0][1], sign=True)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="class-table">{head}{"".join(body)}</table>'
 
@@ -275,32 +272,23 @@ def _gap_histogram(v: StepView, idx: int, n: int) -> str:
             hh = nn / nmax * (ph - 10)
             yb -= hh
             parts.append(f'<rect class="hist" x="{x0 + 2}" y="{yb:.1f}" width="{bw - 4}" height="{hh:.1f}" '
-                         f'fill="{GAP_COLORS[k]}">{_t(f"{GAP_LABELS[k]}: {nn} gaps in [{_span(2 ** b)}, {_span(2 ** (b + 1))}), {_us(t)} in all")}</rect>')
-        parts.append(f'<text x="{x0 + bw / 2:.1f}" y="{ph + 14}" text-anchor="middle">{_span(2 ** b)}</text>')
+                         f'fill="{GAP_COLORS[k]}">{_t(f"{GAP_LABELS[k]}: {nn} gaps in [{tick(2 ** b)}, {tick(2 ** (b + 1))}), {us(t)} in all")}</rect>')
+        parts.append(f'<text x="{x0 + bw / 2:.1f}" y="{ph + 14}" text-anchor="middle">{tick(2 ** b)}</text>')
     parts.append(f'<line x1="{pad}" y1="{ph}" x2="{w - 10}" y2="{ph}" stroke="#888"/>')
     parts.append(f'<text x="{pad - 4}" y="14" text-anchor="end">{nmax}</text><text x="{pad - 4}" y="{ph}" text-anchor="end">0</text>')
     parts.append(f'<text x="{pad}" y="{ph + 30}">gap length (log₂ bins, lower edge); bar height = number of gaps</text>')
     totals = g.group_by("kind").agg(pl.len().alias("n"), pl.col("gap_ns").sum().alias("t"))
     tmap = {k: (nn, t) for k, nn, t in totals.iter_rows()}
-    line = " · ".join(f"{GAP_LABELS[k]} {tmap.get(k, (0, 0))[0]} gaps, {_us(tmap.get(k, (0, 0))[1])}" for k in GAP_KINDS)
+    line = " · ".join(f"{GAP_LABELS[k]} {tmap.get(k, (0, 0))[0]} gaps, {us(tmap.get(k, (0, 0))[1])}" for k in GAP_KINDS)
     return (f'<div><div class="sub">{escape(title)}</div>'
             f'<svg class="chart gap-histogram" width="{max(w, 480)}" height="{ph + 36}" xmlns="http://www.w3.org/2000/svg">'
             f'{"".join(parts)}</svg><div class="sub">{line}</div>{_top_gaps(g)}</div>')
 
 
-def _span(ns: int) -> str:
-    """Short axis label: 2 or 3 significant digits (512ns, 1.0µs, 16µs, 131µs, 1.0ms)."""
-    for div, unit in ((1_000_000, "ms"), (1000, "µs"), (1, "ns")):
-        if ns >= div:
-            v = ns / div
-            return f"{v:.1f}{unit}" if v < 10 and div > 1 else f"{v:.0f}{unit}"
-    return f"{ns}ns"
-
-
 def _top_gaps(g: pl.DataFrame) -> str:
     top = g.sort("gap_ns", descending=True).head(5)
     rows = "".join(
-        f"<tr><td>{GAP_LABELS.get(r['kind'], r['kind'])}</td><td>{_us(r['gap_ns'])}</td>"
+        f"<tr><td>{GAP_LABELS.get(r['kind'], r['kind'])}</td><td>{us(r['gap_ns'])}</td>"
         f"<td style='text-align:left'><code>{escape(_short(r['prev_name']))}</code> → <code>{escape(_short(r['next_name']))}</code></td>"
         f"<td style='text-align:left'>{escape(str(r.get('next_api') or ''))}</td></tr>"
         for r in top.iter_rows(named=True))
@@ -330,23 +318,23 @@ def _floors(views: list[StepView]) -> str:
             y = 4 + j * 22
             w = val / vmax * bw
             bars.append(f'<text x="0" y="{y + 13}">{lab}</text><rect class="floor" x="100" y="{y + 2}" width="{max(w, 0.5):.1f}" '
-                        f'height="15" fill="{col}" fill-opacity="{0.9 if j < 2 else 0.25}">{_t(f"{lab}: {_us(val)}")}</rect>'
-                        f'<text x="{106 + w:.1f}" y="{y + 13}">{_us(val)}</text>')
+                        f'height="15" fill="{col}" fill-opacity="{0.9 if j < 2 else 0.25}">{_t(f"{lab}: {ms(val)}")}</rect>'
+                        f'<text x="{106 + w:.1f}" y="{y + 13}">{ms(val)}</text>')
         verdict = str(f["verdict"])
         t_launch = f.get("t_launch_ns")
         wait = (v.tp or {}).get("collective_wait_ns")
-        device = (f"device work: {_us(v.figures['gpu_busy_ns'])} of GPU busy time less {_us(wait)} of collectives "
+        device = (f"device work: {ms(v.figures['gpu_busy_ns'])} of GPU busy time less {ms(wait)} of collectives "
                   "waiting for the slowest rank" if wait else "of GPU busy time")
-        expl = (f"{v.figures['n_launch_calls']} launch calls × {_us(t_launch)} per launch (median inter-launch interval) "
-                f"vs {_us(dev)} {device}")
+        expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
+                f"vs {ms(dev)} {device}")
         overhead = v.inv.trace.profiler_overhead_ns
-        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {_us(overhead)}"
+        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")
         u = v.untraced
         untr = ""
         if u:
             untr = (f'<p class="sub" id="untraced-{i}">untraced ({escape(u["source"].split(":")[0])}): step '
-                    f'{_us(u["step_time_ns"])} against {_us(step_t)} under nsys; {escape(str(u["verdict"]))}. '
+                    f'{ms(u["step_time_ns"])} against {ms(step_t)} under nsys; {escape(str(u["verdict"]))}. '
                     f'{escape(u["source"])}</p>')
         blocks.append(
             f'<div><div class="sub">{title}</div><span class="verdict {escape(verdict)}" id="verdict-{i}">{escape(verdict)}</span>'
@@ -369,16 +357,16 @@ def _tp_block(v: StepView, i: int) -> str:
     for rv in v.ranks:
         t, f = rv.tp or {}, rv.floors
         rows.append(f"<tr><td>{t.get('rank', '–')}</td><td>{rv.figures['pid']}</td><td>{rv.figures['device']}</td>"
-                    f"<td>{rv.step}</td><td>{_us(rv.figures['step_time_ns'])}</td><td>{_us(t.get('collective_ns'))}</td>"
-                    f"<td>{_us(t.get('collective_transfer_ns'))}</td><td>{_us(t.get('collective_wait_ns'))}</td>"
-                    f"<td>{_us(f['device_floor_ns'])}</td><td>{_us(f['cpu_floor_ns'])}</td><td>{escape(str(f['verdict']))}</td></tr>")
+                    f"<td>{rv.step}</td><td>{ms(rv.figures['step_time_ns'])}</td><td>{ms(t.get('collective_ns'))}</td>"
+                    f"<td>{ms(t.get('collective_transfer_ns'))}</td><td>{ms(t.get('collective_wait_ns'))}</td>"
+                    f"<td>{ms(f['device_floor_ns'])}</td><td>{ms(f['cpu_floor_ns'])}</td><td>{escape(str(f['verdict']))}</td></tr>")
         if t.get("split_note"):
             notes.append(t["split_note"])
     out += f'<table class="ranks" id="ranks-{i}">{head}{"".join(rows)}</table>'
     out += "".join(f'<div class="note">not split into transfer and wait: {escape(n)}</div>' for n in sorted(set(notes)))
     skew = v.tp.get("rank_skew_ns")
     if skew is not None:
-        out += f'<div class="sub">rank skew of this TP step: {_us(skew)} (spread of its ranks\' step times)</div>'
+        out += f'<div class="sub">rank skew of this TP step: {ms(skew)} (spread of its ranks\' step times)</div>'
     return out
 
 
@@ -392,7 +380,7 @@ def _summary(views: list[StepView]) -> str:
     head = "<tr><th></th>" + "".join(f"<th>{escape(_panel_name(v, i, len(views)))}</th>" for i, v in enumerate(views)) + "</tr>"
     rows = []
     for key, lab in fields:
-        cells = "".join(f"<td>{_us(v.figures[key]) if key.endswith('_ns') else _num(v.figures[key])}</td>" for v in views)
+        cells = "".join(f"<td>{ms(v.figures[key]) if key.endswith('_ns') else _num(v.figures[key])}</td>" for v in views)
         rows.append(f"<tr><td>{lab}</td>{cells}</tr>")
     layers = "".join(
         f"<td>{v.figures['layers']} × {v.figures['kernels_per_layer']}</td>" if v.figures.get("layers") else "<td>–</td>"
@@ -407,7 +395,7 @@ def _top_kernels(v: StepView, n: int = 15) -> str:
     total = v.kernels["time_ns"].sum() or 1
     rows = "".join(
         f"<tr><td><code title='{escape(str(r['demangled']))}'>{escape(_short(r['name'], 90))}</code></td>"
-        f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{_us(r['time_ns'])}</td>"
+        f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
         for r in v.kernels.head(n).iter_rows(named=True))
     return (f'<table class="top-kernels"><tr><th>kernel</th><th>class</th><th>count</th><th>time</th><th>share</th></tr>'
@@ -425,9 +413,9 @@ def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
         m, mn = int(r["measured_bytes"] or 0), int(r["min_bytes"] or 0)  # null: no cell / no minimum
         c = CLASS_COLORS.get(r["class"], "#ccc")
         rows.append(f'<text x="0" y="{y + 12}">{escape(str(r["class"]))}</text>'
-                    f'<rect x="140" y="{y + 2}" width="{m / vmax * 700:.1f}" height="7" fill="{c}">{_t(f"measured {m:,} B")}</rect>'
-                    f'<rect x="140" y="{y + 10}" width="{mn / vmax * 700:.1f}" height="5" fill="#333">{_t(f"minimum {mn:,} B")}</rect>'
-                    f'<text x="{146 + m / vmax * 700:.1f}" y="{y + 12}">{m / 1e6:,.1f} MB measured · {mn / 1e6:,.1f} MB minimum'
+                    f'<rect x="140" y="{y + 2}" width="{m / vmax * 700:.1f}" height="7" fill="{c}">{_t(f"measured {nbytes(m)} ({m:,} B)")}</rect>'
+                    f'<rect x="140" y="{y + 10}" width="{mn / vmax * 700:.1f}" height="5" fill="#333">{_t(f"minimum {nbytes(mn)} ({mn:,} B)")}</rect>'
+                    f'<text x="{146 + m / vmax * 700:.1f}" y="{y + 12}">{nbytes(m)} measured · {nbytes(mn)} minimum'
                     f'{f" · ×{m / mn:.2f}" if mn else ""}</text>')
         y += ROW + 2
     return (f'<svg id="budget" class="chart" width="{WIDTH}" height="{y + 4}" xmlns="http://www.w3.org/2000/svg">'

@@ -22,7 +22,8 @@ from stepscope.analysis.inventory import Inventory
 DEVICE_PID_BASE = 100_000_000  # above Linux's pid_max (2^22), so never a host pid
 
 
-def _us(ns: int, t0: int) -> float:
+def _ts(ns: int, t0: int) -> float:
+    """A Chrome-trace timestamp: µs (the format's unit) since t0, ns kept in the fraction."""
     return (ns - t0) / 1000.0
 
 
@@ -69,12 +70,12 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         if r["w_start"] is None or r["tid"] is None:
             continue
         ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {r['name']}", "pid": r["pid"],
-                   "tid": r["tid"], "ts": _us(r["w_start"], t0), "dur": (r["w_end"] - r["w_start"]) / 1000.0,
+                   "tid": r["tid"], "ts": _ts(r["w_start"], t0), "dur": (r["w_end"] - r["w_start"]) / 1000.0,
                    "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"]}})
     # launch calls
     for r in calls.iter_rows(named=True):
         ev.append({"ph": "X", "cat": "launch", "name": r["api_name"] or "api call", "pid": r["pid"],
-                   "tid": r["tid"], "ts": _us(r["start"], t0), "dur": (r["end"] - r["start"]) / 1000.0,
+                   "tid": r["tid"], "ts": _ts(r["start"], t0), "dur": (r["end"] - r["start"]) / 1000.0,
                    "args": {"correlation": r["corr"]}})
     call_at = {(p, c): (t, s) for p, c, t, s in zip(calls["pid"].to_list(), calls["corr"].to_list(),
                                                      calls["tid"].to_list(), calls["start"].to_list())}
@@ -82,7 +83,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
     flow_id = 0
     for r in acts.iter_rows(named=True):
         pid = DEVICE_PID_BASE + (r["device"] or 0)
-        ts = _us(r["start"], t0)
+        ts = _ts(r["start"], t0)
         args = {"step": r["step"], "correlation": r["corr"], "class": r["class"]}
         if r["is_kernel"]:
             args.update(demangled=r["demangled"], grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
@@ -97,7 +98,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         if src is not None:
             flow_id += 1
             ev.append({"ph": "s", "cat": "launch", "name": "launch", "id": flow_id, "pid": r["pid"],
-                       "tid": src[0], "ts": _us(src[1], t0)})
+                       "tid": src[0], "ts": _ts(src[1], t0)})
             ev.append({"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": flow_id, "pid": pid,
                        "tid": r["stream"], "ts": ts})
     return {

@@ -190,9 +190,10 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     """
     if cells_path is None:
         return None, None
+    from stepscope.analysis.steps import step_shape
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
-    from stepscope.analysis.steps import step_shape
+    from stepscope.render.units import ms, nbytes
 
     cells = read_cells(cells_path)
     fig = view.figures
@@ -209,8 +210,8 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     res = budget(step_kernels_from_inventory(view.inv, view.step), cells, model, int(batch), int(context),
                  str(phase), gpu_name, peak)
     st = res.step
-    note = (f"step: {st['measured_bytes'] / 1e6:,.1f} MB measured vs {st['min_bytes'] / 1e6:,.1f} MB minimum"
+    note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")
-            + (f"; bandwidth floor {st['floor_ns'] / 1e3:,.1f} µs" if st.get("floor_ns") else "")
+            + (f"; bandwidth floor {ms(st['floor_ns'])}" if st.get("floor_ns") else "")
             + "".join(f"; {w}" for w in res.warnings))
     return res.classes, note
