@@ -19,8 +19,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from stepscope import __version__
+
+        typer.echo(f"stepscope {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print stepscope's version and exit"),
+) -> None:
     """Explains where the time and the bytes of one LLM inference engine step go."""
 
 
