@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from stepscope.cli import app, fail
+from stepscope.selection import STEPS_HELP
 
 
 @app.command("budget")
@@ -23,14 +24,18 @@ def budget_cmd(
     batch: Optional[int] = typer.Option(None, help="sequences in the step"),
     context: Optional[int] = typer.Option(None, help="context length (decode) / prompt length (prefill)"),
     phase: Optional[str] = typer.Option(None, help="decode | prefill"),
-    step: Optional[int] = typer.Option(None, help="step index (default: the first step)"),
+    steps: Optional[str] = typer.Option(
+        None, "--steps", "--step", metavar="S",
+        help=f"{STEPS_HELP}: the first step selected is budgeted (default: the trace's first step)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Join each kernel of a step to a measured byte cell; bytes, minimum, removable, floor."""
     from stepscope.errors import StepscopeError
+    from stepscope.selection import check_steps
 
     try:
-        doc, res = _run(trace, cells, model, batch, context, phase, step)
+        check_steps(steps)
+        doc, res = _run(trace, cells, model, batch, context, phase, steps)
     except StepscopeError as e:
         fail(str(e), e.exit_code)
         return
@@ -40,7 +45,7 @@ def budget_cmd(
         _render(doc, res)
 
 
-def _run(trace, cells_path, model, batch, context, phase, step):
+def _run(trace, cells_path, model, batch, context, phase, steps):
     import polars as pl
 
     from stepscope.analysis.steps import step_shape
@@ -48,16 +53,17 @@ def _run(trace, cells_path, model, batch, context, phase, step):
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
     from stepscope.errors import InputError
+    from stepscope.selection import parse_steps
 
     cells = read_cells(cells_path)
     an = open_trace(trace)
     inv = an.inventory
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
-    ids = inv.step_ids()
-    sid = ids[0] if step is None else step
-    if sid not in ids:
-        raise InputError(f"{trace}: no step {sid} (steps: {ids[0]}..{ids[-1]})")
+    picked = parse_steps(steps, inv.step_ids())
+    sid = picked[0]
+    if steps not in (None, "") and len(picked) > 1:
+        typer.echo(f"stepscope: budget of step {sid}, the first of the {len(picked)} steps selected", err=True)
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
     # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
     # carry neither the model nor the context) fills the rest

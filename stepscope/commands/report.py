@@ -27,32 +27,38 @@ def report(
     output: Path = typer.Option(..., "-o", "--output", help="report.html (self-contained, offline) or report.md"),
     compare: Optional[Path] = typer.Option(None, "--compare", help="a second trace: its step is drawn beside the first"),
     cells: Optional[Path] = typer.Option(None, "--cells", help="cells table (stepscope cells): adds the byte budget"),
-    step: Optional[str] = typer.Option(None, "--step", help="step index to show (default: a typical step); 'first'"),
-    compare_step: Optional[str] = typer.Option(None, "--compare-step", help="step index of the --compare trace"),
+    steps: Optional[str] = typer.Option(
+        None, "--steps", "--step", metavar="S",
+        help=f"{STEPS_HELP}; the report draws the one selected, or a typical one among several (default: all)"),
+    compare_steps: Optional[str] = typer.Option(
+        None, "--compare-steps", "--compare-step", metavar="S", help="the same, for the --compare trace"),
     step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX / annotation step names"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
 ) -> None:
     """Write one step's report: timeline, class breakdown, gaps, floors and verdict."""
     from stepscope.errors import StepscopeError
 
+    from stepscope.selection import check_steps
+
     fmt = REPORT_FORMATS.get(output.suffix.lower())
     if fmt is None:
         fail(f"-o {output}: the extension picks the format; use .html or .md")
     try:
+        check_steps(steps)  # a bad selection fails before any trace is read
+        check_steps(compare_steps)
         from stepscope.render.output import write_atomic
-        from stepscope.render.report_data import budget_for, pick_step, step_view
+        from stepscope.render.report_data import budget_for, chosen, pick_step, step_view
 
         from stepscope.analysis.diagnosis import diagnose
 
         inv = _load(trace, step_regex, rules)
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        view = step_view(inv, pick_step(inv, step, d), d, chosen="as asked" if step else None)
+        view = step_view(inv, pick_step(inv, steps, d), d, chosen=chosen(inv, steps))
         other = None
         if compare is not None:
             inv2 = _load(compare, step_regex, rules)
             d2 = diagnose(inv2)
-            other = step_view(inv2, pick_step(inv2, compare_step, d2), d2,
-                              chosen="as asked" if compare_step else None)
+            other = step_view(inv2, pick_step(inv2, compare_steps, d2), d2, chosen=chosen(inv2, compare_steps))
         budget, budget_note = budget_for(view, cells)
         if fmt == "html":
             from stepscope.render.html import render_html
@@ -84,8 +90,9 @@ def export(
     try:
         from stepscope.render.output import write_atomic
         from stepscope.render.perfetto import dumps, export_document
-        from stepscope.selection import parse_steps
+        from stepscope.selection import check_steps, parse_steps
 
+        check_steps(steps)  # a bad selection fails before the trace is read
         inv = _load(trace, step_regex, rules)
         ids = parse_steps(steps, inv.step_ids())
         doc = export_document(inv, ids)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
-from stepscope.errors import InputError
+from stepscope.selection import parse_steps
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
@@ -27,27 +27,26 @@ def footer() -> str:
 
 
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
-    """The step a report shows: the one asked for, else a typical one.
+    """The step a report shows: the one `which` selects (stepscope.selection's grammar), else a
+    typical one among the steps it selects (all by default).
 
     Typical = among the steps of the most common kind (same process, device, phase and kernel
     count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
     trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
-    candidates: the other ranks' steps of the same TP step are drawn beside it (`peers`).
+    candidates, when the selection holds any: the other ranks' steps of the same TP step are
+    drawn beside it (`peers`).
     """
-    ids = inv.step_ids()
-    if which not in (None, ""):
-        if which == "first":
-            return ids[0]
-        if str(which).isdigit() and int(which) in ids:
-            return int(which)
-        raise InputError(f"no step {which} in this trace (it has steps {ids[0]}–{ids[-1]})")
-    s = inv.steps
+    ids = parse_steps(which, inv.step_ids())  # an InputError when it selects none
+    if len(ids) == 1:
+        return ids[0]
+    s = inv.steps.filter(pl.col("step").is_in(ids))
     if s.select("pid", "device").unique().height > 1:
         from stepscope.analysis.collectives import summary_rank
 
         d = diag if diag is not None else _diagnose(inv)
         r = summary_rank(d.collectives.ranks, d.tp)
-        s = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
+        mine = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
+        s = mine if mine.height else s
     s = s.with_columns(_kind=pl.concat_str(
         [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
         separator="|"))
@@ -55,6 +54,17 @@ def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
         ["n", "first"], descending=[True, False])["_kind"][0]
     members = s.filter(pl.col("_kind") == common).sort("step_time_ns", "step")
     return int(members["step"][(members.height - 1) // 2])
+
+
+def chosen(inv: Inventory, which: str | None) -> str | None:
+    """How the shown step was chosen, for the report's header; None: the default wording."""
+    if which in (None, "", "all"):
+        return None
+    ids = parse_steps(which, inv.step_ids())
+    if len(ids) == 1:
+        return f"as asked (--steps {which})"
+    return (f"a typical step among the {len(ids)} selected by --steps {which}: median step time among "
+            "those of the most common kind")
 
 
 @dataclass
