@@ -37,6 +37,9 @@ def _root(
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line to stderr and exit: the only way a command reports a user-facing error."""
+    from stepscope.render import progress
+
+    progress.stop()  # the error line must not be drawn over
     typer.echo(f"stepscope: error: {message}", err=True)
     raise typer.Exit(code)
 

@@ -98,3 +98,82 @@ def test_budget_takes_the_grammar_and_keeps_step(tmp_path):
         assert invoke("budget", EAGER, "--cells", CELLS, "--json", flag, value) == base
     code, out = invoke("budget", EAGER, "--cells", CELLS, "--steps", "3")
     assert code == 2 and "no step 3 in this trace (it has steps 0–0)" in out
+
+
+# --- progress on stderr, and what the cache wrote ----------------------------------------------
+
+import os  # noqa: E402
+import pty  # noqa: E402
+import shutil  # noqa: E402
+
+from stepscope.render import progress  # noqa: E402
+from tests.conftest import ro  # noqa: E402
+
+# the real entry point with the progress delay taken away, so a fast fixture shows its stages
+NO_DELAY = "import stepscope.render.progress as p; p.DELAY_S = 0; from stepscope.cli import main; main()"
+
+
+def on_a_terminal(*args) -> tuple[int, str, str]:
+    """Run the CLI with stderr on a pseudo-terminal and stdout on a pipe: (rc, stdout, what the
+    terminal received)."""
+    main_fd, sub_fd = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", NO_DELAY, *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=sub_fd, stdin=subprocess.DEVNULL)
+    os.close(sub_fd)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = p.stdout.read().decode()
+    rc = p.wait(timeout=120)
+    os.close(main_fd)
+    return rc, out, seen.decode(errors="replace")
+
+
+def test_progress_shows_the_stages_on_a_terminal_only():
+    kernels = ro(need(EAGER)).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    rc, out, tty = on_a_terminal("analyze", EAGER)
+    assert rc == 0 and "launch-bound" in out
+    assert "reading llama8b_decode_b1_eager.sqlite" in tty
+    assert f"analyzing {kernels} kernels of llama8b_decode_b1_eager.sqlite" in tty
+    assert "finding gaps, launch overhead and floors" in tty
+    # transient: the line is erased (cursor back, line cleared) and stdout is what a pipe gets
+    assert tty.rstrip().endswith("\x1b[2K")
+    piped = subprocess.run([sys.executable, "-c", NO_DELAY, "analyze", str(EAGER)], capture_output=True,
+                           text=True, timeout=120)
+    assert piped.stderr == "" and piped.stdout == out
+    # --json documents are for programs: nothing on the terminal either
+    rc, out, tty = on_a_terminal("analyze", EAGER, "--json")
+    assert rc == 0 and json.loads(out)["steps"][0]["n_kernels"] == kernels and tty == ""
+
+
+def test_progress_waits_before_showing(monkeypatch, capsys):
+    """Work shorter than DELAY_S draws nothing, even on a terminal."""
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(progress, "DELAY_S", 0.5)
+    with progress.shown():
+        progress.stage("reading something quick")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_cache_written_is_announced_with_its_place(tmp_path, monkeypatch):
+    from stepscope.ingest import cache
+
+    monkeypatch.setattr(cache, "MIN_KERNELS", 100)  # the fixture has 420 kernels
+    p = tmp_path / "trace.sqlite"
+    shutil.copy(need(EAGER), p)
+    runner = CliRunner()
+    r = runner.invoke(app, ["analyze", str(p), "--json", "--no-cache"])
+    assert r.exit_code == 0 and r.stderr == ""
+    r = runner.invoke(app, ["analyze", str(p), "--json"])
+    entry = next((tmp_path / ".stepscope-cache").iterdir())
+    assert r.exit_code == 0 and r.stderr == (
+        f"stepscope: cached trace.sqlite's frames in {entry} (the next read of this export skips SQLite; "
+        "--no-cache reads without it)\n")
+    again = runner.invoke(app, ["analyze", str(p), "--json"])  # read from the cache: nothing new written
+    assert again.stderr == "" and again.stdout == r.stdout

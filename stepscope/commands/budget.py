@@ -33,9 +33,12 @@ def budget_cmd(
     from stepscope.errors import StepscopeError
     from stepscope.selection import check_steps
 
+    from stepscope.render import progress
+
     try:
         check_steps(steps)
-        doc, res = _run(trace, cells, model, batch, context, phase, steps)
+        with progress.shown(not as_json):
+            doc, res = _run(trace, cells, model, batch, context, phase, steps)
     except StepscopeError as e:
         fail(str(e), e.exit_code)
         return
@@ -49,15 +52,16 @@ def _run(trace, cells_path, model, batch, context, phase, steps):
     import polars as pl
 
     from stepscope.analysis.steps import step_shape
-    from stepscope.api import open_trace
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
     from stepscope.errors import InputError
     from stepscope.selection import parse_steps
 
+    from stepscope.commands.analyze import load_inventory
+    from stepscope.render import progress
+
     cells = read_cells(cells_path)
-    an = open_trace(trace)
-    inv = an.inventory
+    inv = load_inventory(trace, None, None, launch_config=True)  # grid/block: the join to cells
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
     picked = parse_steps(steps, inv.step_ids())
@@ -67,7 +71,7 @@ def _run(trace, cells_path, model, batch, context, phase, steps):
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
     # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
     # carry neither the model nor the context) fills the rest
-    shape = {**((an.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
+    shape = {**((inv.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
     model = model or shape.get("model")
     phase = phase or shape.get("phase") or fig.get("phase")
     batch = batch or shape.get("batch")
@@ -76,11 +80,12 @@ def _run(trace, cells_path, model, batch, context, phase, steps):
                               ("--context", context)) if not v]
     if lacking:
         raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
-    gpus = an.trace.gpus
+    gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = None
     if gpus.height and gpus["memory_bandwidth_bps"][0]:
         peak = float(gpus["memory_bandwidth_bps"][0])
+    progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
     from stepscope.bytes.stepcells import is_step_cells

@@ -16,9 +16,12 @@ def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path], cac
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.commands.analyze import load_inventory
     from stepscope.errors import StepscopeError
+    from stepscope.render import progress
 
     try:
-        return only_steps(diagnose(load_inventory(path, step_regex, rules, cache)), steps)
+        inv = load_inventory(path, step_regex, rules, cache)
+        progress.stage(f"finding gaps, launch overhead and floors of {path.name}")
+        return only_steps(diagnose(inv), steps)
     except StepscopeError as e:
         fail(str(e))
 
@@ -88,8 +91,12 @@ def compare(
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
         DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
     )
-    doc = run_compare(_diagnosis(a, step_regex, rules, not no_cache, steps),
-                      _diagnosis(b, step_regex, rules, not no_cache, steps if steps_b is None else steps_b), consts)
+    from stepscope.render import progress
+
+    with progress.shown(not json_out):
+        doc = run_compare(_diagnosis(a, step_regex, rules, not no_cache, steps),
+                          _diagnosis(b, step_regex, rules, not no_cache, steps if steps_b is None else steps_b),
+                          consts)
     if json_out:
         from stepscope.render.json import dumps
 
@@ -161,7 +168,10 @@ def tp(
     else:
         if any(v is not None for v in numbers):
             fail("give either a trace or --kernels/--launch-us/--device-ms, not both")
-        d = _diagnosis(trace, step_regex, rules, not no_cache, steps)
+        from stepscope.render import progress
+
+        with progress.shown(not json_out):
+            d = _diagnosis(trace, step_regex, rules, not no_cache, steps)
         proj = tpm.project_trace(d, ws, collective_us)
         doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
                "launch_bound_from_tp": proj.own.launch_bound_from_tp,
