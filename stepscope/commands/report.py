@@ -79,19 +79,21 @@ def report(
 @app.command()
 def export(
     trace: Path = typer.Argument(..., help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)"),
-    output: Path = typer.Option(..., "-o", "--output", help="Chrome trace JSON for ui.perfetto.dev"),
+    output: Path = typer.Option(..., "-o", "--output",
+                                help="Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz for gzip)"),
     steps: str = typer.Option("all", "--steps", help=STEPS_HELP),
     step_regex: Optional[str] = typer.Option(None, "--step-regex", help="regex for NVTX / annotation step names"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="TOML file of extra classification rules"),
 ) -> None:
-    """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream,
-    host launch calls, and flow arrows from each launch call to its kernel."""
+    """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream
+    (overlapping kernels on lanes of their own), host launch calls, and flow arrows from each
+    launch call to its kernel."""
     from stepscope.errors import StepscopeError
     from stepscope.render import progress
 
     try:
         from stepscope.render.output import write_atomic
-        from stepscope.render.perfetto import dumps, export_document
+        from stepscope.render.perfetto import encode, export_document
         from stepscope.selection import check_steps, parse_steps
 
         check_steps(steps)  # a bad selection fails before the trace is read
@@ -100,7 +102,7 @@ def export(
             ids = parse_steps(steps, inv.step_ids())
             progress.stage(f"writing {len(ids)} step(s) to {output.name}")
             doc = export_document(inv, ids)
-            write_atomic(output, dumps(doc))
+            write_atomic(output, encode(doc, gzipped=output.suffix.lower() == ".gz"))
     except StepscopeError as e:
         fail(str(e))
     n = sum(1 for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") not in ("launch", "step"))
