@@ -87,6 +87,9 @@ class StepView:
     peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
     untraced: dict | None = None   # the step's untraced section (measured from the sidecar, or estimated)
     engine: dict | None = None     # a vLLM step's anatomy (forward, sampling, frontend)
+    # the previous steps' GPU work on this step's device that runs after this step's first event
+    # and before its begin (step_begin waits for it): start, end, stream, class, name, step
+    tail: pl.DataFrame | None = None
 
     @property
     def ranks(self) -> list["StepView"]:
@@ -108,6 +111,12 @@ class StepView:
     def delimiter(self) -> str:
         f = self.figures
         return f"{f['delimiter']} “{f['name']}”"
+
+    @property
+    def begin(self) -> int:
+        """Where the step's time starts (`step_begin` of DEFINITIONS.md): time 0 of its timeline."""
+        b = self.figures.get("step_begin")
+        return int(b) if b is not None else self._t0()
 
     @property
     def t0(self) -> int:
@@ -183,6 +192,11 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     )
     sections = d.step_sections(step)
     view.untraced, view.engine = sections.get("untraced"), sections.get("engine")
+    left, begin = view._t0(), view.begin
+    view.tail = inv.acts.filter(
+        (pl.col("device") == fig["device"]) & pl.col("step").is_not_null() & (pl.col("step") != step)
+        & (pl.col("end") > left) & (pl.col("start") < begin)
+    ).select("start", "end", "stream", "class", "name", "step").sort("start")
     if chosen is None and tp is not None and tp["ranks"] > 1:
         view.chosen += (f" of rank {tp['rank']} of {tp['ranks']}, the rank that binds most TP steps; "
                         "the other ranks' steps of its TP step are drawn beside it")
