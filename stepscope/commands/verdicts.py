@@ -35,7 +35,7 @@ def only_steps(d, spec: Optional[str]):
     The analyses run on the whole trace first, so each kept step's figures are exactly those
     `analyze` reports for it (a step's begin depends on its predecessor's GPU work).
     Built here from the frames' step columns until the analysis offers a selection itself."""
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     import polars as pl
 
@@ -50,11 +50,10 @@ def only_steps(d, spec: Optional[str]):
     keep = pl.col("step").is_in(ids)
     inv = replace(d.inv, steps=d.inv.steps.filter(keep), classes=d.inv.classes.filter(keep),
                   kernels=d.inv.kernels.filter(keep))
-    return replace(d, inv=inv, gaps=d.gaps.filter(keep), gap_totals=d.gap_totals.filter(keep),
-                   histogram=d.histogram.filter(keep), launch=d.launch.filter(keep),
-                   launch_by_api=d.launch_by_api.filter(keep), floors=d.floors.filter(keep),
-                   graph_prediction=d.graph_prediction.filter(keep),
-                   tp=None if d.tp is None else d.tp.filter(keep), _sections=None)
+    # every per-step frame of the diagnosis (gaps, floors, tp, untraced, ...), whatever it holds
+    per_step = {f.name: getattr(d, f.name).filter(keep) for f in fields(d)
+                if isinstance(getattr(d, f.name), pl.DataFrame) and "step" in getattr(d, f.name).columns}
+    return replace(d, inv=inv, **per_step, _sections=None)
 
 
 @app.command()
