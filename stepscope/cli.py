@@ -19,13 +19,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from stepscope import __version__
+
+        typer.echo(f"stepscope {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print stepscope's version and exit"),
+) -> None:
     """Explains where the time and the bytes of one LLM inference engine step go."""
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line to stderr and exit: the only way a command reports a user-facing error."""
+    from stepscope.render import progress
+
+    progress.stop()  # the error line must not be drawn over
     typer.echo(f"stepscope: error: {message}", err=True)
     raise typer.Exit(code)
 

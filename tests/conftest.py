@@ -1,8 +1,15 @@
-"""Shared fixtures: the real traces (project fixtures/ and ../shared/external/)."""
+"""Shared fixtures: the real traces (project fixtures/ and the foreign exports).
+
+The foreign exports (other projects' nsys exports, see fixtures/README.md) are not in the
+repository: they are read from ../shared/external beside the checkout, or from
+$STEPSCOPE_EXTERNAL. Every test that needs one skips, naming the file, when it is absent, so a
+bare clone passes; `STEPSCOPE_EXTERNAL=/nonexistent python -m pytest` shows that pass here.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -10,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
-EXTERNAL = ROOT.parent / "shared" / "external"
+EXTERNAL = Path(os.environ.get("STEPSCOPE_EXTERNAL") or ROOT.parent / "shared" / "external")
 EXTERNAL_FILES = sorted(EXTERNAL.glob("*.sqlite"))
 
 

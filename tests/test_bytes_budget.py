@@ -1,7 +1,6 @@
 """Byte budget: joining step kernels to cells, the step total, bad inputs."""
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -10,6 +9,7 @@ from typer.testing import CliRunner
 from stepscope.bytes.budget import budget, kernel_base
 from stepscope.bytes.minbytes import step_min_bytes
 from stepscope.errors import InputError
+from tests.conftest import EXTERNAL, need
 
 DIM1 = dict(grid_y=1, grid_z=1, block_y=1, block_z=1)
 
@@ -108,9 +108,7 @@ def test_missing_columns():
 
 
 def test_budget_command_on_a_foreign_trace(tmp_path):
-    trace = Path("/work/shared/external/nsysai_h100_2gpu_1s.sqlite")
-    if not trace.exists():
-        pytest.skip("shared external traces not present")
+    trace = need(EXTERNAL / "nsysai_h100_2gpu_1s.sqlite")
     from stepscope.cli import app
 
     cells_path = tmp_path / "c.parquet"

@@ -17,9 +17,7 @@ from stepscope.capture import doctor, run
 from stepscope.capture.run import TraceRequest
 from stepscope.errors import EnvironmentProblem, InputError
 
-ROOT = Path(__file__).resolve().parent.parent
-EXTERNAL = ROOT.parent / "shared" / "external"
-FIXTURES = ROOT / "fixtures"
+from tests.conftest import EXTERNAL, FIXTURES, ROOT
 SHIM = run.CLI_SHIM
 
 

@@ -33,3 +33,33 @@ def test_readme_starts_with_the_two_commands():
     assert "python -m pytest -q" in block[1]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pytest -q" in ci
+
+
+# Owned by the analysis side, which another change is rewriting; its docstring still names the
+# old location and is left to that change.
+NOT_YET_MOVED = {"stepscope/analysis/inventory.py"}
+
+
+def test_docs_live_in_the_repository():
+    """The README, the docs, the package and the recipes point at docs/, never at a folder
+    outside the repository (a clone has no ../shared; only the optional foreign test inputs,
+    ../shared/external, may be named), and every docs/ link resolves."""
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").rglob("*.py"),
+             *(ROOT / "stepscope").rglob("*.py"), *(ROOT / "stepscope" / "data").glob("*.toml")]
+    outside = [str(f.relative_to(ROOT)) for f in files
+               if re.search(r"\.\./shared/(?!external)|shared/docs", f.read_text(encoding="utf-8"))]
+    assert sorted(set(outside) - NOT_YET_MOVED) == []
+    readme = (ROOT / "README.md").read_text()
+    for doc in ("docs/DEFINITIONS.md", "docs/KERNEL_CLASSES.md"):
+        assert f"]({doc})" in readme, doc
+    for md in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+)\)", md.read_text()):
+            assert (md.parent / target).exists(), (md.name, target)
+
+
+def test_every_class_is_documented():
+    from stepscope.analysis.classify import CLASSES
+
+    doc = (ROOT / "docs" / "KERNEL_CLASSES.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+)` \|", doc, re.M))  # the class table and the op-family table
+    assert set(CLASSES) <= rows, set(CLASSES) - rows

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 
 import polars as pl
 import pytest
@@ -15,9 +16,11 @@ from stepscope.cli import app
 from stepscope.ingest import read_trace
 from stepscope.render.perfetto import DEVICE_PID_BASE, export_document
 from tests import kineto_fake
-from tests.conftest import EXTERNAL, FIXTURES
+from tests.conftest import EXTERNAL, FIXTURES, need, ro
 
-TRACES = [p for p in (FIXTURES / "llama8b_decode_b1_eager.sqlite", EXTERNAL / "nsysai_mfu_2gpu_before.sqlite",
+EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+TRACES = [p for p in (EAGER, FIXTURES / "llama8b_decode_b1_graph.sqlite",
+                      FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite", EXTERNAL / "nsysai_mfu_2gpu_before.sqlite",
                       EXTERNAL / "pipit_cloverleaf.sqlite") if p.exists()]
 
 
@@ -40,7 +43,35 @@ def check_schema(doc: dict) -> Counter:
         s = next(x for x in pair if x["ph"] == "s")
         f = next(x for x in pair if x["ph"] == "f")
         assert f["bp"] == "e" and f["pid"] >= DEVICE_PID_BASE and s["pid"] < DEVICE_PID_BASE
+    check_tracks(doc)
     return Counter(e.get("cat") for e in doc["traceEvents"] if e["ph"] == "X")
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)  # the exporter's µs carry whole ns in their fraction
+
+
+def check_tracks(doc: dict) -> None:
+    """What Perfetto needs to keep every slice: on each (pid, tid) track the slices nest or follow
+    each other (a partial overlap is dropped); every track has a name; every flow starts at a
+    launch call's start and ends at a GPU activity's start, on the track that holds them."""
+    tracks = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            tracks[(e["pid"], e["tid"])].append((_ns(e["ts"]), _ns(e["ts"] + e["dur"]), e["cat"]))
+    named = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert set(tracks) <= named
+    for key, slices in tracks.items():
+        open_ends: list[int] = []
+        for start, end, _ in sorted(slices, key=lambda s: (s[0], -s[1])):
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1], f"partial overlap on {key} at {start} ns"
+            open_ends.append(end)
+    starts = {(k, s, c == "launch") for k, sl in tracks.items() for s, _, c in sl}
+    for e in doc["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            assert ((e["pid"], e["tid"]), _ns(e["ts"]), e["ph"] == "s") in starts, e
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
@@ -119,3 +150,37 @@ def test_read_only_folder(tmp_path):
         assert list(ro.iterdir()) == []
     finally:
         os.chmod(ro, 0o755)
+
+
+def test_overlapping_kernels_of_a_stream_get_a_lane_of_their_own(tmp_path):
+    """In the eager decode step every split-K GEMM's splitKreduce starts before the GEMM ends
+    (SQL below); none of those kernels is dropped, each sits on stream 7's overlap lane."""
+    overlapping = ro(need(EAGER)).execute("""
+        WITH k AS (SELECT start, LAG(end) OVER (PARTITION BY deviceId, streamId ORDER BY start) AS prev_end
+                   FROM CUPTI_ACTIVITY_KIND_KERNEL)
+        SELECT count(*) FROM k WHERE start < prev_end""").fetchone()[0]
+    assert overlapping == 54
+    out = tmp_path / "step.json"
+    assert CliRunner().invoke(app, ["export", str(EAGER), "-o", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    check_tracks(doc)
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"
+             and e["pid"] >= DEVICE_PID_BASE}
+    assert sorted(names.values()) == ["stream 7", "stream 7 (overlap 1)"]
+    lane1 = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] >= DEVICE_PID_BASE
+             and names[e["tid"]] == "stream 7 (overlap 1)"]
+    assert len(lane1) == overlapping and {e["name"] for e in lane1} == {"splitKreduce_kernel"}
+    # each lane-1 kernel keeps its flow from the launch call
+    assert sum(1 for e in doc["traceEvents"] if e["ph"] == "f" and e["tid"] == lane1[0]["tid"]) == overlapping
+
+
+def test_gzip_output(tmp_path):
+    plain, packed = tmp_path / "step.json", tmp_path / "step.json.gz"
+    for out in (plain, packed):
+        r = CliRunner().invoke(app, ["export", str(need(EAGER)), "-o", str(out)])
+        assert r.exit_code == 0, r.output
+    raw = packed.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and gzip.decompress(raw) == plain.read_bytes()
+    assert len(raw) < plain.stat().st_size / 5
+    CliRunner().invoke(app, ["export", str(EAGER), "-o", str(packed)])
+    assert packed.read_bytes() == raw  # no timestamp in the gzip header: the same bytes again

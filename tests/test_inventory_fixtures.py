@@ -101,6 +101,8 @@ def test_prefill_attention_by_step_shape():
 
 
 def test_api_step_objects_and_pandas():
+    pytest.importorskip("pandas", reason="pandas is the stepscope[pandas] extra")
+    pytest.importorskip("pyarrow", reason="pyarrow is the stepscope[pandas] extra")
     a = open_trace(need(FIXTURES / "llama8b_decode_b8_graph.sqlite"))
     assert len(a.steps) == 1
     st = a.steps[0]

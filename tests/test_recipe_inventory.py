@@ -8,10 +8,15 @@ import importlib.util
 import sys
 import textwrap
 
-import pandas as pd
+import pytest
 
 from stepscope.api import open_trace
 from tests.conftest import FIXTURES, ROOT, need
+
+# the recipe hands pandas frames to nsys: pandas (and pyarrow, polars' way there) are the
+# stepscope[pandas] extra, which the test extra includes
+pd = pytest.importorskip("pandas", reason="pandas is the stepscope[pandas] extra")
+pytest.importorskip("pyarrow", reason="pyarrow is the stepscope[pandas] extra")
 
 RECIPE = ROOT / "recipes" / "stepscope_inventory" / "stepscope_inventory.py"
 REPORTS = [FIXTURES / "llama8b_decode_b1_eager.sqlite", FIXTURES / "llama8b_decode_b8_eager.sqlite"]

@@ -22,16 +22,16 @@ from stepscope.cli import app
 from stepscope.ingest import read_trace
 from stepscope.render.report_data import pick_step
 from tests import kineto_fake
-from tests.conftest import EXTERNAL, FIXTURES, need
+from tests.conftest import EXTERNAL, FIXTURES, need, ro
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 GRAPH = FIXTURES / "llama8b_decode_b1_graph.sqlite"
 
 
-def chromium(args: list[str], html: Path) -> subprocess.CompletedProcess:
+def chromium(args: list[str], html: Path, fragment: str = "") -> subprocess.CompletedProcess:
     cmd = [CHROMIUM, "--headless=new", "--disable-gpu", "--no-sandbox", "--no-first-run",
-           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args, html.resolve().as_uri()]
+           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args, html.resolve().as_uri() + fragment]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=html.parent)
 
 
@@ -96,6 +96,7 @@ def test_markdown_report(tmp_path):
     assert "**launch-bound**" in md and "**device-bound**" in md
     for h in ("### Summary", "### Floors and verdict", "### Classes", "### Gaps", "### Top kernels"):
         assert h in md
+    assert "docs/DEFINITIONS.md" in md.splitlines()[-1] and "docs/KERNEL_CLASSES.md" in md.splitlines()[-1]
     # every table row has as many cells as its header
     for block in md.split("\n\n"):
         rows = [r for r in block.splitlines() if r.startswith("| ")]
@@ -144,8 +145,8 @@ def test_cells_byte_budget_section(tmp_path):
     md = render(tmp_path, str(EAGER), "--cells", str(cells), name="r.md").read_text()
     calls = sk["count"].sum()
     measured = (1_000_000 + 1000) * calls
-    assert f"step: {measured / 1e6:,.1f} MB measured" in md
-    assert "| gemm | 129.1 MB |" in md  # 129 GEMM calls × 1.001 MB
+    assert f"step: {measured / 1e6:.2f} MB measured" in md  # 420 calls × 1.001 MB = 420.42 MB
+    assert "| gemm | 129.13 MB |" in md  # 129 GEMM calls × 1.001 MB
 
 
 EAGER_TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"
@@ -161,7 +162,6 @@ SELECT sum(k.start < m.ls) + sum(m.fe < k.end) FROM k JOIN m USING (i)
 
 
 def test_html_tp_timeline_shows_every_rank(tmp_path):
-    from tests.conftest import ro
 
     out = render(tmp_path, str(need(EAGER_TP2)))
     html = out.read_text()
@@ -189,3 +189,93 @@ def test_markdown_tp_ranks_table(tmp_path):
         rows = [r for r in block.splitlines() if r.startswith("| ")]
         if rows:
             assert len({r.replace("\\|", "").count("|") for r in rows}) == 1, block
+
+
+# --- the timeline: time 0 at step_begin, the previous step's tail hatched, zoom and pan ---------
+
+from stepscope.render.html import LEFT, WIDTH, _ticks  # noqa: E402
+from stepscope.render.units import tick  # noqa: E402
+
+PLOT_W = WIDTH - LEFT - 10
+
+
+def _timeline_attrs(html: str) -> dict:
+    svg = re.search(r'<svg id="timeline"[^>]*>', html)[0]
+    return {k: float(v) for k, v in re.findall(r'data-(ns-per-px|pre-ns|plot-w|left)="([^"]+)"', svg)}
+
+
+def _kernel_xs(html: str) -> list[float]:
+    return [float(x) for x in re.findall(r'<rect class="k" x="([^"]+)"', html)]
+
+
+def _tick_labels(html: str) -> list[str]:
+    axis = re.search(r'<g id="tl-axis">(.*?)</g>', html, re.S)[1]
+    return re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', axis)
+
+
+# the graph step's GPU activities (420 kernels and a memset, all on stream 7) and its NVTX range
+GRAPH_STARTS_SQL = ("SELECT start FROM (SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+                    "SELECT start FROM CUPTI_ACTIVITY_KIND_MEMSET) ORDER BY start")
+GRAPH_RANGE_SQL = "SELECT start FROM NVTX_EVENTS WHERE text LIKE 'step phase=%'"
+
+
+def test_timeline_time_zero_is_the_step_begin(tmp_path):
+    """The graph step's range starts its time (no earlier GPU work): 0 sits at the plot's left
+    edge and each activity at (its start − the NVTX range start) on the axis; plain SQL on the export."""
+    html = render(tmp_path, str(need(GRAPH))).read_text()
+    a = _timeline_attrs(html)
+    assert a["pre-ns"] == 0 and a["left"] == LEFT and a["plot-w"] == PLOT_W
+    con = ro(GRAPH)
+    (begin,) = con.execute(GRAPH_RANGE_SQL).fetchone()
+    starts = [s for (s,) in con.execute(GRAPH_STARTS_SQL)]
+    xs = _kernel_xs(html)
+    assert len(xs) == len(starts) == 421
+    for s, x in zip(starts, xs):
+        assert abs(x - (LEFT + (s - begin) / a["ns-per-px"])) < 1e-3
+    assert _tick_labels(html)[0] == "0" and "6 ms" not in _tick_labels(html)
+    assert 'class="tail' not in html and 'class="prev"' not in html  # nothing came before it
+
+
+def test_the_previous_steps_tail_is_hatched(tmp_path):
+    """Step 17 of the 2-GPU nsys-ai capture launches its first kernels while step 16's GPU work
+    still runs: the timeline starts at that launch, left of 0, hatched, with step 16's work."""
+    path = need(EXTERNAL / "nsysai_mfu_2gpu_before.sqlite")
+    html = render(tmp_path, str(path), "--steps", "17").read_text()
+    inv = analyze_trace(read_trace(path))
+    s = inv.steps.filter(pl.col("step") == 17).row(0, named=True)
+    first_launch = inv.launch_calls.filter(pl.col("step") == 17)["start"].min()
+    left = min(first_launch, s["first_start"], s["step_begin"])
+    assert s["step_begin"] - left > 50_000  # more than 50 µs of tail
+    a = _timeline_attrs(html)
+    assert a["pre-ns"] == s["step_begin"] - left
+    zone = re.search(r'<rect class="tail-zone" x="([^"]+)" y="[^"]+" width="([^"]+)"', html)
+    assert float(zone[1]) == LEFT and abs(float(zone[2]) - a["pre-ns"] / a["ns-per-px"]) < 1e-3
+    prev = inv.acts.filter((pl.col("device") == s["device"]) & (pl.col("step") != 17) & (pl.col("end") > left)
+                           & (pl.col("start") < s["step_begin"]))
+    assert prev.height >= 1 and set(prev["step"].to_list()) == {16}
+    assert html.count('class="prev"') == prev.height
+    zero = re.search(r'<text class="tick" x="([^"]+)"[^>]*>0</text>', html)
+    assert abs(float(zero[1]) - (LEFT + a["pre-ns"] / a["ns-per-px"])) < 0.05  # 0 is the step's begin
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_timeline_zooms_to_the_window_in_the_address(tmp_path):
+    out = render(tmp_path, str(need(GRAPH)))
+    html = out.read_text()
+    a = _timeline_attrs(html)
+    # unzoomed, the script redraws what the page was written with
+    dom = chromium(["--dump-dom"], out).stdout
+    assert 'data-ready="1"' in dom and not re.search(r"<html[^>]*data-js-error", dom)
+    assert _tick_labels(dom) == _tick_labels(html) == [tick(t) for t in _ticks(0, PLOT_W * a["ns-per-px"])]
+    assert all(abs(x - y) < 0.01 for x, y in zip(_kernel_xs(dom), _kernel_xs(html)))
+    # #t=1000,2000: the second millisecond of the step fills the plot
+    dom = chromium(["--dump-dom"], out, "#t=1000,2000").stdout
+    assert 'data-window-us="1000.0,2000.0"' in dom and not re.search(r"<html[^>]*data-js-error", dom)
+    assert _tick_labels(dom) == [tick(t) for t in _ticks(1e6, 2e6)] == ["1 ms", "1.1 ms", "1.2 ms", "1.3 ms", "1.4 ms",
+                                                                         "1.5 ms", "1.6 ms", "1.7 ms", "1.8 ms",
+                                                                         "1.9 ms", "2 ms"]
+    con = ro(GRAPH)
+    (begin,) = con.execute(GRAPH_RANGE_SQL).fetchone()
+    starts = [s for (s,) in con.execute(GRAPH_STARTS_SQL)]
+    for s, x in zip(starts, _kernel_xs(dom)):  # every kernel where the window puts it, to 0.02 px
+        assert abs(x - (LEFT + (s - begin - 1e6) * PLOT_W / 1e6)) < 0.02, s

@@ -148,7 +148,7 @@ def test_reports_carry_the_untraced_figures(tmp_path):
     assert r.exit_code == 0, r.output
     text = md.read_text()
     want = _sidecar_median(eager, "engine_step_gpu_ns")
-    assert f"**Untraced** (measured): step {want / 1000:,.1f} µs" in text
+    assert f"**Untraced** (measured): step {want / 1e6:,.3f} ms" in text  # a whole-step figure: ms
     assert "**vLLM engine step:** forward 25,848.2 µs" in text
     html = tmp_path / "r.html"
     r = CliRunner().invoke(app, ["report", str(eager), "--compare", str(graph), "-o", str(html)])

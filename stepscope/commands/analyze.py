@@ -21,21 +21,55 @@ NO_CACHE_HELP = "read the export itself, not its Parquet cache (and write none)"
 
 
 def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Optional[Path],
-                   cache: bool = True, release_input: bool = False):
+                   cache: bool = True, release_input: bool = False, launch_config: bool = False):
+    """Read a trace and analyze its steps, naming both stages on the progress line.
+
+    `launch_config`: also read kernels' grid and block (the byte budget and the exports need
+    them). `cache=False` neither reads nor writes the Parquet cache (ingest/cache.py)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
+    from stepscope.render import progress
 
-    trace_obj = read_trace(trace or bundled_trace(), launch_config=False, cache=None if cache else False)
+    path = Path(trace or bundled_trace())
+    progress.stage(f"reading {path.name}")
+    before = _cache_entries(path) if cache else set()
+    trace_obj = read_trace(path, launch_config=launch_config, cache=None if cache else False)
+    if cache:
+        for entry in sorted(_cache_entries(path) - before):
+            progress.notice(f"cached {path.name}'s frames in {entry} (the next read of this export "
+                            "skips SQLite; --no-cache reads without it)")
+    progress.stage(f"analyzing {trace_obj.kernels.height:,} kernels of {path.name}")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
     reader = None
-    if trace_obj.format == "nsys-sqlite":
+    if trace_obj.format == "nsys-sqlite" and not launch_config:
         from stepscope.launch_config import nsys_reader
 
         reader = nsys_reader(trace_obj.path)
     return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input,
                          launch_config=reader)
+
+
+def _cache_entries(path: Path) -> set[Path]:
+    """The cache entries of `path`'s name, in every folder ingest/cache.py would use. Read
+    before and after the read: a new one is a cache just written. (ingest/cache.py, which this
+    command does not own, reports where it wrote to no caller: read_trace drops store()'s path;
+    `_roots` is its one list of those folders.)"""
+    import re
+
+    from stepscope.ingest import cache as trace_cache
+
+    if not path.is_file():
+        return set()
+    name = re.compile(re.escape(path.stem) + r"-[0-9a-f]{20}")
+    out = set()
+    for root in trace_cache._roots(path):
+        try:
+            out |= {d for d in root.iterdir() if name.fullmatch(d.name) and d.is_dir()}
+        except OSError:  # no such folder yet, or not readable
+            pass
+    return out
 
 
 @app.command()
@@ -51,16 +85,20 @@ def analyze(
     from stepscope.errors import StepscopeError
     from stepscope.selection import check_steps, parse_steps
 
-    try:
-        check_steps(steps)  # a bad --steps fails before the trace is read
-        inv = load_inventory(trace, step_regex, rules, cache=not no_cache, release_input=True)
-        ids = parse_steps(steps, inv.step_ids())
-    except StepscopeError as e:
-        fail(str(e))
-    from stepscope.analysis.diagnosis import diagnose
-    from stepscope.render.json import analyze_json
+    from stepscope.render import progress
 
-    diag = diagnose(inv)
+    with progress.shown(not json_out):
+        try:
+            check_steps(steps)  # a bad --steps fails before the trace is read
+            inv = load_inventory(trace, step_regex, rules, cache=not no_cache, release_input=True)
+            ids = parse_steps(steps, inv.step_ids())
+        except StepscopeError as e:
+            fail(str(e))
+        from stepscope.analysis.diagnosis import diagnose
+        from stepscope.render.json import analyze_json
+
+        progress.stage("finding gaps, launch overhead and floors")
+        diag = diagnose(inv)
     if json_out:
         diag.drop_event_frames()  # the document needs only per-step results
         typer.echo(analyze_json(inv, ids, diag))

@@ -13,17 +13,7 @@ from typing import Optional
 import typer
 
 from stepscope.cli import app, fail
-
-
-def _b(x) -> str:
-    if x is None:
-        return "—"
-    sign = "-" if x < 0 else ""
-    x = abs(x)
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if x >= div:
-            return f"{sign}{x / div:.2f} {unit}"
-    return f"{sign}{int(x)} B"
+from stepscope.selection import STEPS_HELP
 
 
 @app.command("budget")
@@ -34,14 +24,21 @@ def budget_cmd(
     batch: Optional[int] = typer.Option(None, help="sequences in the step"),
     context: Optional[int] = typer.Option(None, help="context length (decode) / prompt length (prefill)"),
     phase: Optional[str] = typer.Option(None, help="decode | prefill"),
-    step: Optional[int] = typer.Option(None, help="step index (default: the first step)"),
+    steps: Optional[str] = typer.Option(
+        None, "--steps", "--step", metavar="S",
+        help=f"{STEPS_HELP}: the first step selected is budgeted (default: the trace's first step)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Join each kernel of a step to a measured byte cell; bytes, minimum, removable, floor."""
     from stepscope.errors import StepscopeError
+    from stepscope.selection import check_steps
+
+    from stepscope.render import progress
 
     try:
-        doc, res = _run(trace, cells, model, batch, context, phase, step)
+        check_steps(steps)
+        with progress.shown(not as_json):
+            doc, res = _run(trace, cells, model, batch, context, phase, steps)
     except StepscopeError as e:
         fail(str(e), e.exit_code)
         return
@@ -51,28 +48,30 @@ def budget_cmd(
         _render(doc, res)
 
 
-def _run(trace, cells_path, model, batch, context, phase, step):
+def _run(trace, cells_path, model, batch, context, phase, steps):
     import polars as pl
 
     from stepscope.analysis.steps import step_shape
-    from stepscope.api import open_trace
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
     from stepscope.errors import InputError
+    from stepscope.selection import parse_steps
+
+    from stepscope.commands.analyze import load_inventory
+    from stepscope.render import progress
 
     cells = read_cells(cells_path)
-    an = open_trace(trace)
-    inv = an.inventory
+    inv = load_inventory(trace, None, None, launch_config=True)  # grid/block: the join to cells
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
-    ids = inv.step_ids()
-    sid = ids[0] if step is None else step
-    if sid not in ids:
-        raise InputError(f"{trace}: no step {sid} (steps: {ids[0]}..{ids[-1]})")
+    picked = parse_steps(steps, inv.step_ids())
+    sid = picked[0]
+    if steps not in (None, "") and len(picked) > 1:
+        typer.echo(f"stepscope: budget of step {sid}, the first of the {len(picked)} steps selected", err=True)
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
     # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
     # carry neither the model nor the context) fills the rest
-    shape = {**((an.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
+    shape = {**((inv.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
     model = model or shape.get("model")
     phase = phase or shape.get("phase") or fig.get("phase")
     batch = batch or shape.get("batch")
@@ -81,11 +80,12 @@ def _run(trace, cells_path, model, batch, context, phase, step):
                               ("--context", context)) if not v]
     if lacking:
         raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
-    gpus = an.trace.gpus
+    gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = None
     if gpus.height and gpus["memory_bandwidth_bps"][0]:
         peak = float(gpus["memory_bandwidth_bps"][0])
+    progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
     from stepscope.bytes.stepcells import is_step_cells
@@ -108,6 +108,8 @@ def _render(doc, res) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.units import MISSING, nbytes, us
+
     con = Console()
     st = doc["step"]
     t = Table(title=f"HBM byte budget — step {doc['step_index']} ({st['phase']}, batch "
@@ -118,21 +120,19 @@ def _render(doc, res) -> None:
     for r in res.rows.iter_rows(named=True):
         amp = r["amplification"]
         t.add_row(r["class"], r["op"] or "[dim](no cell)[/]", str(r["calls"]),
-                  _b(r["measured_bytes_per_call"]), _b(r["measured_bytes"]), _b(r["min_bytes"]),
-                  f"{amp:.2f}" if amp is not None else "—", _b(r["removable_bytes"]),
-                  f"{r['floor_ns'] / 1e3:.1f} µs" if r["floor_ns"] is not None else "—",
-                  f"{r['time_ns'] / 1e3:.1f} µs")
-    t.add_row("[bold]step[/]", "", str(st["calls"]), "", _b(st["measured_bytes"]),
-              _b(st["min_bytes"]),
-              f"{st['amplification']:.2f}" if st["amplification"] else "—",
-              _b(st["removable_bytes"]),
-              f"{st['floor_ns'] / 1e3:.1f} µs" if st["floor_ns"] is not None else "—",
-              f"{st['time_ns'] / 1e3:.1f} µs")
+                  nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
+                  f"{amp:.2f}" if amp is not None else MISSING, nbytes(r["removable_bytes"]),
+                  us(r["floor_ns"]), us(r["time_ns"]))
+    t.add_row("[bold]step[/]", "", str(st["calls"]), "", nbytes(st["measured_bytes"]),
+              nbytes(st["min_bytes"]),
+              f"{st['amplification']:.2f}" if st["amplification"] else MISSING,
+              nbytes(st["removable_bytes"]),
+              us(st["floor_ns"]), us(st["time_ns"]))
     con.print(t)
     ranked = [c for c in doc["classes"] if c["removable_bytes"] is not None]
     if ranked:
         con.print("classes by removable bytes: " + ", ".join(
-            f"{c['class']} {_b(c['removable_bytes'])}" for c in ranked[:5]))
+            f"{c['class']} {nbytes(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
     if j.get("order"):
         o = st["order"]
@@ -144,9 +144,9 @@ def _render(doc, res) -> None:
                   f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; "
                   f"{len(st['unjoined_kernels'])} kernel(s) without a cell")
     if st.get("unjoined_ops"):
-        con.print(f"minimum over the joined ops: {_b(st['min_bytes'])}; ops no kernel joined "
-                  f"({', '.join(st['unjoined_ops'])}) add {_b(st['unjoined_min_bytes'])} to the step's "
-                  f"{_b(st['plan_min_bytes'])}")
+        con.print(f"minimum over the joined ops: {nbytes(st['min_bytes'])}; ops no kernel joined "
+                  f"({', '.join(st['unjoined_ops'])}) add {nbytes(st['unjoined_min_bytes'])} to the step's "
+                  f"{nbytes(st['plan_min_bytes'])}")
     below = res.rows.filter(pl.col("note").is_not_null())
     if below.height:
         con.print("below their minimum (DRAM bytes only: inputs the previous kernel left in L2 were read "

@@ -75,18 +75,11 @@ def _json(led, gpus, peak) -> dict:
     return {"gpus": gpus, "peak_hbm_bps": peak, "cells": rows}
 
 
-def _fmt_bytes(b) -> str:
-    if b is None:
-        return "—"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= div:
-            return f"{b / div:.2f} {unit}"
-    return f"{int(b)} B"
-
-
 def _render(led, gpus, peak) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from stepscope.render.units import MISSING, nbytes, us
 
     con = Console()
     t = Table(title=f"byte cells — {', '.join(gpus) or 'GPU unknown'}"
@@ -107,12 +100,12 @@ def _render(led, gpus, peak) -> None:
         amp = r.get("amplification")
         t.add_row(
             r.get("cell") or "", "" if r.get("launch") is None else str(r["launch"]), kern,
-            r.get("grid") or "", _fmt_bytes(r.get("dram_read_bytes")),
-            _fmt_bytes(r.get("dram_write_bytes")), _fmt_bytes(r.get("cell_min_bytes")),
+            r.get("grid") or "", nbytes(r.get("dram_read_bytes")),
+            nbytes(r.get("dram_write_bytes")), nbytes(r.get("cell_min_bytes")),
             f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
-            f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else "—",
-            f"{r['duration_ns'] / 1e3:.1f} µs" if r.get("duration_ns") is not None else "—",
-            f"{r['achieved_bps'] / 1e9:.0f}" if r.get("achieved_bps") is not None else "—",
+            f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else MISSING,
+            us(r.get("duration_ns")),
+            f"{r['achieved_bps'] / 1e9:.0f}" if r.get("achieved_bps") is not None else MISSING,
         )
     con.print(t)
 

@@ -8,17 +8,52 @@ from typing import Optional
 import typer
 
 from stepscope.cli import app, fail
+from stepscope.selection import STEPS_HELP
 
 
-def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path], cache: bool = True):
+def _diagnosis(path: Path, step_regex: Optional[str], rules: Optional[Path], cache: bool = True,
+               steps: Optional[str] = None):
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.commands.analyze import load_inventory
     from stepscope.errors import StepscopeError
+    from stepscope.render import progress
 
     try:
-        return diagnose(load_inventory(path, step_regex, rules, cache))
+        inv = load_inventory(path, step_regex, rules, cache)
+        progress.stage(f"finding gaps, launch overhead and floors of {path.name}")
+        return only_steps(diagnose(inv), steps)
     except StepscopeError as e:
         fail(str(e))
+
+
+def only_steps(d, spec: Optional[str]):
+    """The diagnosis narrowed to the steps `spec` selects (stepscope.selection's grammar), for
+    the commands that summarize steps (compare, tp). On a trace with TP steps a selected step
+    brings its whole TP step along (every rank's step of that group): a TP step's binding rank
+    and waits are only defined over all of its ranks.
+
+    The analyses run on the whole trace first, so each kept step's figures are exactly those
+    `analyze` reports for it (a step's begin depends on its predecessor's GPU work).
+    Built here from the frames' step columns until the analysis offers a selection itself."""
+    from dataclasses import fields, replace
+
+    import polars as pl
+
+    from stepscope.selection import parse_steps
+
+    if spec in (None, "", "all"):
+        return d
+    ids = parse_steps(spec, d.inv.step_ids())
+    if d.tp is not None and d.tp.height:
+        groups = d.tp.filter(pl.col("step").is_in(ids))["group"].unique().to_list()
+        ids = sorted(set(ids) | set(d.tp.filter(pl.col("group").is_in(groups))["step"].to_list()))
+    keep = pl.col("step").is_in(ids)
+    inv = replace(d.inv, steps=d.inv.steps.filter(keep), classes=d.inv.classes.filter(keep),
+                  kernels=d.inv.kernels.filter(keep))
+    # every per-step frame of the diagnosis (gaps, floors, tp, untraced, ...), whatever it holds
+    per_step = {f.name: getattr(d, f.name).filter(keep) for f in fields(d)
+                if isinstance(getattr(d, f.name), pl.DataFrame) and "step" in getattr(d, f.name).columns}
+    return replace(d, inv=inv, **per_step, _sections=None)
 
 
 @app.command()
@@ -34,18 +69,33 @@ def compare(
     step_regex: Optional[str] = typer.Option(None, "--step-regex"),
     rules: Optional[Path] = typer.Option(None, "--rules"),
     no_cache: bool = typer.Option(False, "--no-cache", help="read the exports, not their Parquet caches"),
+    steps: str = typer.Option("all", "--steps", metavar="S",
+                              help=f"{STEPS_HELP}: the steps whose medians stand for each trace"),
+    steps_b: Optional[str] = typer.Option(None, "--steps-b", metavar="S", help="B's steps, when not --steps"),
 ) -> None:
     """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
     from stepscope.analysis.compare import compare as run_compare
     from stepscope.analysis.whatif import DEFAULT, GraphConstants
+    from stepscope.errors import StepscopeError
+    from stepscope.selection import check_steps
+
+    try:
+        check_steps(steps)
+        check_steps(steps_b)
+    except StepscopeError as e:
+        fail(str(e))
 
     consts = GraphConstants(
         graph_gap_ns if graph_gap_ns is not None else DEFAULT.node_gap_ns,
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
         DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
     )
-    doc = run_compare(_diagnosis(a, step_regex, rules, not no_cache), _diagnosis(b, step_regex, rules, not no_cache),
-                      consts)
+    from stepscope.render import progress
+
+    with progress.shown(not json_out):
+        doc = run_compare(_diagnosis(a, step_regex, rules, not no_cache, steps),
+                          _diagnosis(b, step_regex, rules, not no_cache, steps if steps_b is None else steps_b),
+                          consts)
     if json_out:
         from stepscope.render.json import dumps
 
@@ -88,9 +138,17 @@ def tp(
     step_regex: Optional[str] = typer.Option(None, "--step-regex"),
     rules: Optional[Path] = typer.Option(None, "--rules"),
     no_cache: bool = typer.Option(False, "--no-cache", help="read the export, not its Parquet cache"),
+    steps: str = typer.Option("all", "--steps", metavar="S", help=f"{STEPS_HELP}: the steps projected"),
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
     from stepscope.analysis import tp as tpm
+    from stepscope.errors import StepscopeError
+    from stepscope.selection import check_steps
+
+    try:
+        check_steps(steps)
+    except StepscopeError as e:
+        fail(str(e))
 
     ws = _widths(widths)
     numbers = (kernels, launch_us, device_ms)
@@ -109,7 +167,10 @@ def tp(
     else:
         if any(v is not None for v in numbers):
             fail("give either a trace or --kernels/--launch-us/--device-ms, not both")
-        d = _diagnosis(trace, step_regex, rules, not no_cache)
+        from stepscope.render import progress
+
+        with progress.shown(not json_out):
+            d = _diagnosis(trace, step_regex, rules, not no_cache, steps)
         proj = tpm.project_trace(d, ws, collective_us)
         doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
                "launch_bound_from_tp": proj.own.launch_bound_from_tp,

@@ -1,9 +1,10 @@
 """Self-contained HTML report of one step (and optionally a second one beside it).
 
 Every picture is inline SVG written here: no plotting library, no CDN, no JavaScript needed to
-see the charts (a few lines of script only mark the page as rendered and record errors, for
-the headless-browser test). Tooltips are SVG <title> elements. A ~400-kernel decode step makes
-a file of ~150-300 KB; a plotly page would carry ~3.5 MB of plotly.js before any data.
+see the charts. One small inline script (TIMELINE_JS, ~5 KB) zooms and pans the timeline by
+moving its shapes; two one-liners mark the page as rendered and record errors, for the
+headless-browser test. Tooltips are SVG <title> elements. A ~400-kernel decode step makes a
+file of ~150-300 KB; a plotly page would carry ~3.5 MB of plotly.js before any data.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, phase_line
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, phase_line
+from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -42,11 +44,10 @@ td:first-child,th:first-child{text-align:left} th{background:#f6f6f6}
 .row{display:flex;gap:24px;flex-wrap:wrap} .sw{display:inline-block;width:11px;height:11px;margin:0 4px 0 12px;vertical-align:-1px}
 svg text{font-size:11px;fill:#333} rect.k:hover,rect.c:hover{stroke:#000;stroke-width:1}
 code{font-size:12px}
+.tl-tools{margin:4px 0} .tl-tools button{font:inherit;font-size:12px;padding:1px 8px;margin-right:4px}
+#timeline{cursor:grab;touch-action:pan-y} #timeline.dragging{cursor:grabbing}
+.hatch{background:repeating-linear-gradient(45deg,#777 0 1px,#f3f3f3 1px 4px)}
 """ % FONT
-
-
-def _us(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e3:,.1f} µs"
 
 
 def _num(x) -> str:
@@ -67,117 +68,276 @@ def _t(s: str) -> str:
 
 
 # ---------------------------------------------------------------- timeline
+#
+# Time 0 of a panel is its step's begin (`step_begin`): the step's time starts there. Whatever of
+# the step happened earlier — launch calls issued while the previous step's GPU work still ran,
+# the start of its range — is drawn left of 0 over a hatched band, with that previous work
+# itself. Every panel (and every rank of a TP step) shares one axis. The plot is SVG that reads
+# without JavaScript; TIMELINE_JS only moves the plot's shapes when zooming and panning.
+
+
+def _rect(cls: str, x0: float, y: float, w: float, h: float, fill: str, tip: str, extra: str = "") -> str:
+    """A rect of the plot. Positions carry 4 decimals because zooming multiplies their error
+    (up to 5,000×: 0.05 px of rounding would move a kernel 250 px); `data-w` keeps the exact
+    width when the drawn one is the 0.6 px minimum, so a zoomed-in sliver grows to its true width."""
+    exact = f' data-w="{w:.4f}"' if w < 0.6 else ""
+    return (f'<rect class="{cls}" x="{x0:.4f}" y="{y}" width="{max(w, 0.6):.4f}" height="{h}" fill="{fill}"{exact}'
+            f"{extra}>{_t(tip)}</rect>")
+
+
+def _ticks(lo_ns: float, hi_ns: float) -> list[float]:
+    """Tick times for an axis from lo to hi (ns from the step's begin): multiples of a nice step."""
+    step = _nice(hi_ns - lo_ns)
+    k = math.ceil(lo_ns / step)
+    out = []
+    while k * step <= hi_ns:
+        out.append(k * step)
+        k += 1
+    return out
+
+
+def _axis(pre: int, span: int, sx: float, y: int) -> str:
+    """Ticks, labels and grid lines; TIMELINE_JS redraws the same markup for a zoomed window."""
+    out = [f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + span * sx:.1f}" y2="{y}" stroke="#888"/>']
+    for t in _ticks(-pre, span - pre):
+        xx = LEFT + (t + pre) * sx
+        out.append(f'<line x1="{xx:.1f}" y1="0" x2="{xx:.1f}" y2="{y}" stroke="#000" stroke-opacity="{0.3 if t == 0 else 0.06}"/>'
+                   f'<line x1="{xx:.1f}" y1="{y}" x2="{xx:.1f}" y2="{y + 4}" stroke="#888"/>'
+                   f'<text class="tick" x="{xx:.1f}" y="{y + 16}" text-anchor="middle">{tick(t)}</text>')
+    return "".join(out)
 
 
 def _timeline(views: list[StepView]) -> str:
-    span = max(max(v.t1 - v.t0, 1) for v in views)
+    pre = max(v.begin - v.t0 for v in views)            # the widest tail, left of 0
+    post = max(max(v.t1 - v.begin, 1) for v in views)
+    span = pre + post
     plot_w = WIDTH - LEFT - 10
     sx = plot_w / span
-    out: list[str] = []
+    plot: list[str] = []
+    labels: list[str] = []
     y = 4
-
     for vi, v in enumerate(views):
-        t0 = v.t0
-        out.append(f'<text x="0" y="{y + 12}" style="font-weight:600">{escape(_panel_name(v, vi, len(views)))}</text>')
+        labels.append(f'<text x="0" y="{y + 12}" style="font-weight:600">{escape(_panel_name(v, vi, len(views)))}</text>')
         y += ROW + 2
         ranks = v.ranks
         for rv in ranks:  # a TP step: every rank on the one clock, so waiting lines up with its cause
             if len(ranks) > 1:
                 tag = " (shown step)" if rv is v else ""
-                out.append(f'<text class="rank" x="0" y="{y + 12}" style="font-style:italic">'
-                           f'{escape(rv.rank_label + tag)}</text>')
+                labels.append(f'<text class="rank" x="0" y="{y + 12}" style="font-style:italic">'
+                              f'{escape(rv.rank_label + tag)}</text>')
                 y += ROW
-            y = _rank_rows(rv, t0, sx, y, out)
+            y = _rank_rows(rv, v.begin - pre, sx, y, plot, labels)
         y += 10
-    # axis, shared by every panel
-    tick = _nice(span)
-    axis = [f'<line x1="{LEFT}" y1="{y}" x2="{LEFT + plot_w}" y2="{y}" stroke="#888"/>']
-    k = 0
-    while k * tick <= span:
-        xx = LEFT + k * tick * sx
-        axis.append(f'<line x1="{xx:.1f}" y1="{y}" x2="{xx:.1f}" y2="{y + 4}" stroke="#888"/>'
-                    f'<text x="{xx:.1f}" y="{y + 16}" text-anchor="middle">{k * tick / 1e3:,.0f}</text>')
-        axis.append(f'<line x1="{xx:.1f}" y1="0" x2="{xx:.1f}" y2="{y}" stroke="#000" stroke-opacity="0.06"/>')
-        k += 1
-    axis.append(f'<text x="{LEFT + plot_w}" y="{y + 30}" text-anchor="end">µs from the start of each step</text>')
     h = y + 36
-    return (f'<svg id="timeline" class="chart" width="{WIDTH}" height="{h}" viewBox="0 0 {WIDTH} {h}" '
-            f'xmlns="http://www.w3.org/2000/svg">{"".join(axis)}{"".join(out)}</svg>')
+    return (f'<div class="tl-tools"><button type="button" data-zoom="in" title="zoom in">+</button>'
+            f'<button type="button" data-zoom="out" title="zoom out">−</button>'
+            f'<button type="button" data-zoom="reset" title="the whole step">reset</button> '
+            f'<span class="sub">zoom: Ctrl/⌘ + wheel (or pinch) over the timeline, or the buttons · pan: drag, or '
+            f'Shift + wheel · reset: double-click · the window is kept in the address (#t=from,to in µs)</span></div>'
+            f'<svg id="timeline" class="chart" width="{WIDTH}" height="{h}" viewBox="0 0 {WIDTH} {h}" '
+            f'xmlns="http://www.w3.org/2000/svg" data-left="{LEFT}" data-plot-w="{plot_w}" '
+            f'data-ns-per-px="{1 / sx!r}" data-pre-ns="{pre}" data-axis-y="{y}">'
+            f'<defs><clipPath id="tl-clip"><rect x="{LEFT}" y="0" width="{plot_w}" height="{h}"/></clipPath>'
+            f'<pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            f'<line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="1.2" stroke-opacity="0.5"/></pattern></defs>'
+            f'<g id="tl-axis">{_axis(pre, span, sx, y)}</g>'
+            f'<g id="tl-plot" clip-path="url(#tl-clip)">{"".join(plot)}</g>'
+            f'<g id="tl-labels">{"".join(labels)}'
+            f'<text x="{LEFT + plot_w}" y="{y + 30}" text-anchor="end">time from the begin of each step '
+            f'(step_begin); left of 0: before it</text></g></svg>')
 
 
-def _rank_rows(v: StepView, t0: int, sx: float, y: int, out: list[str]) -> int:
-    """The step range, host rows and device rows of one rank's step; returns the next y."""
+def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], labels: list[str]) -> int:
+    """The step range, host rows and device rows of one rank's step; `left_ns`: the time at the
+    plot's left edge. Returns the next y."""
 
     def x(ns: int) -> float:
-        return LEFT + (ns - t0) * sx
+        return LEFT + (ns - left_ns) * sx
 
     f = v.figures
+    top = y
     if f.get("w_start") is not None:
-        x0, x1 = x(f["w_start"]), x(f["w_end"])
-        tip = f"{f['name']}: {_us(f['w_end'] - f['w_start'])}"
-        out.append(f'<text x="4" y="{y + 12}">step range</text>'
-                   f'<rect class="range" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 0.6):.1f}" height="{ROW - 6}" '
-                   f'fill="{RANGE_COLOR}">{_t(tip)}</rect>')
+        tip = f"{f['name']}: {ms(f['w_end'] - f['w_start'])}"
+        labels.append(f'<text x="4" y="{y + 12}">step range</text>')
+        plot.append(_rect("range", x(f["w_start"]), y + 3, (f["w_end"] - f["w_start"]) * sx, ROW - 6, RANGE_COLOR, tip))
         y += ROW
     # host rows: the launch calls
     for (pid, tid), grp in v.launches.group_by(["pid", "tid"], maintain_order=True):
-        out.append(f'<text x="4" y="{y + 12}">host {tid}</text>')
+        labels.append(f'<text x="4" y="{y + 12}">host {tid}</text>')
         for r in grp.iter_rows(named=True):
             graph = bool(r["is_graph_launch"])
             x0 = x(r["start"])
-            w = max((r["end"] - r["start"]) * sx, 0.6)
-            color = GRAPH_COLOR if graph else LAUNCH_COLOR
-            cls = "launch graph-launch" if graph else "launch"
-            tip = f"{r['api_name']} {_us(r['end'] - r['start'])} (corr {r['corr']})"
-            out.append(f'<rect class="{cls}" x="{x0:.1f}" y="{y + 3}" width="{w:.1f}" height="{ROW - 6}" '
-                       f'fill="{color}">{_t(tip)}</rect>')
+            tip = f"{r['api_name']} {us(r['end'] - r['start'])} (corr {r['corr']})"
+            plot.append(_rect("launch graph-launch" if graph else "launch", x0, y + 3, (r["end"] - r["start"]) * sx,
+                              ROW - 6, GRAPH_COLOR if graph else LAUNCH_COLOR, tip))
             if graph:
-                out.append(f'<path class="graph-mark" d="M{x0:.1f},{y + 1} l-4,-6 h8 z" fill="{GRAPH_COLOR}">'
-                           f'{_t("graph replay: " + str(r["api_name"]))}</path>')
+                plot.append(f'<path class="graph-mark" data-x="{x0:.4f}" data-y="{y + 1}" d="M{x0:.1f},{y + 1} l-4,-6 h8 z" '
+                            f'fill="{GRAPH_COLOR}">{_t("graph replay: " + str(r["api_name"]))}</path>')
         y += ROW
     # device rows: one per stream, gaps shaded across the device's rows
+    tail = v.tail if v.tail is not None else v.acts.clear()
     for dev in sorted(set(v.acts["device"].to_list())):
         a = v.acts.filter(pl.col("device") == dev)
-        streams = sorted(set(a["stream"].to_list()))
-        top = y
+        streams = sorted(set(a["stream"].to_list()) | set(tail["stream"].to_list()))
+        dev_top = y
         height = ROW * len(streams)
         for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
-            x0 = x(g["gap_start"])
-            w = max(g["gap_ns"] * sx, 0.6)
-            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
-            out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
-                       f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
-                       f'{_t(tip)}</rect>')
+            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+            plot.append(_rect(f"gap gap-{g['kind']}", x(g["gap_start"]), dev_top, g["gap_ns"] * sx, height,
+                              GAP_COLORS.get(g["kind"], "#ccc"), tip, ' fill-opacity="0.35"'))
         waits = v.waits.filter(pl.col("matched") & (pl.col("device") == dev)) if v.waits is not None else None
         for s in streams:
-            out.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
-            for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
-                x0 = x(r["start"])
-                w = max((r["end"] - r["start"]) * sx, 0.6)
+            labels.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
+            for r in tail.filter(pl.col("stream") == s).iter_rows(named=True):
                 c = r["class"] or "other"
-                tip = f"{r['name']} [{c}] {_us(r['end'] - r['start'])}"
-                out.append(f'<rect class="k" data-class="{c}" x="{x0:.1f}" y="{y + 2}" width="{w:.1f}" height="{ROW - 4}" '
-                           f'fill="{CLASS_COLORS.get(c, "#ccc")}">{_t(tip)}</rect>')
+                tip = f"step {r['step']}'s {r['name']} [{c}] {us(r['end'] - r['start'])}: the previous step's GPU work"
+                plot.append(_rect("prev", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
+                                  CLASS_COLORS.get(c, "#ccc"), tip, ' fill-opacity="0.45"'))
+            for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
+                c = r["class"] or "other"
+                tip = f"{r['name']} [{c}] {us(r['end'] - r['start'])}"
+                plot.append(_rect("k", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
+                                  CLASS_COLORS.get(c, "#ccc"), tip, f' data-class="{c}"'))
             # the part of each collective spent waiting for the slowest rank, darkened over it
             if waits is not None and waits.height:
                 for r in waits.filter(pl.col("stream") == s).iter_rows(named=True):
                     for lo, hi in ((r["start"], r["last_start"]), (r["first_end"], r["end"])):
                         if hi > lo:
-                            tip = f"waiting for the slowest rank in {r['name']}: {_us(hi - lo)}"
-                            out.append(f'<rect class="wait" x="{x(lo):.1f}" y="{y + 2}" width="{max((hi - lo) * sx, 0.6):.1f}" '
-                                       f'height="{ROW - 4}" fill="{WAIT_COLOR}" fill-opacity="0.55">{_t(tip)}</rect>')
+                            tip = f"waiting for the slowest rank in {r['name']}: {us(hi - lo)}"
+                            plot.append(_rect("wait", x(lo), y + 2, (hi - lo) * sx, ROW - 4, WAIT_COLOR, tip,
+                                              ' fill-opacity="0.55"'))
             y += ROW
         # graph replays: a bracket under the device rows per replay (kernels sharing the launch's corr)
         gk = a.filter(pl.col("graph_node_id").is_not_null())
         if gk.height:
             reps = gk.group_by("corr").agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"))
-            for r in reps.iter_rows(named=True):
+            for r in reps.sort("start").iter_rows(named=True):
                 x0, x1 = x(r["start"]), x(r["end"])
-                tip = f"graph replay: {r['n']} kernels, {_us(r['end'] - r['start'])}"
-                out.append(f'<path class="graph-replay" d="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
-                           f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
+                tip = f"graph replay: {r['n']} kernels, {us(r['end'] - r['start'])}"
+                plot.append(f'<path class="graph-replay" data-x0="{x0:.4f}" data-x1="{x1:.4f}" data-y="{y + 1}" '
+                            f'd="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
+                            f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
             y += 8
+    # before the step's begin: hatched over the rank's rows (under the shapes for hovering, over
+    # them for the hatch)
+    left = v._t0()
+    if left < v.begin:
+        tip = (f"before step {v.step}'s begin: {us(v.begin - left)} in which the previous step's GPU work "
+               f"still ran on GPU {f['device']}; the step's time starts at its end")
+        w = (v.begin - left) * sx
+        plot.append(_rect("tail-zone", x(left), top, w, y - top, "url(#hatch)", tip,
+                                     ' pointer-events="none"'))
+        plot.insert(0, _rect("tail", x(left), top, w, y - top, "#f3f3f3", tip))
     return y
+
+
+TIMELINE_JS = r"""
+(function () {
+  var svg = document.getElementById("timeline");
+  if (!svg) return;
+  var d = svg.dataset, L = +d.left, W = +d.plotW, nsPx = +d.nsPerPx, pre = +d.preNs, axisY = +d.axisY;
+  var MAXZOOM = 5000, lo = 0, hi = W;  // the window shown, in px of the whole view
+  var shapes = [].slice.call(svg.querySelectorAll("#tl-plot rect, #tl-plot path"));
+  shapes.forEach(function (e) {
+    if (e.tagName === "rect") { e._x = +e.getAttribute("x"); e._w = +(e.getAttribute("data-w") || e.getAttribute("width")); }
+  });
+  function nice(span) {
+    var raw = Math.max(span / 10, 1), mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (var m of [1, 2, 5, 10]) if (m * mag >= raw) return m * mag;
+    return 10 * mag;
+  }
+  function label(ns) {  // stepscope/render/units.py's tick()
+    if (ns === 0) return "0";
+    var a = Math.abs(ns), u = [[1e6, "ms"], [1e3, "\u00b5s"], [1, "ns"]];
+    for (var i = 0; i < u.length; i++) {
+      if (a >= u[i][0] || u[i][0] === 1) {
+        var v = ns / u[i][0];
+        return (Math.abs(v) < 10 && u[i][0] > 1 && v !== Math.trunc(v) ? v.toFixed(1) : v.toFixed(0)) + " " + u[i][1];
+      }
+    }
+  }
+  function axis() {
+    var tlo = lo * nsPx - pre, thi = hi * nsPx - pre, step = nice(thi - tlo), z = W / (hi - lo);
+    var out = ['<line x1="' + L + '" y1="' + axisY + '" x2="' + (L + W).toFixed(1) + '" y2="' + axisY + '" stroke="#888"/>'];
+    for (var k = Math.ceil(tlo / step); k * step <= thi; k++) {
+      var t = k * step, x = (L + ((t + pre) / nsPx - lo) * z).toFixed(1);
+      out.push('<line x1="' + x + '" y1="0" x2="' + x + '" y2="' + axisY + '" stroke="#000" stroke-opacity="' +
+               (t === 0 ? 0.3 : 0.06) + '"/><line x1="' + x + '" y1="' + axisY + '" x2="' + x + '" y2="' + (axisY + 4) +
+               '" stroke="#888"/><text class="tick" x="' + x + '" y="' + (axisY + 16) + '" text-anchor="middle">' +
+               label(t) + "</text>");
+    }
+    svg.querySelector("#tl-axis").innerHTML = out.join("");
+  }
+  function draw() {
+    var z = W / (hi - lo);
+    var X = function (x) { return (L + (x - L - lo) * z).toFixed(2); };
+    shapes.forEach(function (e) {
+      if (e.tagName === "rect") {
+        e.setAttribute("x", X(e._x));
+        e.setAttribute("width", Math.max(e._w * z, 0.6).toFixed(2));
+      } else if (e.dataset.x !== undefined) {
+        e.setAttribute("d", "M" + X(+e.dataset.x) + "," + e.dataset.y + " l-4,-6 h8 z");
+      } else if (e.dataset.x0 !== undefined) {
+        e.setAttribute("d", "M" + X(+e.dataset.x0) + "," + e.dataset.y + " v4 H" + X(+e.dataset.x1) + " v-4");
+      }
+    });
+    axis();
+    svg.setAttribute("data-window-us", (((lo * nsPx - pre) / 1e3).toFixed(1)) + "," + (((hi * nsPx - pre) / 1e3).toFixed(1)));
+  }
+  function show(a, b, keep) {
+    var w = Math.min(Math.max(b - a, W / MAXZOOM), W);
+    a = Math.min(Math.max(a, 0), W - w);
+    lo = a; hi = a + w;
+    draw();
+    if (keep !== false) {
+      try { history.replaceState(null, "", lo === 0 && hi === W ? location.pathname + location.search : "#t=" + svg.dataset.windowUs); }
+      catch (err) { /* a browser that keeps no history for this page: the view still changes */ }
+    }
+  }
+  function zoom(f, px) {  // by f around the plot x px
+    var at = lo + (px - L) / W * (hi - lo), w = (hi - lo) * f;
+    show(at - (px - L) / W * w, at - (px - L) / W * w + w);
+  }
+  function plotX(ev) {
+    var r = svg.getBoundingClientRect();
+    return (ev.clientX - r.left) * (svg.viewBox.baseVal.width / r.width);
+  }
+  svg.addEventListener("wheel", function (ev) {
+    var px = plotX(ev);
+    if (px < L) return;
+    if (ev.ctrlKey || ev.metaKey) { ev.preventDefault(); zoom(Math.exp(ev.deltaY * 0.002), px); }
+    else if (ev.shiftKey || Math.abs(ev.deltaX) > Math.abs(ev.deltaY)) {
+      ev.preventDefault();
+      var dx = (ev.deltaX || ev.deltaY) * (hi - lo) / W;
+      show(lo + dx, hi + dx);
+    }
+  }, { passive: false });
+  var drag = null;
+  svg.addEventListener("pointerdown", function (ev) {
+    if (ev.button !== 0 || plotX(ev) < L) return;
+    drag = { x: plotX(ev), lo: lo, hi: hi };
+    svg.setPointerCapture(ev.pointerId);
+    svg.classList.add("dragging");
+  });
+  svg.addEventListener("pointermove", function (ev) {
+    if (!drag) return;
+    var dx = (drag.x - plotX(ev)) * (drag.hi - drag.lo) / W;
+    show(drag.lo + dx, drag.hi + dx, false);
+  });
+  function end() { if (drag) { drag = null; svg.classList.remove("dragging"); show(lo, hi); } }
+  svg.addEventListener("pointerup", end);
+  svg.addEventListener("pointercancel", end);
+  svg.addEventListener("dblclick", function () { show(0, W); });
+  [].forEach.call(document.querySelectorAll(".tl-tools button"), function (b) {
+    b.addEventListener("click", function () {
+      var z = b.dataset.zoom;
+      if (z === "reset") show(0, W); else zoom(z === "in" ? 0.5 : 2, L + W / 2);
+    });
+  });
+  var m = /^#t=(-?[\d.]+),(-?[\d.]+)$/.exec(location.hash);  // a window in µs from the step's begin
+  if (m) show((+m[1] * 1e3 + pre) / nsPx, (+m[2] * 1e3 + pre) / nsPx, false); else draw();
+})();
+"""
 
 
 def _panel_name(v: StepView, i: int, n: int) -> str:
@@ -190,6 +350,7 @@ def _legend(gaps: bool, waits: bool = False) -> str:
     items += f'<br><span class="sw" style="background:{LAUNCH_COLOR}"></span>launch call'
     items += f'<span class="sw" style="background:{GRAPH_COLOR}"></span>graph replay (cudaGraphLaunch ▼, bracket under its kernels)'
     items += f'<span class="sw" style="background:{RANGE_COLOR}"></span>step range'
+    items += '<span class="sw hatch"></span>before the step\'s begin (time 0): the previous step\'s GPU work'
     if waits:
         items += (f'<span class="sw" style="background:{WAIT_COLOR};opacity:.55"></span>'
                   "collective waiting for the slowest rank")
@@ -220,8 +381,8 @@ def _classes(views: list[StepView]) -> str:
             op = "1" if i == 0 else "0.55"
             tag = ("A " if i == 0 else "B ") if len(frames) > 1 else ""
             rows.append(f'<rect class="c" x="140" y="{y + 2}" width="{w:.1f}" height="{ROW - 6}" fill="{CLASS_COLORS.get(c, "#ccc")}" '
-                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {n} × , {_us(t)}")}</rect>'
-                        f'<text x="{146 + w:.1f}" y="{y + 12}">{tag}{_us(t)} · {n}×</text>')
+                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {n} kernels, {us(t)}")}</rect>'
+                        f'<text x="{146 + w:.1f}" y="{y + 12}">{tag}{us(t)} · {n}×</text>')
             y += ROW - 2
         y += 4
     svg = (f'<svg id="class-breakdown" class="chart" width="{WIDTH}" height="{y + 4}" '
@@ -240,10 +401,10 @@ def _framework(views: list[StepView]) -> str:
         if fam.is_empty():
             continue
         rows = "".join(f"<tr><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td><td>{r['count']}</td>"
-                       f"<td>{_us(r['time_ns'])}</td></tr>" for r in fam.iter_rows(named=True))
+                       f"<td>{us(r['time_ns'])}</td></tr>" for r in fam.iter_rows(named=True))
         ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
         op_rows = "".join(f"<tr><td>{escape(r['op'])}</td><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td>"
-                          f"<td>{r['count']}</td><td>{_us(r['time_ns'])}</td></tr>" for r in ops.head(10).iter_rows(named=True))
+                          f"<td>{r['count']}</td><td>{us(r['time_ns'])}</td></tr>" for r in ops.head(10).iter_rows(named=True))
         advice = framework_lines(v.inv, v.step)[-1] if ops.height else ""
         parts.append(f'<div><div class="sub">{escape(_panel_name(v, i, len(views)))}: framework glue by op family</div>'
                      f'<table class="framework" id="framework-{i}"><tr><th>op family</th><th>count</th><th>time</th></tr>'
@@ -266,9 +427,9 @@ def _class_table(views: list[StepView], order: list[str]) -> str:
     for c, vals in class_rows(views, order):
         cells = [f"<td>{escape(c)}</td>"]
         for n, t, share in vals:
-            cells.append(f"<td>{n}</td><td>{_us(t)}</td><td>{share:.1f}%</td>")
+            cells.append(f"<td>{n}</td><td>{us(t)}</td><td>{share:.1f}%</td>")
         if len(views) == 2:
-            cells.append(f"<td>{vals[1][0] - vals[0][0]:+d}</td><td>{(vals[1][1] - vals[0][1]) / 1e3:+,.1f} µs</td>")
+            cells.append(f"<td>{vals[1][0] - vals[0][0]:+d}</td><td>{us(vals[1][1] - vals[0][1], sign=True)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table id="class-table">{head}{"".join(body)}</table>'
 
@@ -300,32 +461,23 @@ def _gap_histogram(v: StepView, idx: int, n: int) -> str:
             hh = nn / nmax * (ph - 10)
             yb -= hh
             parts.append(f'<rect class="hist" x="{x0 + 2}" y="{yb:.1f}" width="{bw - 4}" height="{hh:.1f}" '
-                         f'fill="{GAP_COLORS[k]}">{_t(f"{GAP_LABELS[k]}: {nn} gaps in [{_span(2 ** b)}, {_span(2 ** (b + 1))}), {_us(t)} in all")}</rect>')
-        parts.append(f'<text x="{x0 + bw / 2:.1f}" y="{ph + 14}" text-anchor="middle">{_span(2 ** b)}</text>')
+                         f'fill="{GAP_COLORS[k]}">{_t(f"{GAP_LABELS[k]}: {nn} gaps in [{tick(2 ** b)}, {tick(2 ** (b + 1))}), {us(t)} in all")}</rect>')
+        parts.append(f'<text x="{x0 + bw / 2:.1f}" y="{ph + 14}" text-anchor="middle">{tick(2 ** b)}</text>')
     parts.append(f'<line x1="{pad}" y1="{ph}" x2="{w - 10}" y2="{ph}" stroke="#888"/>')
     parts.append(f'<text x="{pad - 4}" y="14" text-anchor="end">{nmax}</text><text x="{pad - 4}" y="{ph}" text-anchor="end">0</text>')
     parts.append(f'<text x="{pad}" y="{ph + 30}">gap length (log₂ bins, lower edge); bar height = number of gaps</text>')
     totals = g.group_by("kind").agg(pl.len().alias("n"), pl.col("gap_ns").sum().alias("t"))
     tmap = {k: (nn, t) for k, nn, t in totals.iter_rows()}
-    line = " · ".join(f"{GAP_LABELS[k]} {tmap.get(k, (0, 0))[0]} gaps, {_us(tmap.get(k, (0, 0))[1])}" for k in GAP_KINDS)
+    line = " · ".join(f"{GAP_LABELS[k]} {tmap.get(k, (0, 0))[0]} gaps, {us(tmap.get(k, (0, 0))[1])}" for k in GAP_KINDS)
     return (f'<div><div class="sub">{escape(title)}</div>'
             f'<svg class="chart gap-histogram" width="{max(w, 480)}" height="{ph + 36}" xmlns="http://www.w3.org/2000/svg">'
             f'{"".join(parts)}</svg><div class="sub">{line}</div>{_top_gaps(g)}</div>')
 
 
-def _span(ns: int) -> str:
-    """Short axis label: 2 or 3 significant digits (512ns, 1.0µs, 16µs, 131µs, 1.0ms)."""
-    for div, unit in ((1_000_000, "ms"), (1000, "µs"), (1, "ns")):
-        if ns >= div:
-            v = ns / div
-            return f"{v:.1f}{unit}" if v < 10 and div > 1 else f"{v:.0f}{unit}"
-    return f"{ns}ns"
-
-
 def _top_gaps(g: pl.DataFrame) -> str:
     top = g.sort("gap_ns", descending=True).head(5)
     rows = "".join(
-        f"<tr><td>{GAP_LABELS.get(r['kind'], r['kind'])}</td><td>{_us(r['gap_ns'])}</td>"
+        f"<tr><td>{GAP_LABELS.get(r['kind'], r['kind'])}</td><td>{us(r['gap_ns'])}</td>"
         f"<td style='text-align:left'><code>{escape(_short(r['prev_name']))}</code> → <code>{escape(_short(r['next_name']))}</code></td>"
         f"<td style='text-align:left'>{escape(str(r.get('next_api') or ''))}</td></tr>"
         for r in top.iter_rows(named=True))
@@ -355,23 +507,23 @@ def _floors(views: list[StepView]) -> str:
             y = 4 + j * 22
             w = val / vmax * bw
             bars.append(f'<text x="0" y="{y + 13}">{lab}</text><rect class="floor" x="100" y="{y + 2}" width="{max(w, 0.5):.1f}" '
-                        f'height="15" fill="{col}" fill-opacity="{0.9 if j < 2 else 0.25}">{_t(f"{lab}: {_us(val)}")}</rect>'
-                        f'<text x="{106 + w:.1f}" y="{y + 13}">{_us(val)}</text>')
+                        f'height="15" fill="{col}" fill-opacity="{0.9 if j < 2 else 0.25}">{_t(f"{lab}: {ms(val)}")}</rect>'
+                        f'<text x="{106 + w:.1f}" y="{y + 13}">{ms(val)}</text>')
         verdict = str(f["verdict"])
         t_launch = f.get("t_launch_ns")
         wait = (v.tp or {}).get("collective_wait_ns")
-        device = (f"device work: {_us(v.figures['gpu_busy_ns'])} of GPU busy time less {_us(wait)} of collectives "
+        device = (f"device work: {ms(v.figures['gpu_busy_ns'])} of GPU busy time less {ms(wait)} of collectives "
                   "waiting for the slowest rank" if wait else "of GPU busy time")
-        expl = (f"{v.figures['n_launch_calls']} launch calls × {_us(t_launch)} per launch (median inter-launch interval) "
-                f"vs {_us(dev)} {device}")
+        expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
+                f"vs {ms(dev)} {device}")
         overhead = v.inv.trace.profiler_overhead_ns
-        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {_us(overhead)}"
+        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")
         u = v.untraced
         untr = ""
         if u:
             untr = (f'<p class="sub" id="untraced-{i}">untraced ({escape(u["source"].split(":")[0])}): step '
-                    f'{_us(u["step_time_ns"])} against {_us(step_t)} under nsys; {escape(str(u["verdict"]))}. '
+                    f'{ms(u["step_time_ns"])} against {ms(step_t)} under nsys; {escape(str(u["verdict"]))}. '
                     f'{escape(u["source"])}</p>')
         blocks.append(
             f'<div><div class="sub">{title}</div><span class="verdict {escape(verdict)}" id="verdict-{i}">{escape(verdict)}</span>'
@@ -394,16 +546,16 @@ def _tp_block(v: StepView, i: int) -> str:
     for rv in v.ranks:
         t, f = rv.tp or {}, rv.floors
         rows.append(f"<tr><td>{t.get('rank', '–')}</td><td>{rv.figures['pid']}</td><td>{rv.figures['device']}</td>"
-                    f"<td>{rv.step}</td><td>{_us(rv.figures['step_time_ns'])}</td><td>{_us(t.get('collective_ns'))}</td>"
-                    f"<td>{_us(t.get('collective_transfer_ns'))}</td><td>{_us(t.get('collective_wait_ns'))}</td>"
-                    f"<td>{_us(f['device_floor_ns'])}</td><td>{_us(f['cpu_floor_ns'])}</td><td>{escape(str(f['verdict']))}</td></tr>")
+                    f"<td>{rv.step}</td><td>{ms(rv.figures['step_time_ns'])}</td><td>{ms(t.get('collective_ns'))}</td>"
+                    f"<td>{ms(t.get('collective_transfer_ns'))}</td><td>{ms(t.get('collective_wait_ns'))}</td>"
+                    f"<td>{ms(f['device_floor_ns'])}</td><td>{ms(f['cpu_floor_ns'])}</td><td>{escape(str(f['verdict']))}</td></tr>")
         if t.get("split_note"):
             notes.append(t["split_note"])
     out += f'<table class="ranks" id="ranks-{i}">{head}{"".join(rows)}</table>'
     out += "".join(f'<div class="note">not split into transfer and wait: {escape(n)}</div>' for n in sorted(set(notes)))
     skew = v.tp.get("rank_skew_ns")
     if skew is not None:
-        out += f'<div class="sub">rank skew of this TP step: {_us(skew)} (spread of its ranks\' step times)</div>'
+        out += f'<div class="sub">rank skew of this TP step: {ms(skew)} (spread of its ranks\' step times)</div>'
     return out
 
 
@@ -417,7 +569,7 @@ def _summary(views: list[StepView]) -> str:
     head = "<tr><th></th>" + "".join(f"<th>{escape(_panel_name(v, i, len(views)))}</th>" for i, v in enumerate(views)) + "</tr>"
     rows = []
     for key, lab in fields:
-        cells = "".join(f"<td>{_us(v.figures[key]) if key.endswith('_ns') else _num(v.figures[key])}</td>" for v in views)
+        cells = "".join(f"<td>{ms(v.figures[key]) if key.endswith('_ns') else _num(v.figures[key])}</td>" for v in views)
         rows.append(f"<tr><td>{lab}</td>{cells}</tr>")
     layers = "".join(
         f"<td>{v.figures['layers']} × {v.figures['kernels_per_layer']}</td>" if v.figures.get("layers") else "<td>–</td>"
@@ -432,7 +584,7 @@ def _top_kernels(v: StepView, n: int = 15) -> str:
     total = v.kernels["time_ns"].sum() or 1
     rows = "".join(
         f"<tr><td><code title='{escape(str(r['demangled']))}'>{escape(_short(r['name'], 90))}</code></td>"
-        f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{_us(r['time_ns'])}</td>"
+        f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
         for r in v.kernels.head(n).iter_rows(named=True))
     return (f'<table class="top-kernels"><tr><th>kernel</th><th>class</th><th>count</th><th>time</th><th>share</th></tr>'
@@ -450,9 +602,9 @@ def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
         m, mn = int(r["measured_bytes"] or 0), int(r["min_bytes"] or 0)  # null: no cell / no minimum
         c = CLASS_COLORS.get(r["class"], "#ccc")
         rows.append(f'<text x="0" y="{y + 12}">{escape(str(r["class"]))}</text>'
-                    f'<rect x="140" y="{y + 2}" width="{m / vmax * 700:.1f}" height="7" fill="{c}">{_t(f"measured {m:,} B")}</rect>'
-                    f'<rect x="140" y="{y + 10}" width="{mn / vmax * 700:.1f}" height="5" fill="#333">{_t(f"minimum {mn:,} B")}</rect>'
-                    f'<text x="{146 + m / vmax * 700:.1f}" y="{y + 12}">{m / 1e6:,.1f} MB measured · {mn / 1e6:,.1f} MB minimum'
+                    f'<rect x="140" y="{y + 2}" width="{m / vmax * 700:.1f}" height="7" fill="{c}">{_t(f"measured {nbytes(m)} ({m:,} B)")}</rect>'
+                    f'<rect x="140" y="{y + 10}" width="{mn / vmax * 700:.1f}" height="5" fill="#333">{_t(f"minimum {nbytes(mn)} ({mn:,} B)")}</rect>'
+                    f'<text x="{146 + m / vmax * 700:.1f}" y="{y + 12}">{nbytes(m)} measured · {nbytes(mn)} minimum'
                     f'{f" · ×{m / mn:.2f}" if mn else ""}</text>')
         y += ROW + 2
     return (f'<svg id="budget" class="chart" width="{WIDTH}" height="{y + 4}" xmlns="http://www.w3.org/2000/svg">'
@@ -493,14 +645,14 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
     ]
     if budget is not None or budget_note:
         body += ["<h2>Byte budget</h2>", _budget(budget, budget_note)]
-    body.append('<p class="sub">Definitions of every figure: stepscope DEFINITIONS.md. '
-                "Hover any bar for its exact value.</p>")
+    body.append(f'<p class="sub" id="footer">{escape(footer())} Hover any bar for its exact value.</p>')
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
 <script>window.addEventListener("error",function(e){{document.documentElement.setAttribute("data-js-error",String(e.message))}});</script>
 <style>{CSS}</style></head>
 <body>
 {"".join(body)}
+<script>{TIMELINE_JS}</script>
 <script>document.body.setAttribute("data-charts",String(document.querySelectorAll("svg.chart").length));
 document.body.setAttribute("data-ready","1");</script>
 </body></html>

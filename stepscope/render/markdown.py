@@ -5,13 +5,10 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import FAMILY_LABELS
-from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, framework_lines, phase_line
+from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, framework_lines, phase_line
+from stepscope.render.units import ms, nbytes, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
-
-
-def _us(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e3:,.1f} µs"
 
 
 def _cell(s) -> str:
@@ -52,15 +49,15 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     fields = (("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU span", "gpu_span_ns"),
               ("GPU idle", "idle_ns"), ("Σ kernel time", "kernel_time_sum_ns"), ("kernels", "n_kernels"),
               ("launch calls", "n_launch_calls"), ("time in launch calls", "launch_call_ns"))
-    rows = [[lab] + [_us(v.figures[k]) if k.endswith("_ns") else f"{v.figures[k]:,}" for v in views] for lab, k in fields]
+    rows = [[lab] + [ms(v.figures[k]) if k.endswith("_ns") else f"{v.figures[k]:,}" for v in views] for lab, k in fields]
     out += ["### Summary", "", _table(["figure"] + [_tag(i, n) for i in range(n)], rows), ""]
 
     out += ["### Floors and verdict", ""]
     rows = []
     for i, v in enumerate(views):
         f = v.floors
-        rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", _us(f.get("cpu_floor_ns")),
-                     _us(f.get("device_floor_ns")), _us(f.get("t_launch_ns")), _us(v.figures["step_time_ns"])])
+        rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", ms(f.get("cpu_floor_ns")),
+                     ms(f.get("device_floor_ns")), us(f.get("t_launch_ns")), ms(v.figures["step_time_ns"])])
     out += [_table(["step", "verdict", "CPU floor", "device floor", "per launch", "step time"], rows, "llrrrr"),
             "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time "
             "less the time collectives spent waiting for the slowest rank.", ""]
@@ -70,14 +67,14 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             continue
         tag = f" ({_tag(i, n)})" if n > 1 else ""
         how = u["source"].split(":")[0]
-        out += [f"**Untraced{tag}** ({how}): step {_us(u['step_time_ns'])} against {_us(v.figures['step_time_ns'])} "
-                f"under nsys; {u['verdict']} (CPU floor {_us(u['cpu_floor_ns'])} at {_us(u['t_launch_ns'])} per "
+        out += [f"**Untraced{tag}** ({how}): step {ms(u['step_time_ns'])} against {ms(v.figures['step_time_ns'])} "
+                f"under nsys; {u['verdict']} (CPU floor {ms(u['cpu_floor_ns'])} at {us(u['t_launch_ns'])} per "
                 f"launch). {u['source']}.", ""]
         if v.engine:
             e = v.engine
-            out += [f"**vLLM engine step{tag}:** forward {_us(e['forward_ns'])}, sampling {_us(e['sample_ns'])}, "
-                    f"GPU tail {_us(e['gpu_tail_ns'])}"
-                    + (f", frontend get_output {_us(e['get_output_ns'])}" if e.get("get_output_ns") is not None else "")
+            out += [f"**vLLM engine step{tag}:** forward {us(e['forward_ns'])}, sampling {us(e['sample_ns'])}, "
+                    f"GPU tail {us(e['gpu_tail_ns'])}"
+                    + (f", frontend get_output {us(e['get_output_ns'])}" if e.get("get_output_ns") is not None else "")
                     + (f" ({e['note']})" if e.get("note") else "") + ".", ""]
     for i, v in enumerate(views):
         if v.tp is None:
@@ -89,9 +86,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         for rv in v.ranks:
             t, f = rv.tp or {}, rv.floors
             rows.append([t.get("rank", "–"), rv.figures["pid"], rv.figures["device"], rv.step,
-                         _us(rv.figures["step_time_ns"]), _us(t.get("collective_ns")),
-                         _us(t.get("collective_transfer_ns")), _us(t.get("collective_wait_ns")),
-                         _us(f["device_floor_ns"]), _us(f["cpu_floor_ns"]), f["verdict"]])
+                         ms(rv.figures["step_time_ns"]), ms(t.get("collective_ns")),
+                         ms(t.get("collective_transfer_ns")), ms(t.get("collective_wait_ns")),
+                         ms(f["device_floor_ns"]), ms(f["cpu_floor_ns"]), f["verdict"]])
             if t.get("split_note"):
                 notes.append(t["split_note"])
         out += [f"Ranks of this TP step{tag}:", "",
@@ -99,7 +96,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
                         "device floor", "CPU floor", "verdict"], rows, "rrrrrrrrrrl"), ""]
         out += [f"Not split into transfer and wait: {x}" for x in sorted(set(notes))] + ([""] if notes else [])
         if v.tp.get("rank_skew_ns") is not None:
-            out += [f"Rank skew of this TP step: {_us(v.tp['rank_skew_ns'])}.", ""]
+            out += [f"Rank skew of this TP step: {ms(v.tp['rank_skew_ns'])}.", ""]
 
     out += ["### Classes", ""]
     order = (pl.concat([v.classes.select("class", "time_ns") for v in views]).group_by("class")
@@ -114,9 +111,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     for c, vals in class_rows(views, order):
         row: list = [c]
         for cnt, t, share in vals:
-            row += [cnt, _us(t), f"{share:.1f}%"]
+            row += [cnt, us(t), f"{share:.1f}%"]
         if n == 2:
-            row += [f"{vals[1][0] - vals[0][0]:+d}", f"{(vals[1][1] - vals[0][1]) / 1e3:+,.1f} µs"]
+            row += [f"{vals[1][0] - vals[0][0]:+d}", us(vals[1][1] - vals[0][1], sign=True)]
         rows.append(row)
     out += [_table(head, rows), ""]
 
@@ -125,13 +122,13 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         if fam.is_empty():
             continue
         total = fam["time_ns"].sum() or 1
-        rows = [[FAMILY_LABELS.get(r["family"], r["family"]), r["count"], _us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
+        rows = [[FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
                 for r in fam.iter_rows(named=True)]
         tag = f" ({_tag(i, n)})" if n > 1 else ""
         out += [f"### Framework glue by op family{tag}", "", _table(["op family", "count", "time", "share"], rows), ""]
         ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
         if ops.height:
-            rows = [[f"`{r['op']}`", FAMILY_LABELS.get(r["family"], r["family"]), r["count"], _us(r["time_ns"])]
+            rows = [[f"`{r['op']}`", FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"])]
                     for r in ops.head(10).iter_rows(named=True)]
             out += ["By the op that launched them (NVTX ranges):", "",
                     _table(["op", "op family", "launches", "time"], rows, "llrr"), ""]
@@ -142,7 +139,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         row = [GAP_LABELS[k]]
         for v in views:
             g = v.gaps.filter(pl.col("kind") == k)
-            row += [g.height, _us(g["gap_ns"].sum())]
+            row += [g.height, us(g["gap_ns"].sum())]
         rows.append(row)
     head = ["kind"]
     for i in range(n):
@@ -153,7 +150,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         if v.gaps.is_empty():
             continue
         top = v.gaps.sort("gap_ns", descending=True).head(5)
-        rows = [[GAP_LABELS.get(r["kind"], r["kind"]), _us(r["gap_ns"]),
+        rows = [[GAP_LABELS.get(r["kind"], r["kind"]), us(r["gap_ns"]),
                  f"`{_short(r['prev_name'])}` → `{_short(r['next_name'])}`", r.get("next_api") or ""]
                 for r in top.iter_rows(named=True)]
         out += [f"Largest gaps ({_tag(i, n)}):", "", _table(["kind", "length", "between", "next launched by"], rows, "lrll"), ""]
@@ -161,14 +158,14 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     out += ["### Top kernels", ""]
     for i, v in enumerate(views):
         total = v.kernels["time_ns"].sum() or 1
-        rows = [[f"`{_short(r['name'], 80)}`", r["class"], r["count"], _us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
+        rows = [[f"`{_short(r['name'], 80)}`", r["class"], r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
                 for r in v.kernels.head(10).iter_rows(named=True)]
         if n > 1:
             out += [f"{_tag(i, n)}:", ""]
         out += [_table(["kernel", "class", "count", "time", "share"], rows, "llrrr"), ""]
 
     if budget is not None:
-        rows = [[r["class"], f"{int(r['measured_bytes'] or 0) / 1e6:,.1f} MB", f"{int(r['min_bytes'] or 0) / 1e6:,.1f} MB",
+        rows = [[r["class"], nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
                  f"×{r['measured_bytes'] / r['min_bytes']:.2f}" if r["min_bytes"] else "–"]
                 for r in budget.sort("measured_bytes", descending=True).iter_rows(named=True)]
         out += ["### Byte budget", "", _table(["class", "measured", "minimum", "amplification"], rows), ""]
@@ -176,7 +173,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             out += [budget_note, ""]
     elif budget_note:
         out += ["### Byte budget", "", budget_note, ""]
-    out.append("<sub>made with `stepscope report`; every figure is defined in stepscope's DEFINITIONS.md</sub>")
+    out.append(f"<sub>{footer()}</sub>")
     return "\n".join(out) + "\n"
 
 

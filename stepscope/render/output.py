@@ -13,8 +13,8 @@ class OutputError(StepscopeError):
     """The output path cannot be written."""
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` so that readers see either the old file or the whole new one.
+def write_atomic(path: str | Path, text: str | bytes) -> Path:
+    """Write `text` (or bytes) to `path` so that readers see either the old file or the whole new one.
 
     A failure (missing folder, no permission, full disk) raises OutputError with one line and
     leaves nothing behind: the temp file is removed.
@@ -30,7 +30,7 @@ def write_atomic(path: str | Path, text: str) -> Path:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as f:
             f.write(text)
         umask = os.umask(0)
         os.umask(umask)

@@ -3,9 +3,16 @@
 Layout:
   one process per GPU device ("GPU <d>", pid DEVICE_PID_BASE + d), one thread per stream;
       kernels and memops as complete ("X") events, `cat` = kernel class
-  one process per host process (its OS pid), one thread per OS thread:
-      the launch calls that launched the steps' GPU work, and the step range itself
+  one process per host process (its OS pid), one thread per OS thread: the launch calls that
+      launched the steps' GPU work; and a "steps" thread with the step ranges
   a flow arrow (ph "s" at the launch call → ph "f", bp "e", at the GPU activity, same id)
+
+A track of the format must hold slices that nest or follow each other: Perfetto drops (and
+chrome://tracing misdraws) a slice that partially overlaps another on its thread. GPU work of one
+stream does overlap — a split-K GEMM and its splitKreduce, 54 times in the eager decode fixture —
+and a nested kernel would read as a call stack it is not, so every track is split into lanes:
+each slice goes to the first lane whose previous slice has ended. Lane 0 keeps the stream's (or
+OS thread's) id and name; lane k > 0 is thread id + k × LANE_TID_STRIDE, named "… (overlap k)".
 
 Timestamps are microseconds (the format's unit) relative to the first exported event, with
 nanosecond precision kept in the fraction; `otherData.t0_ns` holds the trace time of zero.
@@ -13,6 +20,8 @@ nanosecond precision kept in the fraction; `otherData.t0_ns` holds the trace tim
 
 from __future__ import annotations
 
+import gzip
+import heapq
 import json
 
 import polars as pl
@@ -20,10 +29,35 @@ import polars as pl
 from stepscope.analysis.inventory import Inventory
 
 DEVICE_PID_BASE = 100_000_000  # above Linux's pid_max (2^22), so never a host pid
+# Lane k > 0 of a track is its thread id + k × this: above pid_max (2^22), so never an OS thread
+# id, and above every stream id nsys and Kineto write (small integers)
+LANE_TID_STRIDE = 10_000_000
+STEPS_TID = 5_000_000  # the host process's "steps" track: between pid_max and the first lane
 
 
-def _us(ns: int, t0: int) -> float:
+def _ts(ns: int, t0: int) -> float:
+    """A Chrome-trace timestamp: µs (the format's unit) since t0, ns kept in the fraction."""
     return (ns - t0) / 1000.0
+
+
+def lanes(starts: list[int], ends: list[int]) -> list[int]:
+    """Interval partitioning of slices sorted by start: each slice goes to the lowest-numbered
+    lane free at its start (its last slice ended at or before it), so no two slices of a lane
+    overlap and the lane count is the most slices open at once."""
+    free: list[int] = []          # lanes whose last slice has ended
+    open_: list[tuple] = []       # (end, lane) of the slice each busy lane holds
+    out = []
+    for s, e in zip(starts, ends):
+        while open_ and open_[0][0] <= s:
+            heapq.heappush(free, heapq.heappop(open_)[1])
+        lane = heapq.heappop(free) if free else len(open_)  # no free lane: all are open
+        heapq.heappush(open_, (e, lane))
+        out.append(lane)
+    return out
+
+
+def _lane_tid(tid: int | None, lane: int) -> int:
+    return (tid or 0) + lane * LANE_TID_STRIDE
 
 
 def export_document(inv: Inventory, step_ids: list[int]) -> dict:
@@ -41,8 +75,31 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
     times += [x for x in steps["w_start"].to_list() if x is not None]
     t0 = int(min(t for t in times if t is not None)) if acts.height else 0
 
+    # lanes: per GPU stream, per host thread and per host process's steps track
+    acts = acts.with_columns(pl.lit(0).alias("_lane"))
+    if acts.height:
+        parts = []
+        for _, a in acts.group_by("device", "stream", maintain_order=True):
+            parts.append(a.with_columns(pl.Series("_lane", lanes(a["start"].to_list(), a["end"].to_list()))))
+        acts = pl.concat(parts).sort("start", maintain_order=True)
+    if calls.height:
+        parts = []
+        for _, c in calls.group_by("pid", "tid", maintain_order=True):
+            parts.append(c.with_columns(pl.Series("_lane", lanes(c["start"].to_list(), c["end"].to_list()))))
+        calls = pl.concat(parts).sort("start", maintain_order=True)
+    ranges = steps.filter(pl.col("w_start").is_not_null() & pl.col("tid").is_not_null()).sort("w_start")
+    range_lane = {}
+    for _, r in ranges.group_by("pid", maintain_order=True):
+        range_lane.update(zip(r["step"].to_list(), lanes(r["w_start"].to_list(), r["w_end"].to_list())))
+
     ev: list[dict] = []
-    # metadata: names and order of the tracks
+
+    def thread(pid: int, tid: int, name: str, order: int) -> None:
+        ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0, "args": {"name": name}})
+        ev.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "ts": 0,
+                   "args": {"sort_index": order}})
+
+    # metadata: names and order of the tracks (each overlap lane right under its stream or thread)
     for d in sorted(set(acts["device"].drop_nulls().to_list())):
         pid = DEVICE_PID_BASE + d
         gpu = inv.trace.gpus.filter(pl.col("device") == d)
@@ -50,39 +107,45 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": label}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0,
                    "args": {"sort_index": 1000 + d}})
-        for s in sorted(set(acts.filter(pl.col("device") == d)["stream"].drop_nulls().to_list())):
-            ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": s, "ts": 0,
-                       "args": {"name": f"stream {s}"}})
-    host_threads = set(zip(calls["pid"].to_list(), calls["tid"].to_list()))
-    host_threads |= {(p, t) for p, t in zip(steps["pid"].to_list(), steps["tid"].to_list()) if t is not None}
-    for pid in sorted({p for p, _ in host_threads}):
+        tracks = acts.filter(pl.col("device") == d).select("stream", "_lane").unique().drop_nulls("stream")
+        for i, (s, lane) in enumerate(sorted(tracks.iter_rows())):
+            thread(pid, _lane_tid(s, lane), f"stream {s}" + (f" (overlap {lane})" if lane else ""), i)
+    host = set(zip(calls["pid"].to_list(), calls["tid"].to_list(), calls["_lane"].to_list()))
+    for pid in sorted({p for p, _, _ in host} | set(ranges["pid"].to_list())):
         ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
                    "args": {"name": f"host pid {pid}"}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0,
                    "args": {"sort_index": 0}})
-    for pid, tid in sorted(host_threads):
-        ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0,
-                   "args": {"name": f"host thread {tid} (launch calls)"}})
+    order = 0
+    for pid, n in sorted({(p, range_lane[s]) for p, s in zip(ranges["pid"].to_list(), ranges["step"].to_list())}):
+        thread(pid, _lane_tid(STEPS_TID, n), "steps" + (f" (overlap {n})" if n else ""), order)
+        order += 1
+    for pid, tid, lane in sorted(host):
+        thread(pid, _lane_tid(tid, lane), f"host thread {tid} (launch calls)" + (f" (overlap {lane})" if lane else ""),
+               order)
+        order += 1
 
-    # the step ranges on their host thread
-    for r in steps.iter_rows(named=True):
-        if r["w_start"] is None or r["tid"] is None:
-            continue
+    # the step ranges, on their process's steps track
+    for r in ranges.iter_rows(named=True):
         ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {r['name']}", "pid": r["pid"],
-                   "tid": r["tid"], "ts": _us(r["w_start"], t0), "dur": (r["w_end"] - r["w_start"]) / 1000.0,
-                   "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"]}})
+                   "tid": _lane_tid(STEPS_TID, range_lane[r["step"]]), "ts": _ts(r["w_start"], t0),
+                   "dur": (r["w_end"] - r["w_start"]) / 1000.0,
+                   "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"],
+                            "thread": r["tid"]}})
     # launch calls
     for r in calls.iter_rows(named=True):
         ev.append({"ph": "X", "cat": "launch", "name": r["api_name"] or "api call", "pid": r["pid"],
-                   "tid": r["tid"], "ts": _us(r["start"], t0), "dur": (r["end"] - r["start"]) / 1000.0,
-                   "args": {"correlation": r["corr"]}})
-    call_at = {(p, c): (t, s) for p, c, t, s in zip(calls["pid"].to_list(), calls["corr"].to_list(),
-                                                     calls["tid"].to_list(), calls["start"].to_list())}
+                   "tid": _lane_tid(r["tid"], r["_lane"]), "ts": _ts(r["start"], t0),
+                   "dur": (r["end"] - r["start"]) / 1000.0, "args": {"correlation": r["corr"]}})
+    call_at = {(p, c): (_lane_tid(t, lane), s) for p, c, t, lane, s in zip(
+        calls["pid"].to_list(), calls["corr"].to_list(), calls["tid"].to_list(), calls["_lane"].to_list(),
+        calls["start"].to_list())}
     # GPU activities and their flows
     flow_id = 0
     for r in acts.iter_rows(named=True):
         pid = DEVICE_PID_BASE + (r["device"] or 0)
-        ts = _us(r["start"], t0)
+        tid = _lane_tid(r["stream"], r["_lane"])
+        ts = _ts(r["start"], t0)
         args = {"step": r["step"], "correlation": r["corr"], "class": r["class"]}
         if r["is_kernel"]:
             args.update(demangled=r["demangled"], grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
@@ -92,14 +155,14 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         else:
             args["bytes"] = r["bytes"]
         ev.append({"ph": "X", "cat": r["class"] or "other", "name": r["name"] or "?", "pid": pid,
-                   "tid": r["stream"], "ts": ts, "dur": (r["end"] - r["start"]) / 1000.0, "args": args})
+                   "tid": tid, "ts": ts, "dur": (r["end"] - r["start"]) / 1000.0, "args": args})
         src = call_at.get((r["pid"], r["corr"]))
         if src is not None:
             flow_id += 1
             ev.append({"ph": "s", "cat": "launch", "name": "launch", "id": flow_id, "pid": r["pid"],
-                       "tid": src[0], "ts": _us(src[1], t0)})
+                       "tid": src[0], "ts": _ts(src[1], t0)})
             ev.append({"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": flow_id, "pid": pid,
-                       "tid": r["stream"], "ts": ts})
+                       "tid": tid, "ts": ts})
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ns",
@@ -112,3 +175,10 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
 
 def dumps(doc: dict) -> str:
     return json.dumps(doc, separators=(",", ":"))
+
+
+def encode(doc: dict, gzipped: bool) -> str | bytes:
+    """The file's content: JSON text, or its gzip (Perfetto and chrome://tracing open both).
+    mtime 0, so one trace exported twice gives the same bytes."""
+    text = dumps(doc)
+    return gzip.compress(text.encode(), compresslevel=6, mtime=0) if gzipped else text

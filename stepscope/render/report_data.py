@@ -11,7 +11,8 @@ import polars as pl
 
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import representative
-from stepscope.errors import InputError
+from stepscope.errors import InputError  # noqa: F401  (kept for callers' except clauses)
+from stepscope.selection import parse_steps
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
 PHASE_BY = {"combine": "the split-KV combine pass", "launch": "the attention kernel's launch configuration",
@@ -67,19 +68,60 @@ def framework_lines(inv: Inventory, step: int, limit: int = 6) -> list[str]:
     return out
 
 
+def footer() -> str:
+    """The line under every report: which stepscope wrote it and where its terms are defined.
+    The docs are named by their path in the repository, not linked: a report is read offline
+    and must not point at the network."""
+    from stepscope import __version__
+
+    return (f"Written by stepscope {__version__}. Every figure is defined in "
+            "docs/DEFINITIONS.md and every kernel class in docs/KERNEL_CLASSES.md of the stepscope "
+            "repository.")
+
+
 def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
-    """The step a report shows: the one asked for, else the trace's representative step
-    (analysis/representative.py: the median by step time of the most common kind of the
-    summary rank's steps, the step `compare` and `tp` quote too). On a multi-rank trace the
-    other ranks' steps of the same TP step are drawn beside it (`peers`)."""
-    ids = inv.step_ids()
-    if which not in (None, ""):
-        if which == "first":
-            return ids[0]
-        if str(which).isdigit() and int(which) in ids:
-            return int(which)
-        raise InputError(f"no step {which} in this trace (it has steps {ids[0]}–{ids[-1]})")
-    return representative(inv, diag)["step"]
+    """The step a report shows: the one `which` selects (stepscope.selection's grammar), else a
+    typical one among the steps it selects (all by default).
+
+    Typical = among the steps of the most common kind (same process, device, phase and kernel
+    count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
+    trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
+    candidates, when the selection holds any: the other ranks' steps of the same TP step are
+    drawn beside it (`peers`).
+    """
+    if which in (None, "", "all"):
+        # the trace's representative step (analysis/representative.py: the median by step time
+        # of the most common kind of the summary rank's steps, the step compare and tp quote too)
+        return representative(inv, diag)["step"]
+    ids = parse_steps(which, inv.step_ids())  # an InputError when it selects none
+    if len(ids) == 1:
+        return ids[0]
+    s = inv.steps.filter(pl.col("step").is_in(ids))
+    if s.select("pid", "device").unique().height > 1:
+        from stepscope.analysis.collectives import summary_rank
+
+        d = diag if diag is not None else _diagnose(inv)
+        r = summary_rank(d.collectives.ranks, d.tp)
+        mine = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
+        s = mine if mine.height else s
+    s = s.with_columns(_kind=pl.concat_str(
+        [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
+        separator="|"))
+    common = s.group_by("_kind").agg(pl.len().alias("n"), pl.col("step").min().alias("first")).sort(
+        ["n", "first"], descending=[True, False])["_kind"][0]
+    members = s.filter(pl.col("_kind") == common).sort("step_time_ns", "step")
+    return int(members["step"][(members.height - 1) // 2])
+
+
+def chosen(inv: Inventory, which: str | None) -> str | None:
+    """How the shown step was chosen, for the report's header; None: the default wording."""
+    if which in (None, "", "all"):
+        return None
+    ids = parse_steps(which, inv.step_ids())
+    if len(ids) == 1:
+        return f"as asked (--steps {which})"
+    return (f"a typical step among the {len(ids)} selected by --steps {which}: median step time among "
+            "those of the most common kind")
 
 
 @dataclass
@@ -102,6 +144,9 @@ class StepView:
     peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
     untraced: dict | None = None   # the step's untraced section (measured from the sidecar, or estimated)
     engine: dict | None = None     # a vLLM step's anatomy (forward, sampling, frontend)
+    # the previous steps' GPU work on this step's device that runs after this step's first event
+    # and before its begin (step_begin waits for it): start, end, stream, class, name, step
+    tail: pl.DataFrame | None = None
 
     @property
     def ranks(self) -> list["StepView"]:
@@ -123,6 +168,12 @@ class StepView:
     def delimiter(self) -> str:
         f = self.figures
         return f"{f['delimiter']} “{f['name']}”"
+
+    @property
+    def begin(self) -> int:
+        """Where the step's time starts (`step_begin` of DEFINITIONS.md): time 0 of its timeline."""
+        b = self.figures.get("step_begin")
+        return int(b) if b is not None else self._t0()
 
     @property
     def t0(self) -> int:
@@ -203,6 +254,11 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     )
     sections = d.step_sections(step)
     view.untraced, view.engine = sections.get("untraced"), sections.get("engine")
+    left, begin = view._t0(), view.begin
+    view.tail = inv.acts.filter(
+        (pl.col("device") == fig["device"]) & pl.col("step").is_not_null() & (pl.col("step") != step)
+        & (pl.col("end") > left) & (pl.col("start") < begin)
+    ).select("start", "end", "stream", "class", "name", "step").sort("start")
     if chosen is None and tp is not None and tp["ranks"] > 1:
         view.chosen += "; the other ranks' steps of its TP step are drawn beside it"
     if peers and tp is not None and tp["ranks"] > 1:
@@ -219,9 +275,10 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     """
     if cells_path is None:
         return None, None
+    from stepscope.analysis.steps import step_shape
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
-    from stepscope.analysis.steps import step_shape
+    from stepscope.render.units import ms, nbytes
 
     cells = read_cells(cells_path)
     fig = view.figures
@@ -238,8 +295,8 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     res = budget(step_kernels_from_inventory(view.inv, view.step), cells, model, int(batch), int(context),
                  str(phase), gpu_name, peak)
     st = res.step
-    note = (f"step: {st['measured_bytes'] / 1e6:,.1f} MB measured vs {st['min_bytes'] / 1e6:,.1f} MB minimum"
+    note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")
-            + (f"; bandwidth floor {st['floor_ns'] / 1e3:,.1f} µs" if st.get("floor_ns") else "")
+            + (f"; bandwidth floor {ms(st['floor_ns'])}" if st.get("floor_ns") else "")
             + "".join(f"; {w}" for w in res.warnings))
     return res.classes, note

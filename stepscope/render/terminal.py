@@ -10,14 +10,7 @@ from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
-
-
-def us(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e3:,.1f}"
-
-
-def ms(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e6:,.3f} ms"
+from stepscope.render.units import ms, us, us_num
 
 
 def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
@@ -122,7 +115,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         table.add_column(col, justify=j)
     order = {k: i for i, k in enumerate(CLASSES)}
     for r in sorted(c.iter_rows(named=True), key=lambda r: (-r["time_ns"], order.get(r["class"], 99))):
-        table.add_row(r["class"], str(r["count"]), us(r["time_ns"]), us(r["time_ns"] / r["count"]),
+        table.add_row(r["class"], str(r["count"]), us_num(r["time_ns"]), us_num(r["time_ns"] / r["count"]),
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
     for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"]))):
@@ -147,16 +140,16 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     for col in ("gap kind", "count", "time µs"):
         table.add_column(col, justify="left" if col == "gap kind" else "right")
     for kind in ("host_bound", "sync", "device_side"):
-        table.add_row(kind.replace("_", "-"), str(g[kind]["count"]), us(g[kind]["time_ns"]))
+        table.add_row(kind.replace("_", "-"), str(g[kind]["count"]), us_num(g[kind]["time_ns"]))
     console.print(table)
     _render_histogram(g["histogram"], console)
     for r in g["top"][:3]:
-        console.print(f"  gap {us(r['gap_ns'])} µs ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
+        console.print(f"  gap {us(r['gap_ns'])} ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
                       f"{r['next_name']}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
     if lau.get("interval_median_ns") is not None:
-        console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])} µs, "
-                      f"p90 {us(lau['interval_p90_ns'])} µs · launch latency median "
-                      f"{us(lau.get('latency_median_ns'))} µs")
+        console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])}, "
+                      f"p90 {us(lau['interval_p90_ns'])} · launch latency median "
+                      f"{us(lau.get('latency_median_ns'))}")
     po = lau["profiler_overhead"]
     if po["count"]:
         console.print(f"[dim]nsys's own overhead in this trace: {po['count']} records, {ms(po['time_ns'])} "
@@ -171,7 +164,7 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
     console.print(
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
-        f"{us(f['t_launch_ns'])} µs) vs device floor {ms(f['device_floor_ns'])} ({device}); "
+        f"{us(f['t_launch_ns'])}) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
     pred = f.get("predicted_graph_step_time_ns")
     step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
@@ -191,7 +184,7 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     if u:
         how = u["source"].split(":")[0]
         line = (f"untraced ({how}): step {ms(u['step_time_ns'])} (under nsys {ms(step_ns)}); host per launch "
-                f"{us(u['t_launch_ns'])} µs, CPU floor {ms(u['cpu_floor_ns'])}: {u['verdict']}")
+                f"{us(u['t_launch_ns'])}, CPU floor {ms(u['cpu_floor_ns'])}: {u['verdict']}")
         if u.get("predicted_graph_step_time_ns") is not None and pred is not None:
             line += f"; with CUDA graphs about {ms(u['predicted_graph_step_time_ns'])}"
         console.print(line)
@@ -260,14 +253,14 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     rows = [("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU idle", "idle_ns"),
             ("CPU floor", "cpu_floor_ns"), ("device floor", "device_floor_ns")]
     for label, k in rows:
-        t.add_row(label, ms(a[k]), ms(b[k]), ms(b[k] - a[k]))
+        t.add_row(label, ms(a[k]), ms(b[k]), ms(b[k] - a[k], sign=True))
     ua, ub = a.get("untraced_step_time_ns"), b.get("untraced_step_time_ns")
     if ua is not None and ub is not None:
         how = lambda x: "measured" if x.get("untraced_measured") else "estimated"  # noqa: E731
-        t.add_row(f"step time untraced ({how(a)} / {how(b)})", ms(ua), ms(ub), ms(ub - ua))
+        t.add_row(f"step time untraced ({how(a)} / {how(b)})", ms(ua), ms(ub), ms(ub - ua, sign=True))
     for kind in ("host_bound", "sync", "device_side"):
         va, vb = a["idle_by_kind_ns"][kind], b["idle_by_kind_ns"][kind]
-        t.add_row(f"  idle {kind.replace('_', '-')}", ms(va), ms(vb), ms(vb - va))
+        t.add_row(f"  idle {kind.replace('_', '-')}", ms(va), ms(vb), ms(vb - va, sign=True))
     t.add_row("kernels", str(a["n_kernels"]), str(b["n_kernels"]), str(b["n_kernels"] - a["n_kernels"]))
     t.add_row("launch calls", str(a["n_launch_calls"]), str(b["n_launch_calls"]),
               str(b["n_launch_calls"] - a["n_launch_calls"]))
@@ -292,7 +285,7 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
         c.add_column(col, justify="left" if col == "class" else "right")
     for cls, r in sorted(doc["classes"].items(), key=lambda kv: -abs(kv[1]["delta_time_ns"])):
-        c.add_row(cls, us(r["a_time_ns"]), us(r["b_time_ns"]), us(r["delta_time_ns"]),
+        c.add_row(cls, us_num(r["a_time_ns"]), us_num(r["b_time_ns"]), us_num(r["delta_time_ns"], sign=True),
                   f"{r['a_count']:g}", f"{r['b_count']:g}")
     console.print(c)
     for label, key in (("added in B", "kernels_added"), ("removed in B", "kernels_removed")):

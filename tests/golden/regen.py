@@ -17,6 +17,7 @@ round trip) and compared exactly.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +25,11 @@ from pathlib import Path
 GOLDEN = Path(__file__).resolve().parent
 ROOT = GOLDEN.parent.parent
 FIXTURES = ROOT / "fixtures"
-EXTERNAL = ROOT.parent / "shared" / "external"
+EXTERNAL = Path(os.environ.get("STEPSCOPE_EXTERNAL") or ROOT.parent / "shared" / "external")  # as tests/conftest.py
 
 
 def traces() -> list[Path]:
-    """Every committed fixture `fixtures/llama8b_*.sqlite` and every `../shared/external/*.sqlite`."""
+    """Every committed fixture `fixtures/llama8b_*.sqlite` and every foreign export present."""
     return sorted(FIXTURES.glob("llama8b_*.sqlite")) + sorted(EXTERNAL.glob("*.sqlite"))
 
 
