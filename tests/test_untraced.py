@@ -25,11 +25,11 @@ ERRORS = {
     "round5/llama8b_decode_b1_eager": 6, "round5/llama8b_decode_b1_graph": -3,
     "round5/llama8b_decode_b8_eager": 86, "round5/llama8b_decode_b8_graph": -3,
     "round5/llama8b_decode_b1_bare": -4, "round5/llama8b_prefill_b1_bare": -12,
-    "round5/llama1b_decode_emit_nvtx": 7, "round5/llama8b_decode_compiled_l8": 0,
-    "vllm/llama8b_decode_b1_eager": -24, "vllm/llama8b_decode_b1_graph": 3,
-    "vllm/llama8b_decode_b8_eager": 61, "vllm/llama8b_decode_b8_graph": 2,
+    "round5/llama1b_decode_emit_nvtx": 7, "round5/llama1b_decode_3steps_nonvtx": 24, "round5/llama8b_decode_compiled_l8": 0,
+    "vllm/llama8b_decode_b1_eager": -22, "vllm/llama8b_decode_b1_graph": 3,
+    "vllm/llama8b_decode_b8_eager": 64, "vllm/llama8b_decode_b8_graph": 2,
     "vllm/llama8b_prefill_b1_eager": -13, "vllm/llama8b_prefill_b1_graph": -12,
-    "vllm/qwen7b_decode_b1_eager": -5, "vllm/qwen7b_decode_b1_graph": 2,
+    "vllm/qwen7b_decode_b1_eager": -4, "vllm/qwen7b_decode_b1_graph": 2,
 }
 
 
@@ -101,6 +101,8 @@ def test_overhead_per_launch_is_the_median_of_the_pairs():
     for case in ERRORS:
         if "eager" not in case and "bare" not in case and "emit" not in case and "compiled" not in case:
             continue
+        if "3steps" in case:
+            continue  # the same engine and shape as emit_nvtx's, three steps to one sidecar
         if "prefill" in case:
             continue  # device-bound: its host overhead hides behind the GPU
         path = FIX / f"{case}.sqlite"

@@ -58,6 +58,21 @@ class Diagnosis:
         self.gaps = self.gaps.clear()
         self.inv.drop_event_frames()
 
+    def self_check(self) -> None:
+        """What must hold on any trace: the inventory's checks (busy + idle = span, class times
+        and counts = the kernels'), the gap kinds adding up to the idle time, busy within the
+        span, the device floor within the busy time, a positive untraced estimate."""
+        self.inv.self_check()
+        s = self.inv.steps
+        idle = self.gap_totals.group_by("step").agg(pl.col("time_ns").sum().alias("_g"))
+        chk = s.select("step", "idle_ns", "gpu_busy_ns", "gpu_span_ns").join(idle, on="step", how="left").fill_null(0)
+        assert (chk["_g"] == chk["idle_ns"]).all(), "gap kinds do not add up to idle_ns"
+        assert ((chk["gpu_busy_ns"] >= 0) & (chk["gpu_busy_ns"] <= chk["gpu_span_ns"])).all()
+        f = self.floors.join(s.select("step", "gpu_busy_ns"), on="step")
+        assert (f["device_floor_ns"] <= f["gpu_busy_ns"]).all()
+        if self.untraced is not None and self.untraced.height:
+            assert (self.untraced["untraced_estimated_ns"] > 0).all()
+
     def step_sections(self, step: int) -> dict:
         """The JSON sections a step of `analyze --json` gains: gaps, launch, floors, and tp for
         the steps of a multi-rank trace (or of one with collectives)."""

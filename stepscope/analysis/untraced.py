@@ -18,7 +18,8 @@ from (`untraced_source`):
   The GPU then runs the step's activities in their recorded order and durations, each as early
   as its deflated launch (plus its recorded launch latency, at most 5 µs) and the previous
   activity allow: end_i = max(ready_i, end_{i-1}) + duration_i, computed as a cumulative max.
-  estimate = max(GPU end, host's last launch end) - step begin.
+  estimate = max(GPU end, host's last launch end) + the host's own tail (the window's end after
+  the step's last CUDA work, which no tracing inflates) - step begin.
   A vLLM step is estimated in steady state instead: vLLM's async scheduling prepares step n+1
   on the host while step n runs on the GPU, so the step takes max(host time, device work +
   node gaps), the host time deflated as above.
@@ -81,7 +82,8 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
 
     Linear in the number of activities and launch calls, in numpy over a handful of columns
     (a million-kernel trace is estimated without copying its activity frame)."""
-    steps = inv.steps.select("step", "step_begin", "n_kernels", "gpu_busy_ns", "name").sort("step")
+    steps = inv.steps.select("step", "step_begin", "step_end", "last_end", "n_kernels", "gpu_busy_ns",
+                             "name").sort("step")
     sid = steps["step"].to_numpy()
     begin = steps["step_begin"].to_numpy().astype(np.int64)
     n = sid.size
@@ -99,8 +101,8 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
         x[1:] = ct[1:] - ct[:-1]
         x[cs] = ct[cs] - begin[c_step[cs]]
         np.maximum(x, 0, out=x)
-        x -= OVERHEAD_PER_LAUNCH_NS
-        np.maximum(x, MIN_INTERVAL_NS, out=x)
+        # the tracing taken out, down to MIN_INTERVAL_NS; an interval already shorter stays
+        np.maximum(x - OVERHEAD_PER_LAUNCH_NS, np.minimum(x, MIN_INTERVAL_NS), out=x)
         t2 = _cumsum_within(x, cs)
         t2 += begin[c_step]
         del x
@@ -170,8 +172,14 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
         s = s.join(work.select("step", "device_floor_ns"), on="step", how="left")
     else:
         s = s.with_columns(pl.col("gpu_busy_ns").alias("device_floor_ns"))
-    replay = (pl.max_horizontal("gpu_end", "host_end") - pl.col("step_begin"))
-    steady = pl.max_horizontal(pl.col("host_end") - pl.col("step_begin"),
+    # what the host did after the step's last CUDA work inside its window (Python, bookkeeping):
+    # no CUDA call, so no tracing to take out; it follows the replayed step unchanged
+    last_call = calls.group_by("step").agg(pl.col("end").max().alias("_call_end"))
+    s = s.join(last_call, on="step", how="left").with_columns(
+        (pl.col("step_end") - pl.max_horizontal("last_end", "_call_end")).clip(lower_bound=0)
+        .fill_null(0).alias("_tail"))
+    replay = (pl.max_horizontal("gpu_end", "host_end") + pl.col("_tail") - pl.col("step_begin"))
+    steady = pl.max_horizontal(pl.col("host_end") + pl.col("_tail") - pl.col("step_begin"),
                                pl.col("device_floor_ns") + pl.col("n_kernels") * DEFAULT.node_gap_ns)
     est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
     return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
