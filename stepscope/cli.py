@@ -66,10 +66,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("stepscope: interrupted", err=True)
         sys.exit(130)
-    except Exception as e:  # a bug, not bad input: still one line unless asked for the traceback
+    except BaseException as e:  # a bug, not bad input: still one line unless asked for the traceback
+        # Rust code under polars and ADBC panics with pyo3's PanicException, a BaseException
+        # (so that `except Exception` in libraries lets it through): it is a bug like any other
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         if os.environ.get("STEPSCOPE_DEBUG"):
             raise
-        typer.echo(f"stepscope: internal error: {type(e).__name__}: {e} "
+        first = (str(e).strip().splitlines() or [""])[0]  # polars appends the failing plan
+        typer.echo(f"stepscope: internal error: {type(e).__name__}: {first} "
                    "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
         sys.exit(3)
 
