@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.errors import InputError
+from stepscope.paths import input_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,19 +73,25 @@ class RuleSet:
 def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
     out: dict[str, list[Rule]] = {"rule": [], "nvtx": []}
     for section in out:
-        for i, entry in enumerate(doc.get(section, [])):
+        entries = doc.get(section, [])
+        if not isinstance(entries, list):
+            raise InputError(f"{source}: [[{section}]] must be an array of tables "
+                             f"([[{section}]] headers), not {type(entries).__name__}")
+        for i, entry in enumerate(entries):
             where = f"{source}: [[{section}]] #{i + 1}"
+            if not isinstance(entry, dict):
+                raise InputError(f"{where}: must be a table with class and pattern, not {type(entry).__name__}")
             cls, pattern = entry.get("class"), entry.get("pattern")
             field = entry.get("field", "any")
-            if cls not in CLASSES:
+            if not isinstance(cls, str) or cls not in CLASSES:
                 raise InputError(f"{where}: unknown class {cls!r}; use one of {', '.join(CLASSES)}")
             if not isinstance(pattern, str) or not pattern:
                 raise InputError(f"{where}: needs a non-empty string 'pattern'")
-            if field not in FIELDS:
+            if not isinstance(field, str) or field not in FIELDS:
                 raise InputError(f"{where}: field must be one of {', '.join(FIELDS)}, not {field!r}")
             try:
                 compiled = re.compile(pattern)
-            except re.error as e:
+            except (re.error, RecursionError, OverflowError) as e:
                 raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
             out[section].append(Rule(cls, compiled, field, source))
     return out["rule"], out["nvtx"]
@@ -95,12 +102,12 @@ def load_rules(extra: str | Path | None = None) -> RuleSet:
     text = resources.files("stepscope.data").joinpath("rules.toml").read_text()
     kernel, nvtx = _parse(tomllib.loads(text), "default rules")
     if extra is not None:
-        extra = Path(extra)
+        extra = input_file(extra, "a TOML rules file")  # a directory or FIFO is refused unopened
         try:
-            doc = tomllib.loads(extra.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{extra}: no such rules file") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            doc = tomllib.loads(extra.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise InputError(f"{extra}: cannot read the rules file ({e.strerror or e})") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise InputError(f"{extra} is not a valid TOML rules file ({e})") from None
         user_kernel, user_nvtx = _parse(doc, str(extra))
         kernel, nvtx = user_kernel + kernel, user_nvtx + nvtx

@@ -14,6 +14,7 @@ from stepscope.analysis.diagnosis import Diagnosis
 from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import DEFAULT, GraphConstants, is_graph_trace, predict_graph_step
+from stepscope.paths import shown
 
 FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_calls")
 
@@ -23,7 +24,7 @@ def summarize(d: Diagnosis) -> dict:
     s = inv.steps.join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns"), on="step")
     out = {k: _median_int(s[k]) for k in (*FIGURES, "cpu_floor_ns", "device_floor_ns")}
     out["steps"] = s.height
-    out["path"] = str(inv.trace.path)
+    out["path"] = shown(inv.trace.path)
     out["graph"] = is_graph_trace(inv)
     out["fastest_step_time_ns"] = int(s["step_time_ns"].min())
     idle = d.gap_totals.group_by("kind").agg(pl.col("time_ns").median())

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepscope.errors import EnvironmentProblem, InputError
+from stepscope.paths import input_file
 
 # metric -> column name in the cells table (units in the name)
 METRIC_COLUMNS: dict[str, str] = {
@@ -226,9 +227,7 @@ def parse_files(paths: list[str | Path], require: tuple[str, ...] = REQUIRED_MET
     """Parse several ncu CSV files; raise InputError when nothing usable is there."""
     res = NcuParse()
     for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise InputError(f"{p}: no such file")
+        p = input_file(p, "an ncu CSV (the stdout of ncu --csv --page raw)")
         try:
             text = p.read_text(errors="replace")
         except OSError as e:

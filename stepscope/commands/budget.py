@@ -59,6 +59,7 @@ def _run(trace, cells_path, model, batch, context, phase, step):
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
     from stepscope.errors import InputError
+    from stepscope.paths import shown
 
     cells = read_cells(cells_path)
     an = open_trace(trace)
@@ -87,7 +88,7 @@ def _run(trace, cells_path, model, batch, context, phase, step):
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
     res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
-    doc = {"trace": str(trace), "cells": str(cells_path), "step_index": sid, "model": model,
+    doc = {"trace": shown(trace), "cells": shown(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
     return doc, res

@@ -35,9 +35,12 @@ def import_cmd(
     model: Optional[str] = typer.Option(None, help="model card the launches belong to"),
 ) -> None:
     """Turn raw ncu CSV files (==PROF== lines included) into a cells table."""
-    from stepscope.bytes.cells import import_ncu, write_cells
+    from stepscope.bytes.cells import import_ncu, outputs_of, write_cells
+    from stepscope.paths import refuse_overwrite
 
     def body():
+        for written in outputs_of(out):  # -o x.parquet also writes x.csv: neither may be an input
+            refuse_overwrite(written, list(ncu_csv))
         df = import_ncu(ncu_csv, gpu=gpu, model=model)
         paths = write_cells(df, out)
         typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")

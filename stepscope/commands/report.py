@@ -39,9 +39,11 @@ def report(
     if fmt is None:
         fail(f"-o {output}: the extension picks the format; use .html or .md")
     try:
+        from stepscope.paths import refuse_overwrite
         from stepscope.render.output import write_atomic
         from stepscope.render.report_data import budget_for, pick_step, step_view
 
+        refuse_overwrite(output, [trace, compare, cells, rules])  # before the work, not after
         inv = _load(trace, step_regex, rules)
         view = step_view(inv, pick_step(inv, step), chosen="as asked" if step else None)
         other = None
@@ -77,10 +79,13 @@ def export(
     from stepscope.errors import StepscopeError
 
     try:
+        from stepscope.paths import refuse_overwrite
         from stepscope.render.output import write_atomic
         from stepscope.render.perfetto import dumps, export_document
-        from stepscope.selection import parse_steps
+        from stepscope.selection import check_steps, parse_steps
 
+        refuse_overwrite(output, [trace, rules])
+        check_steps(steps)
         inv = _load(trace, step_regex, rules)
         ids = parse_steps(steps, inv.step_ids())
         doc = export_document(inv, ids)

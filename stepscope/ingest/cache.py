@@ -45,7 +45,7 @@ def enabled() -> bool:
 def _key(path: Path, launch_config: bool, schema_version: str | None) -> str:
     st = path.stat()
     raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{schema_version}|{FORMAT}|{launch_config}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 def _roots(path: Path) -> list[Path]:

@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.errors import InputError
+from stepscope.paths import input_file
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
     STRING_SCHEMA, Trace, empty,
@@ -139,11 +140,7 @@ class _Strings:
 
 
 def read_kineto(path: str | Path) -> Trace:
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; give a .json or .json.gz PyTorch-profiler trace")
+    path = input_file(path, "a .json or .json.gz PyTorch-profiler trace")
     doc = load_json(path)
     events = _events(doc, path)
     strings = _Strings()

@@ -17,6 +17,7 @@ import polars as pl
 
 from stepscope import apinames
 from stepscope.errors import InputError
+from stepscope.paths import input_file
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
     STRING_SCHEMA, THREAD_SCHEMA, Trace, empty,
@@ -208,11 +209,7 @@ def _is_db_error(e: Exception) -> bool:
 def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
     """Read an export. `launch_config=False` leaves out the grid/block columns, which the
     per-step analysis does not need: on a million kernels that halves the kernel read."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; give the path of an nsys SQLite export")
+    path = input_file(path, "an nsys SQLite export")
     if not is_sqlite(path):
         raise InputError(
             f"{path} is not a SQLite file; export the report first: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.paths import shown
 from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
@@ -38,7 +39,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         t = v.inv.trace
         gpu = f", {t.gpus['name'][0]}" if t.gpus.height and t.gpus["name"][0] else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
-        out.append(f"- {prefix}`{t.path.name}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
+        out.append(f"- {prefix}`{shown(t.path.name)}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
                    f"({v.chosen}); delimited by {v.delimiter}")
     notes = sorted({x for v in views for x in v.notes})
     out += [f"- note: {x}" for x in notes]

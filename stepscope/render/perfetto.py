@@ -18,6 +18,7 @@ import json
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.paths import shown
 
 DEVICE_PID_BASE = 100_000_000  # above Linux's pid_max (2^22), so never a host pid
 
@@ -104,7 +105,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         "traceEvents": ev,
         "displayTimeUnit": "ns",
         "otherData": {
-            "producer": "stepscope export", "trace": str(inv.trace.path), "format": inv.trace.format,
+            "producer": "stepscope export", "trace": shown(inv.trace.path), "format": inv.trace.format,
             "steps": step_ids, "t0_ns": t0,
         },
     }

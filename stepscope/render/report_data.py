@@ -11,6 +11,7 @@ import polars as pl
 
 from stepscope.analysis.inventory import Inventory
 from stepscope.errors import InputError
+from stepscope.paths import shown
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
@@ -55,7 +56,7 @@ class StepView:
 
     @property
     def label(self) -> str:
-        return f"{self.inv.trace.path.name} · step {self.step}"
+        return f"{shown(self.inv.trace.path.name)} · step {self.step}"
 
     @property
     def delimiter(self) -> str:
