@@ -39,6 +39,15 @@ from stepscope.commands import cells as _cells  # noqa: E402,F401
 from stepscope.commands import report as _report  # noqa: E402,F401
 
 
+def _click_exception() -> type:
+    """click's ClickException: typer from 0.2x vendors click as typer._click, older ones use click."""
+    try:
+        from typer import _click
+    except ImportError:
+        import click as _click
+    return _click.exceptions.ClickException
+
+
 def main() -> None:
     from stepscope.errors import StepscopeError
 
@@ -50,8 +59,21 @@ def main() -> None:
     from stepscope import native
 
     native.setup()
+    usage_error = _click_exception()
     try:
-        app()
+        # standalone_mode=False: click hands a usage error (an option value of the wrong type,
+        # an unknown option) back instead of printing a usage block in a box, so it gets one
+        # line like any other bad input; the exit code comes back as the return value
+        code = app(standalone_mode=False)
+        if code not in (0, None):
+            sys.exit(code)
+        sys.exit(0)
+    except usage_error as e:
+        message = " ".join(e.format_message().split())
+        if message:  # empty: no arguments at all, and the help it stands for is printed
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "stepscope"
+            typer.echo(f"stepscope: error: {message} (see {where} --help)", err=True)
+        sys.exit(e.exit_code)
     except SystemExit as e:
         if e.code in (0, None):
             # Done: skip the interpreter's teardown, which frees a million-kernel trace's

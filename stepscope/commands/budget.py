@@ -38,9 +38,12 @@ def budget_cmd(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Join each kernel of a step to a measured byte cell; bytes, minimum, removable, floor."""
+    from stepscope import options as opt
     from stepscope.errors import StepscopeError
 
     try:
+        opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
+        opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
         doc, res = _run(trace, cells, model, batch, context, phase, step)
     except StepscopeError as e:
         fail(str(e), e.exit_code)

@@ -134,9 +134,12 @@ def run_cmd(
     print_commands: bool = typer.Option(False, help="print the ncu command lines and exit"),
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv."""
+    from stepscope import options as opt
     from stepscope.bytes import sweep as sw
 
     def body():
+        opt.number(timeout, "--timeout", 1, 7 * 86_400)
+        opt.number(deadline, "--deadline", 1, 30 * 86_400)
         s = sw.load_sweep(sweep)
         names = list(cell or []) or (s.smoke if smoke else None)
         specs = s.select(names)

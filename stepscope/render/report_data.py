@@ -12,6 +12,7 @@ import polars as pl
 from stepscope.analysis.inventory import Inventory
 from stepscope.errors import InputError
 from stepscope.paths import shown
+from stepscope.selection import is_index
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
 
@@ -26,7 +27,7 @@ def pick_step(inv: Inventory, which: str | int | None = None) -> int:
     if which not in (None, ""):
         if which == "first":
             return ids[0]
-        if str(which).isdigit() and int(which) in ids:
+        if is_index(str(which)) and int(which) in ids:
             return int(which)
         raise InputError(f"no step {which} in this trace (it has steps {ids[0]}–{ids[-1]})")
     s = inv.steps.with_columns(_kind=pl.concat_str(
