@@ -16,6 +16,7 @@ import polars as pl
 
 from stepscope.errors import InputError
 from stepscope.paths import input_file
+from stepscope.patterns import UserPattern, ours
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,7 +38,7 @@ FIELDS = ("short", "demangled", "any")
 @dataclass(frozen=True)
 class Rule:
     cls: str
-    pattern: re.Pattern
+    pattern: re.Pattern | UserPattern
     field: str = "any"
     source: str = "default"
 
@@ -70,6 +71,18 @@ class RuleSet:
         return None
 
 
+def _compile(pattern: str, where: str, source: str):
+    if source != DEFAULT_SOURCE:  # a user's pattern may backtrack: matched under a time budget
+        return UserPattern(pattern, where)
+    try:
+        return ours(pattern)
+    except re.error as e:  # pragma: no cover - the bundled rules compile (tests load them)
+        raise InputError(f"{where}: bad regex {pattern!r}: {e}") from None
+
+
+DEFAULT_SOURCE = "default rules"
+
+
 def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
     out: dict[str, list[Rule]] = {"rule": [], "nvtx": []}
     for section in out:
@@ -89,18 +102,14 @@ def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
                 raise InputError(f"{where}: needs a non-empty string 'pattern'")
             if not isinstance(field, str) or field not in FIELDS:
                 raise InputError(f"{where}: field must be one of {', '.join(FIELDS)}, not {field!r}")
-            try:
-                compiled = re.compile(pattern)
-            except (re.error, RecursionError, OverflowError) as e:
-                raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
-            out[section].append(Rule(cls, compiled, field, source))
+            out[section].append(Rule(cls, _compile(pattern, where, source), field, source))
     return out["rule"], out["nvtx"]
 
 
 def load_rules(extra: str | Path | None = None) -> RuleSet:
     """The default rules, with a user's rules file (if any) consulted first."""
     text = resources.files("stepscope.data").joinpath("rules.toml").read_text()
-    kernel, nvtx = _parse(tomllib.loads(text), "default rules")
+    kernel, nvtx = _parse(tomllib.loads(text), DEFAULT_SOURCE)
     if extra is not None:
         extra = input_file(extra, "a TOML rules file")  # a directory or FIFO is refused unopened
         try:

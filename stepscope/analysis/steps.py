@@ -12,7 +12,6 @@ inside the step's host window. Steps are per process and per device.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +20,7 @@ import polars as pl
 from stepscope import apinames
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.errors import InputError
+from stepscope.patterns import PatternError, UserPattern, ours
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
 
@@ -106,15 +106,20 @@ class Segmentation:
     window_steps: pl.DataFrame | None = None  # window, step: the steps each window became
 
 
-def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
+def _step_pattern(step_regex: str | None):
+    if step_regex is None:
+        return ours(DEFAULT_STEP_REGEX)
     try:
-        re.compile(step_regex)
-    except re.error as e:
-        raise InputError(f"bad --step-regex {step_regex!r}: {e}") from None
+        return UserPattern(step_regex, "--step-regex")
+    except PatternError as e:
+        raise InputError(f"bad --step-regex {step_regex!r}: {e.reason}") from None
+
+
+def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
+    pat = _step_pattern(step_regex)  # a bad pattern fails even on a trace without NVTX
     if nvtx.is_empty():
         return _no_windows()
     names = nvtx.select("name").unique().drop_nulls()
-    pat = re.compile(step_regex)
     keep = names.filter(pl.Series([bool(pat.search(n)) for n in names["name"].to_list()], dtype=pl.Boolean))
     w = nvtx.join(keep, on="name", how="semi").sort("pid", "tid", "start")
     # Nested step ranges (torch.profiler's ProfilerStep#N around a named `step ...` range):
@@ -277,7 +282,7 @@ def _periodic_steps(acts: pl.DataFrame) -> tuple[list[tuple], list[tuple]]:
 def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
     """The host windows of the steps of every process that has delimiters (nvtx, then capture,
     then graph, the first kind found per process), indexed by `window` in start order."""
-    step_regex = step_regex or DEFAULT_STEP_REGEX
+    step_regex = step_regex or None  # "" means the default, as before
     pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
     windows = []
     covered: set[int] = set()
@@ -378,8 +383,11 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     return Segmentation(step_rows_frame, acts, warnings, window_steps)
 
 
-_VLLM = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-_KV = re.compile(r"(\w+)=([\w.\-/]+)")
+_VLLM = ours(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+# (?<!\w): a key starts a word. Without it every position inside a long word without "="
+# was tried again, each scanning to the word's end: quadratic (a 1 MB step name hung the run);
+# the matches are the same, since a key that starts inside a word starts at its first letter
+_KV = ours(r"(?<!\w)(\w+)=([\w.\-/]+)")
 
 
 def step_shape(name: str | None) -> dict:

@@ -101,6 +101,8 @@ def _render(doc, res) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.names import cut
+
     con = Console()
     st = doc["step"]
     t = Table(title=f"HBM byte budget — step {doc['step_index']} ({st['phase']}, batch "
@@ -130,7 +132,7 @@ def _render(doc, res) -> None:
     con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
               f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; {len(st['unjoined_kernels'])} kernel(s) without a cell")
     for u in st["unjoined_kernels"][:15]:
-        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {u['name']}"
+        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {cut(u['name'])}"
                   + (f" [dim]({u['reason']})[/]" if u.get("reason") else ""))
     for w in doc.get("warnings", []):
         con.print(f"[yellow]warning:[/] {w}")

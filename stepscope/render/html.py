@@ -13,6 +13,7 @@ from html import escape
 
 import polars as pl
 
+from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import GAP_KINDS, StepView, class_rows
 
 CLASS_COLORS = {
@@ -85,7 +86,7 @@ def _timeline(views: list[StepView]) -> str:
         f = v.figures
         if f.get("w_start") is not None:
             x0, x1 = x(f["w_start"], t0), x(f["w_end"], t0)
-            tip = f"{f['name']}: {_us(f['w_end'] - f['w_start'])}"
+            tip = f"{cut(f['name'], DOCUMENT)}: {_us(f['w_end'] - f['w_start'])}"
             out.append(f'<text x="4" y="{y + 12}">step range</text>'
                        f'<rect class="range" x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 0.6):.1f}" height="{ROW - 6}" '
                        f'fill="{RANGE_COLOR}">{_t(tip)}</rect>')
@@ -115,7 +116,7 @@ def _timeline(views: list[StepView]) -> str:
             for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
                 x0 = x(g["gap_start"], t0)
                 w = max(g["gap_ns"] * sx, 0.6)
-                tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+                tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {_us(g['gap_ns'])}: {cut(g['prev_name'], DOCUMENT)} → {cut(g['next_name'], DOCUMENT)}"
                 out.append(f'<rect class="gap gap-{g["kind"]}" x="{x0:.1f}" y="{top}" width="{w:.1f}" height="{height}" '
                            f'fill="{GAP_COLORS.get(g["kind"], "#ccc")}" fill-opacity="0.35">'
                            f'{_t(tip)}</rect>')
@@ -125,7 +126,7 @@ def _timeline(views: list[StepView]) -> str:
                     x0 = x(r["start"], t0)
                     w = max((r["end"] - r["start"]) * sx, 0.6)
                     c = r["class"] or "other"
-                    tip = f"{r['name']} [{c}] {_us(r['end'] - r['start'])}"
+                    tip = f"{cut(r['name'], DOCUMENT)} [{c}] {_us(r['end'] - r['start'])}"
                     out.append(f'<rect class="k" data-class="{c}" x="{x0:.1f}" y="{y + 2}" width="{w:.1f}" height="{ROW - 4}" '
                                f'fill="{CLASS_COLORS.get(c, "#ccc")}">{_t(tip)}</rect>')
                 y += ROW
@@ -343,7 +344,7 @@ def _summary(views: list[StepView]) -> str:
 def _top_kernels(v: StepView, n: int = 15) -> str:
     total = v.kernels["time_ns"].sum() or 1
     rows = "".join(
-        f"<tr><td><code title='{escape(str(r['demangled']))}'>{escape(_short(r['name'], 90))}</code></td>"
+        f"<tr><td><code title='{escape(str(cut(r['demangled'], DOCUMENT)))}'>{escape(_short(r['name'], 90))}</code></td>"
         f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{_us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
         for r in v.kernels.head(n).iter_rows(named=True))

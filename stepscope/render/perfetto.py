@@ -19,6 +19,7 @@ import polars as pl
 
 from stepscope.analysis.inventory import Inventory
 from stepscope.paths import shown
+from stepscope.render.names import DOCUMENT, cut
 
 DEVICE_PID_BASE = 100_000_000  # above Linux's pid_max (2^22), so never a host pid
 
@@ -69,7 +70,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
     for r in steps.iter_rows(named=True):
         if r["w_start"] is None or r["tid"] is None:
             continue
-        ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {r['name']}", "pid": r["pid"],
+        ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {cut(r['name'], DOCUMENT)}", "pid": r["pid"],
                    "tid": r["tid"], "ts": _us(r["w_start"], t0), "dur": (r["w_end"] - r["w_start"]) / 1000.0,
                    "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"]}})
     # launch calls
@@ -86,13 +87,13 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         ts = _us(r["start"], t0)
         args = {"step": r["step"], "correlation": r["corr"], "class": r["class"]}
         if r["is_kernel"]:
-            args.update(demangled=r["demangled"], grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
+            args.update(demangled=cut(r["demangled"], DOCUMENT), grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
                         block=[r["block_x"], r["block_y"], r["block_z"]])
             if r["graph_node_id"] is not None:
                 args["graph_node_id"] = r["graph_node_id"]
         else:
             args["bytes"] = r["bytes"]
-        ev.append({"ph": "X", "cat": r["class"] or "other", "name": r["name"] or "?", "pid": pid,
+        ev.append({"ph": "X", "cat": r["class"] or "other", "name": cut(r["name"], DOCUMENT) or "?", "pid": pid,
                    "tid": r["stream"], "ts": ts, "dur": (r["end"] - r["start"]) / 1000.0, "args": args})
         src = call_at.get((r["pid"], r["corr"]))
         if src is not None:

@@ -12,6 +12,7 @@ import polars as pl
 from stepscope.analysis.inventory import Inventory
 from stepscope.errors import InputError
 from stepscope.paths import shown
+from stepscope.render.names import cut
 from stepscope.selection import is_index
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
@@ -62,7 +63,7 @@ class StepView:
     @property
     def delimiter(self) -> str:
         f = self.figures
-        return f"{f['delimiter']} “{f['name']}”"
+        return f"{f['delimiter']} “{cut(f['name'])}”"
 
     @property
     def t0(self) -> int:

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
+from stepscope.render.names import cut
 
 
 def us(ns) -> str:
@@ -67,7 +68,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     med = {c: s[c].median() for c in ("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
                                       "kernel_time_sum_ns", "n_launch_calls", "launch_call_ns")}
     phase = first["phase"] or "phase unknown"
-    title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
+    title = (f"{phase} step · {first['delimiter']} “{cut(first['name'])}” · pid {first['pid']} · "
              f"device {first['device']} · {len(members)} step(s)")
     console.rule(f"[bold]{title}")
     if headline is not None:
@@ -94,7 +95,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
                   + (f"; other {100 * share:.1f}%:" if other.height else ""))
     for r in other.head(10).iter_rows(named=True):
-        console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {r['name']}")
+        console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {cut(r['name'])}")
     if other.height > 10:
         console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
 
@@ -111,8 +112,8 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     console.print(table)
     _render_histogram(g["histogram"], console)
     for r in g["top"][:3]:
-        console.print(f"  gap {us(r['gap_ns'])} µs ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
-                      f"{r['next_name']}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
+        console.print(f"  gap {us(r['gap_ns'])} µs ({r['kind'].replace('_', '-')}): {cut(r['prev_name'])} → "
+                      f"{cut(r['next_name'])}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
     if lau.get("interval_median_ns") is not None:
         console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])} µs, "
                       f"p90 {us(lau['interval_p90_ns'])} µs · launch latency median "
@@ -164,7 +165,7 @@ def _render_histogram(hist: list[dict], console: Console) -> None:
 def render_compare(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     a, b = doc["a"], doc["b"]
-    console.rule(f"[bold]A {a['path']}  vs  B {b['path']}")
+    console.rule(f"[bold]A {cut(a['path'])}  vs  B {cut(b['path'])}")
     t = Table(show_edge=False, header_style="bold")
     for col in ("figure (median per step)", "A", "B", "B − A"):
         t.add_column(col, justify="left" if col.startswith("figure") else "right")
@@ -190,7 +191,7 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     for label, key in (("added in B", "kernels_added"), ("removed in B", "kernels_removed")):
         names = doc[key]
         if names:
-            shown = ", ".join(f"{n['name']} ×{n['count_per_step']:g}" for n in names[:6])
+            shown = ", ".join(f"{cut(n['name'])} ×{n['count_per_step']:g}" for n in names[:6])
             console.print(f"kernels {label}: {shown}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
     console.print(f"[bold]speedup (A/B): {doc['speedup']}×[/]")
     console.print(doc["verdict"])
