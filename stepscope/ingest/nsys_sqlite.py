@@ -17,7 +17,7 @@ import polars as pl
 
 from stepscope import apinames
 from stepscope.errors import InputError
-from stepscope.ingest import typed
+from stepscope.ingest import sanity, typed
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.paths import input_file
 from stepscope.model import (
@@ -305,6 +305,9 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         )
 
     k = KERNEL_TABLE
+    if not schema.has("StringIds"):
+        raise InputError(f"{path} has no StringIds table: its kernel names cannot be read (damaged, or "
+                         "written by another tool); export it again with nsys export --type sqlite")
     _need(path, schema, k, "globalPid", "deviceId", "streamId", "correlationId", "start", "end",
           "shortName", "demangledName")
     # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
@@ -342,6 +345,11 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     frames = _bulk_frames(con, queries)
     kernels, rep = frames[0]
     readings.append(rep)
+    if kernels.is_empty():  # before the other tables: nothing to analyze
+        if rep.rows:
+            raise InputError(f"{path}: no usable kernels: {rep.warning()}")
+        raise InputError(f"{path}: no kernels recorded — was `--trace=cuda` on? capture again with "
+                         "nsys profile --trace=cuda,nvtx")
     kernels = kernels.with_columns(_unpack_pid("pid"))
     if not launch_config:
         kernels = kernels.with_columns(*(pl.lit(None, pl.Int64).alias(c) for c in
@@ -358,7 +366,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         api = raw_api.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
 
     memops = _read_memops(con, schema, path, readings)
-    nvtx = _read_nvtx(con, schema, path, readings)
+    nvtx = _read_nvtx(con, schema, path, readings, warnings)
     strings = _read_strings(con, schema, path, pl.concat([
         kernels["short_id"].unique(), kernels["demangled_id"].unique(), api["name_id"].unique()]).unique().drop_nulls(),
         readings)
@@ -400,7 +408,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         overhead_ns = int(min(overhead_ns, float(1 << 62)))
 
     warnings += [w for w in (r.warning() for r in _merged(readings)) if w]
-    return Trace(
+    return sanity.checked(Trace(
         path=path, format="nsys-sqlite", kernels=kernels, memops=memops, api=api, nvtx=nvtx,
         strings=strings, gpus=gpus, processes=processes, threads=threads,
         nsys_version=meta.get("EXPORT_PRODUCT_VERSION"),
@@ -408,7 +416,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         graph_level_launches=int(graph_level),
         profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
         warnings=warnings,
-    )
+    ))
 
 
 def _merged(readings: list[typed.Reading]) -> list[typed.Reading]:
@@ -450,7 +458,8 @@ def _read_memops(con: sqlite3.Connection, schema: _Schema, path: Path, readings:
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
 
 
-def _read_nvtx(con: sqlite3.Connection, schema: _Schema, path: Path, readings: list) -> pl.DataFrame:
+def _read_nvtx(con: sqlite3.Connection, schema: _Schema, path: Path, readings: list,
+               warnings: list) -> pl.DataFrame:
     if not schema.has("NVTX_EVENTS"):
         return empty(NVTX_SCHEMA)
     _need(path, schema, "NVTX_EVENTS", "start", "end", "eventType", "globalTid")
@@ -471,6 +480,10 @@ def _read_nvtx(con: sqlite3.Connection, schema: _Schema, path: Path, readings: l
         strings = _read_strings(con, schema, path, need, readings)
         name = pl.coalesce(name, pl.col("text_id").replace_strict(
             strings["id"], strings["value"], default=None, return_dtype=pl.String))
+        nowhere = need.filter(~need.is_in(strings["id"].implode()))
+        if nowhere.len():
+            n = raw.filter(pl.col("text").is_null() & pl.col("text_id").is_in(nowhere.implode())).height
+            warnings.append(f"NVTX_EVENTS: {n:,} ranges have no name (their textId is not in StringIds)")
     return raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "start", "end",
                       name.alias("name")).cast(NVTX_SCHEMA)
 
