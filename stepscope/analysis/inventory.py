@@ -154,10 +154,12 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
               strings: dict[int, str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Activities with name, demangled and class; and each step's phase (step, phase)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
-    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
+    # both ids in one integer: the demangled id offset by 2^31 into [0, 2^32), so that any two
+    # Int32 ids (a negative one too) pack and unpack exactly
+    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id").cast(pl.Int64) + (1 << 31)).alias("_key")
     names = kernels.select(key).unique().select(
         (pl.col("_key") // (1 << 32)).cast(pl.Int32).alias("short_id"),
-        (pl.col("_key") % (1 << 32)).cast(pl.Int32).alias("demangled_id"))
+        (pl.col("_key") % (1 << 32) - (1 << 31)).cast(pl.Int32).alias("demangled_id"))
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),

@@ -78,11 +78,18 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     else:
         acts = k
     # correlationId is unique only within a process: join on (pid, corr), packed into one
-    # integer key (pid < 2^24, so the key is exact while corr < 2^39), which hashes faster.
-    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
+    # integer key (pid < 2^24, so the key is exact while 0 <= corr < 2^39), which hashes faster.
     window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
-    calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
-                       pl.col("end").alias("launch_end"), pl.col("api_name").alias("launch_api"), *window)
+    launch = (pl.col("start").alias("launch_start"), pl.col("end").alias("launch_end"),
+              pl.col("api_name").alias("launch_api"), *window)
+    if not (_packs(acts, api, "pid", 1 << 24) and _packs(acts, api, "corr", 1 << 39)):
+        # ids a packed key would not hold exactly (a damaged export's correlation id near 2^63,
+        # a profiler's negative pid): the two-column join, slower but exact
+        calls = api.select("pid", "corr", "tid", *launch).unique(["pid", "corr"], keep="first", maintain_order=True)
+        acts = acts.join(calls, on=["pid", "corr"], how="left", maintain_order="left")
+        return acts.with_row_index("row")
+    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
+    calls = api.select(key, "tid", *launch)
     acts = acts.with_columns(key)
     # CUPTI numbers calls in call order and nsys writes both tables in start order, so in a
     # single-stream process both keys usually come sorted: then polars merges instead of hashing
@@ -96,6 +103,14 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
         calls = calls.unique("_key", keep="first", maintain_order=True)
     acts = acts.join(calls, on="_key", how="left", maintain_order="left").drop("_key")
     return acts.with_row_index("row")
+
+
+def _packs(a: pl.DataFrame, b: pl.DataFrame, col: str, bound: int) -> bool:
+    """Whether every value of `col` in both frames lies in [0, bound)."""
+    for s in (a[col], b[col]):
+        if s.len() > s.null_count() and (s.min() < 0 or s.max() >= bound):
+            return False
+    return True
 
 
 @dataclass
@@ -324,8 +339,9 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame) -> Segmentation:
     window_steps = None
     by_window = None  # the step as an expression of the window, when that decides it
     if windows.height:
-        # a step is (window, device); number them by window start, then device
-        wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
+        # a step is (window, device); number them by window start, then device (packed into one
+        # key with the device offset into [0, 2^32): any Int32 device id packs exactly)
+        wd = (pl.col("window").cast(pl.Int64) * (1 << 32) + pl.col("device").cast(pl.Int64) + (1 << 31)).alias("_wd")
         hit = acts.lazy().filter(pl.col("window").is_not_null()).select("row", "device", "window")
         keys = hit.select(wd, "window", "device").unique("_wd").collect().join(
             windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
