@@ -27,12 +27,14 @@ def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None 
 
         use_cache = trace_cache.enabled() if cache is None else cache
         if use_cache:
-            hit = trace_cache.load(path, launch_config, schema_version_of(path))
+            # taken before the read: store() compares it after, and skips a file written meanwhile
+            fp = trace_cache.fingerprint(path)
+            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp)
             if hit is not None:
                 return hit
         trace = read_nsys_sqlite(path, launch_config)
         if use_cache:
-            trace_cache.store(trace, path, launch_config)
+            trace_cache.store(trace, path, launch_config, fp)
         return trace
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
