@@ -136,8 +136,6 @@ def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tu
                 last = con.execute(f"SELECT max(rowid) FROM {q.table}").fetchone()[0] or 0
             except sqlite3.DatabaseError:  # a view or a WITHOUT ROWID table: one slice
                 last = 0
-        if not isinstance(last, int):
-            last = 0
         parts = threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
         slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
@@ -169,7 +167,7 @@ def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tu
         got = [f for f in got if f.height] or got[:1]
         try:
             # one contiguous buffer per column: every later pass (and numpy views) reads it whole
-            raw = pl.concat(got, rechunk=True) if len(got) > 1 else got[0]
+            raw = pl.concat(got, rechunk=True)
         except pl.exceptions.PolarsError:  # slices typed differently (one all NULL, say)
             raw = pl.concat([f.cast(dict(zip(f.columns, q.raw_schema(is_typed).values()))) for f in got],
                             rechunk=True)
