@@ -311,7 +311,9 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
         if w.height:
             windows.append(w)
             covered |= set(w["pid"].unique().to_list())
-    windows = pl.concat(windows) if windows else _no_windows()
+    # relaxed: NVTX windows carry the model's Int32 ids, capture and graph windows Int64; a TP
+    # trace whose ranks are delimited differently (one rank's step ranges lost) mixes them
+    windows = pl.concat(windows, how="vertical_relaxed") if windows else _no_windows()
     if windows.height and (windows["w_end"] == OPEN_END).any():
         windows = _close_open_windows(trace, api, windows)
     return windows.sort("w_start").with_row_index("window")
