@@ -91,7 +91,9 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
     added = {k: v for k, v in nb.items() if k not in na}
     removed = {k: v for k, v in na.items() if k not in nb}
     doc = {
-        "a": sa, "b": sb, "speedup": round(speedup, 4) if speedup else None,
+        # four decimals, or four significant digits where those would round it to 0 (a B
+        # thousands of times slower): a speedup of 0.0 reads as no step time, and divides by zero
+        "a": sa, "b": sb, "speedup": (round(speedup, 4) or float(f"{speedup:.4g}")) if speedup else None,
         "classes": deltas,
         "kernels_added": [{"name": k, "count_per_step": v} for k, v in sorted(added.items())],
         "kernels_removed": [{"name": k, "count_per_step": v} for k, v in sorted(removed.items())],
@@ -102,8 +104,8 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         doc["predicted_graph_step_time_ns"] = int(round(pred))
         doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
-        if sb["graph"]:
-            ref = sb["fastest_step_time_ns"]
+        ref = sb["fastest_step_time_ns"]
+        if sb["graph"] and ref:
             doc["prediction_error"] = round((doc["predicted_graph_step_time_ns"] - ref) / ref, 4)
     doc["verdict"] = verdict_sentence(doc)
     return doc
