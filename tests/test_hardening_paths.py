@@ -188,3 +188,21 @@ def test_an_unwritable_output_is_one_line(trace, tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.output
     r = CliRunner().invoke(app, ["cells", "import", str(need(NCU_RAW)), "-o", str(trace / "x.parquet")])
     assert r.exit_code == 2 and "cannot write" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_folder_that_cannot_be_searched(trace, monkeypatch):
+    """As root every folder can be searched, so the EACCES that stat() meets under a folder
+    without x permission is raised by hand, where paths.input_file meets it."""
+    import pathlib
+
+    real = pathlib.Path.stat
+
+    def stat(self, *a, **k):
+        if self.name == "t.sqlite":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "stat", stat)
+    r = CliRunner().invoke(app, ["analyze", str(trace)])
+    assert r.exit_code == 2 and "cannot be opened (Permission denied)" in r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -194,3 +194,26 @@ def test_both_read_paths_leave_out_the_same_rows(tmp_path, monkeypatch):
     slow = ns.read_nsys_sqlite(p)
     assert fast.kernels.equals(slow.kernels) and fast.warnings == slow.warnings
     assert fast.kernels.height == 418
+
+
+def test_ranks_delimited_differently(tmp_path):
+    """A TP trace whose one rank lost its step range: that rank falls back to its capture range.
+    Concatenating the NVTX windows (Int32 ids) with the capture windows (Int64) failed, exit 3."""
+    p = mutated(tmp_path, "DELETE FROM NVTX_EVENTS WHERE rowid = 3", source=TP2)
+    d = doc_of(p)
+    assert sorted((s["pid"], s["delimiter"]) for s in d["steps"]) == [(798, "nvtx"), (799, "capture")]
+    base = {s["pid"]: s for s in doc_of(need(TP2))["steps"]}
+    for s in d["steps"]:
+        assert s["n_kernels"] == base[s["pid"]]["n_kernels"]
+
+
+def test_compare_with_a_b_thousands_of_times_slower(tmp_path):
+    """The speedup was rounded to four decimals: 0.0 for B 36,000x slower, and the verdict
+    divided by it."""
+    p = mutated(tmp_path, f"UPDATE {K} SET end = end + {1 << 40}")  # 18 minutes a kernel
+    r = run("compare", EAGER, p, "--json", "--no-cache")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert 2.7e-5 < doc["speedup"] < 2.8e-5 and "36818.85× slower" in doc["verdict"]
+    r = run("compare", EAGER, p, "--fail-above", "5", "--no-cache")
+    assert r.exit_code == 1 and "worse than A's (limit 5.0%)" in r.output
