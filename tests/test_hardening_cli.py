@@ -97,3 +97,28 @@ def test_usage_errors_are_one_line_through_main():
         assert len(p.stderr.strip().splitlines()) == 1 and "╭" not in p.stderr
     p = subprocess.run([sys.executable, "-m", "stepscope"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "Usage" in p.stdout + p.stderr and "error" not in p.stderr
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('rule = "gemm"\n', "[[rule]] must be an array of tables"),
+    ("rule = [1, 2]\n", "[[rule]] #1: must be a table"),
+    ('[[rule]]\nclass = 5\npattern = "x"\n', "unknown class 5"),
+    ('[[rule]]\nclass = ["gemm"]\npattern = "x"\n', "unknown class ['gemm']"),
+    ('[[rule]]\nclass = "gemm"\npattern = ["x"]\n', "needs a non-empty string 'pattern'"),
+    ('[[rule]]\nclass = "gemm"\npattern = "x"\nfield = 3\n', "field must be one of"),
+    ('[[nvtx]]\nclass = "norm"\npattern = "nvjet[("\n', "bad regex"),
+    ('nvtx = "x"\n', "[[nvtx]] must be an array of tables"),
+    ("[[rule]\n", "is not a valid TOML rules file"),
+])
+def test_malformed_rules_files_are_one_line(tmp_path, text, needle):
+    f = tmp_path / "rules.toml"
+    f.write_text(text)
+    assert needle in _one_line_2(["analyze", EAGER, "--rules", f])
+
+
+def test_rules_files_that_are_not_text_or_not_files(tmp_path):
+    f = tmp_path / "rules.toml"
+    f.write_bytes(b'[[rule]]\nclass = "gemm"\npattern = "\xff"\n')
+    assert "is not a valid TOML rules file" in _one_line_2(["analyze", EAGER, "--rules", f])
+    assert "is a directory" in _one_line_2(["analyze", EAGER, "--rules", tmp_path])
+    assert "no such file" in _one_line_2(["analyze", EAGER, "--rules", tmp_path / "none.toml"])
