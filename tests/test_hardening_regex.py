@@ -145,3 +145,24 @@ def test_user_patterns_keep_re_semantics():
     assert p.search("fused_RMSNorm_kernel") and p.search("x12") and not p.search("x12y")
     with pytest.raises(patterns.PatternError, match="bad regex"):
         patterns.UserPattern("((", "test")
+
+
+def test_names_that_look_like_rich_markup_are_shown_as_they_are(tmp_path):
+    """rich read "[/]" in a kernel or step name as a closing tag: MarkupError, exit 3."""
+    p = tmp_path / "m[red]x.sqlite"
+    shutil.copy(need(EAGER), p)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE NVTX_EVENTS SET text = 'step [/bold] phase=decode [red'")
+    con.execute("""UPDATE StringIds SET value = '[/]zz' WHERE id IN (SELECT shortName FROM
+                   CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 200 UNION SELECT demangledName FROM
+                   CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 200)""")
+    con.commit()
+    con.close()
+    r = CliRunner().invoke(app, ["analyze", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "“step [/bold] phase=decode [red”" in r.stdout and "×32  [/]zz" in r.stdout and "m[red]x.sqlite" in r.stdout
+    assert CliRunner().invoke(app, ["compare", str(p), str(EAGER)]).exit_code == 0
+    cells = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
+    r = CliRunner().invoke(app, ["budget", str(p), "--cells", str(cells), "--model", "llama-3.1-8b", "--batch", "1",
+                                 "--context", "2048", "--phase", "decode"])
+    assert r.exit_code == 0 and "32× [/]zz" in r.stdout, r.output

@@ -101,18 +101,18 @@ def _render(doc, res) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from stepscope.render.names import cut
+    from stepscope.render.names import term
 
     con = Console()
     st = doc["step"]
-    t = Table(title=f"HBM byte budget — step {doc['step_index']} ({st['phase']}, batch "
-              f"{st['batch']}, context {st['context']}, {doc['model']}) on {doc['gpu'] or '?'}")
+    t = Table(title=f"HBM byte budget — step {doc['step_index']} ({term(st['phase'])}, batch "
+              f"{st['batch']}, context {st['context']}, {term(doc['model'])}) on {term(doc['gpu'] or '?')}")
     for c in ("class", "op", "calls", "bytes/call", "measured", "minimum", "ampl.",
               "removable", "floor", "kernel time"):
         t.add_column(c, justify="left" if c in ("class", "op") else "right")
     for r in res.rows.iter_rows(named=True):
         amp = r["amplification"]
-        t.add_row(r["class"], r["op"] or "[dim](no cell)[/]", str(r["calls"]),
+        t.add_row(term(r["class"]), term(r["op"]) if r["op"] else "[dim](no cell)[/]", str(r["calls"]),
                   _b(r["measured_bytes_per_call"]), _b(r["measured_bytes"]), _b(r["min_bytes"]),
                   f"{amp:.2f}" if amp is not None else "—", _b(r["removable_bytes"]),
                   f"{r['floor_ns'] / 1e3:.1f} µs" if r["floor_ns"] is not None else "—",
@@ -127,12 +127,12 @@ def _render(doc, res) -> None:
     ranked = [c for c in doc["classes"] if c["removable_bytes"] is not None]
     if ranked:
         con.print("classes by removable bytes: " + ", ".join(
-            f"{c['class']} {_b(c['removable_bytes'])}" for c in ranked[:5]))
+            f"{term(c['class'])} {_b(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
     con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
               f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; {len(st['unjoined_kernels'])} kernel(s) without a cell")
     for u in st["unjoined_kernels"][:15]:
-        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {cut(u['name'])}"
-                  + (f" [dim]({u['reason']})[/]" if u.get("reason") else ""))
+        con.print(f"  [yellow]no cell[/] {term(u['class']):<16} {u['count']:>4}× {term(u['name'])}"
+                  + (f" [dim]({term(u['reason'])})[/]" if u.get("reason") else ""))
     for w in doc.get("warnings", []):
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(f"[yellow]warning:[/] {term(w, 2000)}")

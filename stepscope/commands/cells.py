@@ -91,8 +91,10 @@ def _render(led, gpus, peak) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.names import term
+
     con = Console()
-    t = Table(title=f"byte cells — {', '.join(gpus) or 'GPU unknown'}"
+    t = Table(title=f"byte cells — {term(', '.join(gpus)) or 'GPU unknown'}"
               + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
     for col, just in (("cell", "left"), ("#", "right"), ("kernel", "left"), ("grid", "left"),
                       ("read", "right"), ("write", "right"), ("min (cell)", "right"),
@@ -101,16 +103,16 @@ def _render(led, gpus, peak) -> None:
         t.add_column(col, justify=just, overflow="fold")
     for r in led.iter_rows(named=True):
         if r.get("error"):
-            t.add_row(r.get("cell") or "?", "", f"[red]error: {r['error']}[/]", "", "", "", "",
+            t.add_row(term(r.get("cell") or "?"), "", f"[red]error: {term(r['error'], 2000)}[/]", "", "", "", "",
                       "", "", "", "")
             continue
-        kern = (r.get("kernel") or "")[:60]
+        kern = term((r.get("kernel") or "")[:60])
         if r.get("matched") is False:
             kern = f"[dim]{kern} (not the op's regex)[/]"
         amp = r.get("amplification")
         t.add_row(
-            r.get("cell") or "", "" if r.get("launch") is None else str(r["launch"]), kern,
-            r.get("grid") or "", _fmt_bytes(r.get("dram_read_bytes")),
+            term(r.get("cell") or ""), "" if r.get("launch") is None else str(r["launch"]), kern,
+            term(r.get("grid") or ""), _fmt_bytes(r.get("dram_read_bytes")),
             _fmt_bytes(r.get("dram_write_bytes")), _fmt_bytes(r.get("cell_min_bytes")),
             f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
             f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else "—",

@@ -15,3 +15,11 @@ def cut(name, limit: int = TERMINAL):
     if not isinstance(name, str) or len(name) <= limit:
         return name
     return f"{name[:limit]}… ({len(name):,} characters)"
+
+
+def term(text, limit: int = TERMINAL) -> str:
+    """Text from a trace or a file for rich: cut, and with rich's markup escaped. A name holding
+    "[/]" or "[red" was read as markup: a MarkupError (exit 3), or a name restyled."""
+    from rich.markup import escape
+
+    return escape(str(cut(text, limit)))
