@@ -59,7 +59,7 @@ values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
     st.binary(max_size=12),
-    st.sampled_from([b"\xff\xfe", "step phase=decode", "x" * 5000, "NaN", "1e400"]),
+    st.sampled_from([b"\xff\xfe", "step phase=decode", "x" * 5000, "NaN", "1e400", "[/]", "step [red"]),
     st.none(),
 )
 rows = st.tuples(st.integers(1, 60), st.integers(0, 59))  # rowid % m == r
@@ -225,7 +225,7 @@ TORCH = FIXTURES / "torch_profiler" / "llama8b_decode_b1_eager.torch.json.gz"
 json_values = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
                         st.text(max_size=8), st.lists(st.integers(), max_size=3),
                         st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-                        st.sampled_from(["NaN", "1e400", "-5", str(2**70)]))
+                        st.sampled_from(["NaN", "1e400", "-5", str(2**70), "\ud800x", "[/]"]))
 
 
 @PROFILE

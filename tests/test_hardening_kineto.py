@@ -131,3 +131,20 @@ def test_every_command_reads_a_damaged_trace(tmp_path):
         r = run(*args)
         assert r.exit_code == 0, (args, r.output)
     assert sha256(p) == before
+
+
+def test_names_with_lone_surrogates(tmp_path, base_kernels):
+    r"""JSON's \ud800 escapes make Python strings that are not UTF-8: polars refused the
+    name column (UnicodeEncodeError, exit 3)."""
+    doc = _doc()
+    _kernels(doc)[0]["name"] = "\udc00bad"
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "user_annotation":
+            e["name"] += "\ud800"
+    p = write(tmp_path, doc)
+    t = read_kineto(p)
+    assert t.kernels.height == base_kernels
+    assert "7 event names are not valid Unicode (lone surrogates): read with U+FFFD" in t.warnings
+    assert "\ufffdbad" in t.strings["value"].to_list()
+    for args in (["analyze", p, "--json"], ["analyze", p], ["export", p, "-o", tmp_path / "e.json"]):
+        assert run(*args).exit_code == 0

@@ -119,6 +119,22 @@ def _int(v, bound: int = _I64) -> int | None:
     return out if -bound <= out < bound else None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(v) -> tuple[str, bool]:
+    """A name as polars can hold it, and whether it had to change: JSON's \\ud800 escapes give
+    Python strings with lone surrogates, which are not UTF-8 (polars refused the whole column)."""
+    s = v if isinstance(v, str) else str(v)
+    if s.isascii():
+        return s, False
+    try:
+        s.encode("utf-8")
+        return s, False
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", s), True
+
+
 def _dim3(v) -> tuple[int | None, int | None, int | None]:
     if isinstance(v, (list, tuple)):
         vals = [_int(x) for x in list(v)[:3]]
@@ -195,6 +211,7 @@ def read_kineto(path: str | Path) -> Trace:
     processes: dict[int, str] = {}
     skipped: Counter = Counter()  # why events were left out
     no_args = 0  # events whose args are not an object: read without them
+    bad_names = 0  # names with lone surrogates, read with U+FFFD
     kernel_events = 0
 
     for e in events:
@@ -205,7 +222,7 @@ def read_kineto(path: str | Path) -> Trace:
                 meta = e.get("args")
                 name = meta.get("name") if isinstance(meta, dict) else None
                 if pid is not None and isinstance(name, str):
-                    processes.setdefault(pid, name)
+                    processes.setdefault(pid, _text(name)[0])
             continue
         cat = e.get("cat")
         if ph != "X" or not isinstance(cat, str):
@@ -222,7 +239,8 @@ def read_kineto(path: str | Path) -> Trace:
         if not isinstance(args, dict):
             no_args += args is not None
             args = {}
-        name = str(e.get("name", ""))
+        name, changed = _text(e.get("name", ""))
+        bad_names += changed
         if cat in API_CATS or cat in ANNOTATION_CATS:
             pid, tid = _int(e.get("pid"), _I32), _int(e.get("tid"), _I32)
             if pid is None or tid is None:
@@ -270,6 +288,8 @@ def read_kineto(path: str | Path) -> Trace:
     if skipped:
         why = ", ".join(f"{n:,} whose {reason}" for reason, n in sorted(skipped.items()))
         warnings.append(f"{sum(skipped.values()):,} trace events were left out ({why})")
+    if bad_names:
+        warnings.append(f"{bad_names:,} event names are not valid Unicode (lone surrogates): read with U+FFFD")
     if no_args:
         warnings.append(f"{no_args:,} trace events have args that are not an object: read without them")
     if api_df.is_empty():
@@ -313,7 +333,7 @@ def _gpus(doc: object) -> pl.DataFrame:
         if not isinstance(p, dict):
             continue
         name = p.get("name")
-        rows.append((_int(p.get("id"), _I32), name if isinstance(name, str) else None, _int(p.get("numSms")),
+        rows.append((_int(p.get("id"), _I32), _text(name)[0] if isinstance(name, str) else None, _int(p.get("numSms")),
                      None, _int(p.get("totalGlobalMem"))))
     rows = [r for r in rows if r[0] is not None]
     if not rows:
@@ -329,4 +349,4 @@ def _processes(names: dict[int, str], api: pl.DataFrame) -> pl.DataFrame:
 
 def _schema_version(doc: object) -> str | None:
     v = doc.get("schemaVersion") if isinstance(doc, dict) else None
-    return None if v is None else f"kineto {str(v)[:40]}"
+    return None if v is None else f"kineto {_text(v)[0][:40]}"
