@@ -215,3 +215,15 @@ def test_both_read_paths_agree_on_a_damaged_export(tmp_path, monkeypatch):
     # 1e10 in an INTEGER column: SQLite stores it as the integer 10,000,000,000
     assert f"{K}: 3 of 420 rows left out (deviceId beyond 32 bits in 1, start not an integer in 1, " \
            "streamId beyond 32 bits in 1)" in fast.warnings
+
+
+def test_a_damaged_schema_whose_error_is_not_utf8(tmp_path, path_kind):
+    """SQLite's message about a damaged schema quotes the damaged text: sqlite3 failed to
+    decode its own error (UnicodeDecodeError, exit 3)."""
+    data = bytearray(need(EAGER).read_bytes())
+    at = data.rfind(b"CREATE TABLE ANALYSIS_DETAILS")  # the live schema row (an older copy sits earlier)
+    data[at + 2] = 0x80
+    p = tmp_path / "d.sqlite"
+    p.write_bytes(bytes(data))
+    err = one_line(analyze(p))
+    assert "not a readable SQLite export (malformed database schema (ANALYSIS_DETAILS)" in err

@@ -111,6 +111,8 @@ def _adbc_query(db, sql: str) -> pl.DataFrame:
 
 def _reason(e: Exception) -> str:
     """An error's own words: its first line, without the query ADBC appends or polars' prefix."""
+    if isinstance(e, UnicodeDecodeError) and isinstance(e.object, bytes):
+        return e.object.decode("utf-8", "replace")
     text = (str(e).strip().splitlines() or [type(e).__name__])[0]
     text = text.split(". query: ")[0].split("; query: ")[0]
     return text.replace("got external error: ", "")
@@ -238,12 +240,15 @@ def schema_version_of(path: Path) -> str | None:
             return _metadata(con, schema).get("EXPORT_SCHEMA_VERSION")
         finally:
             con.close()
-    except sqlite3.DatabaseError:
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
         return None
 
 
 def _is_db_error(e: Exception) -> bool:
-    return isinstance(e, sqlite3.DatabaseError) or type(e).__module__.startswith("adbc_driver")
+    # UnicodeDecodeError: sqlite3 could not decode SQLite's own message, which quotes the
+    # damaged schema text of a corrupt file (names and text values are decoded leniently)
+    return (isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError))
+            or type(e).__module__.startswith("adbc_driver"))
 
 
 def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
