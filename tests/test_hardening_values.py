@@ -68,6 +68,8 @@ def one_line_2(r) -> str:
      "1 of 420 kernels left out (1 with a timestamp beyond ±2^62 ns)"),
     (f"UPDATE {K} SET start = -9223372036854775807 WHERE rowid = 5",
      "1 of 420 kernels left out (1 with a timestamp beyond ±2^62 ns)"),
+    (f"UPDATE {K} SET start = -9223372036854775808 WHERE rowid = 5",  # whose abs() wraps in int64
+     "1 of 420 kernels left out (1 with a timestamp beyond ±2^62 ns)"),
     (f"UPDATE {K} SET shortName = 777777 WHERE rowid = 5",
      "1 of 420 kernels left out (1 with a shortName id not in StringIds)"),
     (f"UPDATE {K} SET demangledName = 2147483647 WHERE rowid IN (5, 6, 7)",

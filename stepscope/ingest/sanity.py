@@ -24,7 +24,8 @@ TIME_BOUND = 1 << 62
 
 def _times(df: pl.DataFrame, long: bool) -> dict[str, pl.Expr]:
     start, end = pl.col("start"), pl.col("end")
-    beyond = (start.abs() >= TIME_BOUND) | (end.abs() >= TIME_BOUND)
+    # compared both ways, not through abs(): abs(-2^63) wraps to -2^63 in int64
+    beyond = (start >= TIME_BOUND) | (start <= -TIME_BOUND) | (end >= TIME_BOUND) | (end <= -TIME_BOUND)
     checks = {"ending before they start": end < start, "with a timestamp beyond ±2^62 ns": beyond}
     if long:  # the difference only of times inside the bound: beyond it, end - start wraps
         checks["lasting over an hour"] = ~beyond & ((end - start) > MAX_ACTIVITY_NS)
