@@ -14,6 +14,7 @@ or raw ncu CSV output, which it imports on the fly.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import polars as pl
@@ -45,7 +46,8 @@ def frame(rows: list[dict]) -> pl.DataFrame:
         for k in r:
             if k not in SCHEMA and k not in _DROP and k not in extras:
                 extras.append(k)
-    data = {c: [r.get(c) for r in rows] for c in SCHEMA}
+    data = {c: [_fit(r, c, t) for r in rows] for c, t in SCHEMA.items()}
+    data["error"] = [r.get("error") for r in rows]  # _fit may have noted an unreadable value
     df = pl.DataFrame(data, schema=SCHEMA)
     for k in extras:
         vals = [r.get(k) for r in rows]
@@ -54,6 +56,29 @@ def frame(rows: list[dict]) -> pl.DataFrame:
         except Exception:
             df = df.with_columns(pl.Series(k, [None if v is None else str(v) for v in vals]))
     return df
+
+
+_INT64 = 1 << 63
+
+
+def _fit(row: dict, col: str, dtype) -> object:
+    """row[col] as the column's type, or None; a value that is there but unreadable (text where
+    a count belongs, a count beyond 64 bits) makes the row an error row saying so, instead of
+    failing the whole table."""
+    v = row.get(col)
+    if v is None:
+        return None
+    if dtype == pl.Int64 and isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64:
+        return v
+    if dtype == pl.Float64 and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    if dtype == pl.String and isinstance(v, str):
+        return v
+    if dtype == pl.Boolean and isinstance(v, bool):
+        return v
+    if col != "error" and row.get("error") is None:
+        row["error"] = f"unreadable {col}: {str(v)[:40]!r}"
+    return None
 
 
 def import_ncu(paths: list[str | Path], gpu: str | None = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,7 @@ def parse_number(text: str | None, unit: str | None = None) -> float | None:
         return None
     if unit:
         v *= _SCALE.get(unit.strip().lower(), 1)
-    return v
+    return v if math.isfinite(v) else None  # 'inf', '1e400': no count of bytes or time
 
 
 def parse_dim3(text: str | None) -> tuple[int, int, int] | None:
