@@ -96,6 +96,16 @@ def _rowids(sql: str) -> str:
     return where[4:-1] if where.startswith("IN (") else where.split("= ")[1]
 
 
+def test_api_calls_lasting_decades(tmp_path):
+    """Launch calls shifted to last 2^61 ns each: their sum per step left int64 (a negative
+    launch_call_ns)."""
+    p = mutated(tmp_path, f"""UPDATE {R} SET end = end + {1 << 61} WHERE rowid IN (SELECT r.rowid FROM {R} r
+                                JOIN StringIds s ON s.id = r.nameId WHERE s.value GLOB 'cu*LaunchKernel*')""")
+    d = doc_of(p)
+    assert any("API calls left out (420 lasting over an hour)" in w for w in d["warnings"]), d["warnings"]
+    assert d["steps"][0]["n_launch_calls"] == 0 and d["steps"][0]["launch_call_ns"] == 0
+
+
 def test_api_calls_and_ranges_ending_before_they_start(tmp_path):
     p = mutated(tmp_path, f"""UPDATE {R} SET end = start - 1 WHERE rowid IN (SELECT r.rowid FROM {R} r
                                 JOIN StringIds s ON s.id = r.nameId WHERE s.value GLOB 'cu*LaunchKernel*' LIMIT 3)""",

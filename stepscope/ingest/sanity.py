@@ -2,8 +2,9 @@
 out and counted in a warning, so no figure is computed from them.
 
 - an activity (kernel, memcpy, memset), API call or NVTX range that ends before it starts;
-- a kernel or memop lasting longer than MAX_ACTIVITY_NS: no kernel of an inference step runs
-  for an hour, and one that seems to would stand for the whole step's GPU time;
+- a kernel, memop or API call lasting longer than MAX_ACTIVITY_NS: no kernel of an inference
+  step runs for an hour (nor a call waiting on one), one that seems to would stand for the whole
+  step's time, and a step's sum of such durations leaves 64 bits;
 - a timestamp beyond ±2^62 ns (146 years from the clock's origin), where differences and sums
   of times leave 64 bits, and which the open capture range's end (2^62) stands for;
 - a kernel whose name ids point nowhere (not in StringIds): it has no name to classify.
@@ -62,7 +63,7 @@ def checked(trace: Trace) -> Trace:
         }, w)
     trace.kernels = kernels
     trace.memops = _leave_out(trace.memops, "memcpy/memset rows", _times(trace.memops, True), w)
-    trace.api = _leave_out(trace.api, "API calls", _times(trace.api, False), w)
+    trace.api = _leave_out(trace.api, "API calls", _times(trace.api, True), w)
     trace.nvtx = _leave_out(trace.nvtx, "NVTX ranges", _times(trace.nvtx, False), w)
     trace.warnings = list(trace.warnings) + w
     if kernels.is_empty():
