@@ -96,6 +96,20 @@ def _rowids(sql: str) -> str:
     return where[4:-1] if where.startswith("IN (") else where.split("= ")[1]
 
 
+@pytest.mark.parametrize("value", [9223372036854775807, -5])
+def test_memops_of_impossible_sizes(tmp_path, value):
+    """A memset of 2^63-1 bytes failed the byte budget's sum (exit 3); a negative one lowered it."""
+    p = mutated(tmp_path, f"UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET bytes = {value}")
+    assert "1 of 1 memcpy/memset rows left out (1 with a byte count below 0 or beyond 2^48)" in doc_of(p)["warnings"]
+    cells = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
+    r = run("budget", p, "--cells", cells, "--json")
+    assert r.exit_code == 0, r.output
+    base = json.loads(run("budget", EAGER, "--cells", cells, "--json").stdout)["step"]
+    step = json.loads(r.stdout)["step"]
+    assert step["joined"]["trace"] == 0 and base["joined"]["trace"] == 1
+    assert 0 < step["measured_bytes"] < base["measured_bytes"]
+
+
 def test_api_calls_lasting_decades(tmp_path):
     """Launch calls shifted to last 2^61 ns each: their sum per step left int64 (a negative
     launch_call_ns)."""

@@ -7,7 +7,9 @@ out and counted in a warning, so no figure is computed from them.
   step's time, and a step's sum of such durations leaves 64 bits;
 - a timestamp beyond ±2^62 ns (146 years from the clock's origin), where differences and sums
   of times leave 64 bits, and which the open capture range's end (2^62) stands for;
-- a kernel whose name ids point nowhere (not in StringIds): it has no name to classify.
+- a kernel whose name ids point nowhere (not in StringIds): it has no name to classify;
+- a memcpy/memset of a negative byte count or one beyond MAX_BYTES (256 TiB, past any GPU's
+  memory), where the byte budget's sums leave 64 bits.
 
 A trace left without kernels is refused: its figures would all be empty.
 """
@@ -20,6 +22,7 @@ from stepscope.errors import InputError
 from stepscope.model import Trace
 
 MAX_ACTIVITY_NS = 3_600 * 10**9
+MAX_BYTES = 1 << 48
 TIME_BOUND = 1 << 62
 
 
@@ -62,7 +65,8 @@ def checked(trace: Trace) -> Trace:
             "with a demangledName id not in StringIds": ~pl.col("demangled_id").is_in(ids.implode()),
         }, w)
     trace.kernels = kernels
-    trace.memops = _leave_out(trace.memops, "memcpy/memset rows", _times(trace.memops, True), w)
+    trace.memops = _leave_out(trace.memops, "memcpy/memset rows", _times(trace.memops, True) | {
+        "with a byte count below 0 or beyond 2^48": (pl.col("bytes") < 0) | (pl.col("bytes") > MAX_BYTES)}, w)
     trace.api = _leave_out(trace.api, "API calls", _times(trace.api, True), w)
     trace.nvtx = _leave_out(trace.nvtx, "NVTX ranges", _times(trace.nvtx, False), w)
     trace.warnings = list(trace.warnings) + w
