@@ -73,24 +73,22 @@ def ns(v) -> int | None:
     return out if -_TIME_BOUND < out < _TIME_BOUND else None
 
 
-_DECIMAL = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?", re.ASCII)
-
-
 def _decimal_ns(s: str) -> int | None:
-    if len(s) > 64:  # no timestamp is written with more digits; int() of thousands is slow
+    if len(s) > 64 or not s.isascii():  # no time has more digits (int() of thousands is slow)
         return None
-    m = _DECIMAL.fullmatch(s)
-    if m is None or not (m.group(2) or m.group(3)):
+    neg = s.startswith("-")
+    whole, dot, frac = s.lstrip("+-").partition(".")
+    if not (whole or frac) or not (whole.isdigit() or not whole) or not (frac.isdigit() or not frac):
         try:  # exponent notation: through float, as before
             f = float(s)
         except ValueError:
             return None
         return round(f * 1000) if math.isfinite(f) else None
-    sign, whole, frac = m.group(1), m.group(2), (m.group(3) or "") + "000"
+    frac += "000"
     out = int(whole or "0") * 1000 + int(frac[:3])
     if frac[3:4] and int(frac[3]) >= 5:  # round half up on the sub-ns digits
         out += 1
-    return -out if sign == "-" else out
+    return -out if neg else out
 
 
 def _int(v, bound: int = _I64) -> int | None:
