@@ -164,8 +164,10 @@ def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tu
             if is_typed:  # a value of another type somewhere: the whole table again, typed
                 got = list(pool.map(read, [(q, extra, True) for extra in parts]))
             out.append((q, got, is_typed))
+    del frames
     results = []
-    for q, got, is_typed in out:
+    while out:  # each table's slices and raw frame are let go once its frame is made
+        q, got, is_typed = out.pop(0)
         got = [f for f in got if f.height] or got[:1]
         try:
             # one contiguous buffer per column: every later pass (and numpy views) reads it whole
@@ -173,9 +175,11 @@ def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tu
         except pl.exceptions.PolarsError:  # slices typed differently (one all NULL, say)
             raw = pl.concat([f.cast(dict(zip(f.columns, q.raw_schema(is_typed).values()))) for f in got],
                             rechunk=True)
+        del got
         if not typed.fits(raw, q, is_typed):
             raise _ReadError(f"{q.table} came back with columns of unexpected types")
         results.append(typed.clean(raw, q, is_typed))
+        del raw
     return results
 
 
