@@ -53,6 +53,15 @@ from stepscope.commands import cells as _cells  # noqa: E402,F401
 from stepscope.commands import report as _report  # noqa: E402,F401
 
 
+def _click_exception() -> type:
+    """click's ClickException: typer from 0.2x vendors click as typer._click, older ones use click."""
+    try:
+        from typer import _click
+    except ImportError:
+        import click as _click
+    return _click.exceptions.ClickException
+
+
 def main() -> None:
     from stepscope.errors import StepscopeError
 
@@ -64,8 +73,21 @@ def main() -> None:
     from stepscope import native
 
     native.setup()
+    usage_error = _click_exception()
     try:
-        app()
+        # standalone_mode=False: click hands a usage error (an option value of the wrong type,
+        # an unknown option) back instead of printing a usage block in a box, so it gets one
+        # line like any other bad input; the exit code comes back as the return value
+        code = app(standalone_mode=False)
+        if code not in (0, None):
+            sys.exit(code)
+        sys.exit(0)
+    except usage_error as e:
+        message = " ".join(e.format_message().split())
+        if message:  # empty: no arguments at all, and the help it stands for is printed
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "stepscope"
+            typer.echo(f"stepscope: error: {message} (see {where} --help)", err=True)
+        sys.exit(e.exit_code)
     except SystemExit as e:
         if e.code in (0, None):
             # Done: skip the interpreter's teardown, which frees a million-kernel trace's
@@ -80,10 +102,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("stepscope: interrupted", err=True)
         sys.exit(130)
-    except Exception as e:  # a bug, not bad input: still one line unless asked for the traceback
+    except BaseException as e:  # a bug, not bad input: still one line unless asked for the traceback
+        # Rust code under polars and ADBC panics with pyo3's PanicException, a BaseException
+        # (so that `except Exception` in libraries lets it through): it is a bug like any other
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         if os.environ.get("STEPSCOPE_DEBUG"):
             raise
-        typer.echo(f"stepscope: internal error: {type(e).__name__}: {e} "
+        first = (str(e).strip().splitlines() or [""])[0]  # polars appends the failing plan
+        typer.echo(f"stepscope: internal error: {type(e).__name__}: {first} "
                    "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
         sys.exit(3)
 

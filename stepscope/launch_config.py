@@ -23,12 +23,14 @@ def nsys_reader(path: str | Path) -> LaunchConfigReader:
     """A reader of (pid, corr, start, grid_*, block_*) for the kernels with the given shortName
     string ids, from the nsys SQLite export at `path` (read-only; through ADBC's Arrow stream
     when the driver is installed, as the reader does: ~4x faster than sqlite3's row tuples)."""
-    from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, PID_SQL, connect_readonly
+    from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, connect_readonly
+
+    pid_sql = "((globalPid >> 24) & 16777215)"  # globalPid packs <hw:8><vm:8><pid:24><tid:24>
 
     def read(short_ids: list[int]) -> pl.DataFrame:
         if not short_ids:
             return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
-        sql = (f"SELECT {PID_SQL.format(col='globalPid')} AS pid, correlationId, start, gridX, gridY, gridZ, "
+        sql = (f"SELECT {pid_sql} AS pid, correlationId, start, gridX, gridY, gridZ, "
                f"blockX, blockY, blockZ FROM {KERNEL_TABLE} "
                f"WHERE shortName IN ({','.join(str(int(i)) for i in short_ids)})")
         frame = _adbc(Path(path), sql)
@@ -38,10 +40,13 @@ def nsys_reader(path: str | Path) -> LaunchConfigReader:
                 rows = con.execute(sql).fetchall()
             finally:
                 con.close()
-            return pl.DataFrame(rows, schema=list(LAUNCH_CONFIG_SCHEMA.items()), orient="row")
+            frame = pl.DataFrame(rows, schema=list(LAUNCH_CONFIG_SCHEMA), orient="row", strict=False)
         if frame.is_empty():
             return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
-        return frame.select([pl.col(c).cast(t).alias(n) for c, (n, t) in zip(frame.columns, LAUNCH_CONFIG_SCHEMA.items())])
+        # evidence, not figures: a value of the wrong type (a damaged export) leaves its row out
+        return frame.select([pl.col(c).cast(t, strict=False).alias(n)
+                             for c, (n, t) in zip(frame.columns, LAUNCH_CONFIG_SCHEMA.items())]).drop_nulls(
+            ["pid", "corr", "start", "grid_x"])
 
     return read
 

@@ -84,6 +84,8 @@ class Trace:
     # what `stepscope trace` measured outside nsys's capture range (ingest/sidecar.py): read
     # from `<name>.stepscope.json` beside the export each time (never cached with the frames)
     sidecar: dict | None = None
+    # the Parquet cache entry this read wrote (ingest/cache.py), None when it wrote none
+    cache_entry: Path | None = None
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
         """An expression mapping an id column to its string (for use in with_columns)."""

@@ -15,6 +15,8 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.errors import InputError
+from stepscope.paths import input_file
+from stepscope.patterns import UserPattern, ours
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +38,7 @@ FIELDS = ("short", "demangled", "any")
 @dataclass(frozen=True)
 class Rule:
     cls: str
-    pattern: re.Pattern
+    pattern: re.Pattern | UserPattern
     field: str = "any"
     source: str = "default"
 
@@ -111,63 +113,80 @@ class RuleSet:
         return None
 
 
-def _compile(pattern, where: str) -> re.Pattern:
+DEFAULT_SOURCE = "default rules"
+
+
+def _compile(pattern, where: str, source: str = DEFAULT_SOURCE):
     if not isinstance(pattern, str) or not pattern:
         raise InputError(f"{where}: needs a non-empty string 'pattern'")
+    if source != DEFAULT_SOURCE:  # a user's pattern may backtrack: matched under a time budget
+        return UserPattern(pattern, where)
     try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
+        return ours(pattern)
+    except re.error as e:  # pragma: no cover - the bundled rules compile (tests load them)
+        raise InputError(f"{where}: bad regex {pattern!r}: {e}") from None
 
 
 def _parse_evidence(doc: dict, source: str) -> dict:
     """The [[family]], [[op]], [phase], [evidence] and [[position]] sections."""
     out: dict = {"families": [], "ops": [], "phase": [], "anonymous": None, "positions": []}
+    for section, kind in (("family", list), ("op", list), ("position", list), ("phase", dict), ("evidence", dict)):
+        got = doc.get(section, kind())
+        if not isinstance(got, kind) or (kind is list and not all(isinstance(e, dict) for e in got)):
+            raise InputError(f"{source}: [{section}] must be " + ("an array of tables" if kind is list else "a table")
+                             + f", not {type(got).__name__}")
     for i, entry in enumerate(doc.get("family", [])):
         where = f"{source}: [[family]] #{i + 1}"
         if entry.get("family") not in FAMILIES:
             raise InputError(f"{where}: unknown family {entry.get('family')!r}; use one of {', '.join(FAMILIES)}")
-        out["families"].append(Family(entry["family"], _compile(entry.get("pattern"), where)))
+        out["families"].append(Family(entry["family"], _compile(entry.get("pattern"), where, source)))
     for i, entry in enumerate(doc.get("op", [])):
         where = f"{source}: [[op]] #{i + 1}"
         pattern = entry.get("pattern")
-        if _compile(pattern, where).groups < 1:
+        _compile(pattern, where, source)
+        try:  # polars extracts the op with this pattern (a linear engine); re only counts its groups
+            groups = re.compile(pattern).groups
+        except re.error as e:
+            raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
+        if groups < 1:
             raise InputError(f"{where}: the pattern needs a group around the op name")
         out["ops"].append(pattern)
     for key, pattern in doc.get("phase", {}).items():
         where = f"{source}: [phase] {key}"
         if key not in PHASE_KEYS:
             raise InputError(f"{where}: unknown key; use one of {', '.join(PHASE_KEYS)}")
-        out["phase"].append((key, _compile(pattern, where)))
+        out["phase"].append((key, _compile(pattern, where, source)))
     if "anonymous" in doc.get("evidence", {}):
-        out["anonymous"] = _compile(doc["evidence"]["anonymous"], f"{source}: [evidence] anonymous")
+        out["anonymous"] = _compile(doc["evidence"]["anonymous"], f"{source}: [evidence] anonymous", source)
     for i, entry in enumerate(doc.get("position", [])):
         where = f"{source}: [[position]] #{i + 1}"
         if entry.get("class") not in CLASSES:
             raise InputError(f"{where}: unknown class {entry.get('class')!r}; use one of {', '.join(CLASSES)}")
-        out["positions"].append(Position(entry["class"], _compile(entry.get("after"), where + " after"),
-                                         _compile(entry.get("before"), where + " before")))
+        out["positions"].append(Position(entry["class"], _compile(entry.get("after"), where + " after", source),
+                                         _compile(entry.get("before"), where + " before", source)))
     return out
 
 
 def _parse(doc: dict, source: str) -> tuple[list[Rule], list[Rule]]:
     out: dict[str, list[Rule]] = {"rule": [], "nvtx": []}
     for section in out:
-        for i, entry in enumerate(doc.get(section, [])):
+        entries = doc.get(section, [])
+        if not isinstance(entries, list):
+            raise InputError(f"{source}: [[{section}]] must be an array of tables "
+                             f"([[{section}]] headers), not {type(entries).__name__}")
+        for i, entry in enumerate(entries):
             where = f"{source}: [[{section}]] #{i + 1}"
+            if not isinstance(entry, dict):
+                raise InputError(f"{where}: must be a table with class and pattern, not {type(entry).__name__}")
             cls, pattern = entry.get("class"), entry.get("pattern")
             field = entry.get("field", "any")
-            if cls not in CLASSES:
+            if not isinstance(cls, str) or cls not in CLASSES:
                 raise InputError(f"{where}: unknown class {cls!r}; use one of {', '.join(CLASSES)}")
             if not isinstance(pattern, str) or not pattern:
                 raise InputError(f"{where}: needs a non-empty string 'pattern'")
-            if field not in FIELDS:
+            if not isinstance(field, str) or field not in FIELDS:
                 raise InputError(f"{where}: field must be one of {', '.join(FIELDS)}, not {field!r}")
-            try:
-                compiled = re.compile(pattern)
-            except re.error as e:
-                raise InputError(f"{where}: bad regex {pattern!r}: {e}; fix the pattern") from None
-            out[section].append(Rule(cls, compiled, field, source))
+            out[section].append(Rule(cls, _compile(pattern, where, source), field, source))
     return out["rule"], out["nvtx"]
 
 
@@ -175,15 +194,15 @@ def load_rules(extra: str | Path | None = None) -> RuleSet:
     """The default rules, with a user's rules file (if any) consulted first."""
     text = resources.files("stepscope.data").joinpath("rules.toml").read_text()
     default = tomllib.loads(text)
-    kernel, nvtx = _parse(default, "default rules")
-    ev = _parse_evidence(default, "default rules")
+    kernel, nvtx = _parse(default, DEFAULT_SOURCE)
+    ev = _parse_evidence(default, DEFAULT_SOURCE)
     if extra is not None:
-        extra = Path(extra)
+        extra = input_file(extra, "a TOML rules file")  # a directory or FIFO is refused unopened
         try:
-            doc = tomllib.loads(extra.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{extra}: no such rules file") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            doc = tomllib.loads(extra.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise InputError(f"{extra}: cannot read the rules file ({e.strerror or e})") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise InputError(f"{extra} is not a valid TOML rules file ({e})") from None
         user_kernel, user_nvtx = _parse(doc, str(extra))
         kernel, nvtx = user_kernel + kernel, user_nvtx + nvtx

@@ -19,6 +19,7 @@ from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.representative import representative
 from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import DEFAULT, GraphConstants, is_graph_trace, predict_graph_step
+from stepscope.paths import shown
 
 FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_calls")
 
@@ -35,7 +36,7 @@ def summarize(d: Diagnosis) -> dict:
     out["step"] = rep["step"]
     out["chosen"] = rep["why"]
     out["steps"] = s.height
-    out["path"] = str(inv.trace.path)
+    out["path"] = shown(inv.trace.path)
     out["graph"] = is_graph_trace(inv)
     out["fastest_step_time_ns"] = int(s["step_time_ns"].min())
     idle = d.gap_totals.join(mine, on="step", how="semi")
@@ -123,7 +124,9 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
     added = {k: v for k, v in nb.items() if k not in na}
     removed = {k: v for k, v in na.items() if k not in nb}
     doc = {
-        "a": sa, "b": sb, "speedup": round(speedup, 4) if speedup else None,
+        # four decimals, or four significant digits where those would round it to 0 (a B
+        # thousands of times slower): a speedup of 0.0 reads as no step time, and divides by zero
+        "a": sa, "b": sb, "speedup": (round(speedup, 4) or float(f"{speedup:.4g}")) if speedup else None,
         "classes": deltas,
         "kernels_added": [{"name": k, "count_per_step": v} for k, v in sorted(added.items())],
         "kernels_removed": [{"name": k, "count_per_step": v} for k, v in sorted(removed.items())],
@@ -136,7 +139,7 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         doc["predicted_graph_step_time_ns"] = int(round(pred))
         doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
                                   "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
-        if sb["graph"]:
+        if sb["graph"] and sb["step_time_ns"]:
             ref = sb["step_time_ns"]
             doc["prediction_reference_ns"] = ref  # B's quoted step the error is computed against
             doc["prediction_error"] = round((doc["predicted_graph_step_time_ns"] - ref) / ref, 4)

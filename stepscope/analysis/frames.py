@@ -58,6 +58,9 @@ def lookup(col: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
     window numbers): one gather from a table indexed by key instead of a hash lookup per row.
     A value of `col` that is not among `keys` (or out of the table's range) maps to null."""
     size = int(keys.max()) + 1 if keys.len() else 1  # no keys: a one-slot table of null
+    if size > max(4 * keys.len(), 1 << 20):
+        # sparse keys (a damaged export's string id near 2^31): the table would take gigabytes
+        return pl.col(col).replace_strict(keys, values, default=None, return_dtype=values.dtype)
     table = pl.repeat(None, size, dtype=values.dtype, eager=True)
     if keys.len():
         table = table.scatter(keys.cast(pl.Int64), values)

@@ -163,6 +163,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "show it either: prefill/decode was taken from the kernel names (name the step range with "
             "phase=..., or vLLM's names)"
         )
+    warnings += impossible_figures(steps, classes)
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
         warnings.append(
@@ -173,6 +174,33 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
                      class_by, families, ops)
 
 
+def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list[str]:
+    """Warnings for steps whose figures cannot be right: a classified share of GPU time
+    (coverage) outside 0-100 %, GPU busy above the span, a negative time. The readers leave
+    out the values that make them (sanity.py); this says so if one still gets through."""
+    per = classes.group_by("step").agg(
+        total=pl.col("time_ns").sum(), other=pl.col("time_ns").filter(pl.col("class") == "other").sum())
+    cov = per.filter(pl.col("total") != 0).with_columns(coverage=100 * (1 - pl.col("other") / pl.col("total")))
+    out = []
+    bad = cov.filter((pl.col("coverage") < 0) | (pl.col("coverage") > 100))
+    if bad.height:
+        out.append(f"{bad.height} step(s) have a coverage outside 0-100 % ({bad['coverage'].min():.1f}% to "
+                   f"{bad['coverage'].max():.1f}%; steps {_few(bad['step'])}): the trace's durations cannot be right")
+    checks = {"GPU busy above its span": pl.col("gpu_busy_ns") > pl.col("gpu_span_ns"),
+              "a negative time": pl.min_horizontal("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
+                                                   "kernel_time_sum_ns") < 0}
+    for what, expr in checks.items():
+        hit = steps.filter(expr.fill_null(False))
+        if hit.height:
+            out.append(f"{hit.height} step(s) have {what} (steps {_few(hit['step'])}): the trace's times cannot be right")
+    return out
+
+
+def _few(ids: pl.Series) -> str:
+    shown = ", ".join(str(i) for i in ids.head(5).to_list())
+    return shown + (f" and {ids.len() - 5} more" if ids.len() > 5 else "")
+
+
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
               strings: dict[int, str], launch_config: LaunchConfigReader | None = None
               ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -180,10 +208,12 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
     distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
     kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
-    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id")).alias("_key")
+    # both ids in one integer: the demangled id offset by 2^31 into [0, 2^32), so that any two
+    # Int32 ids (a negative one too) pack and unpack exactly
+    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id").cast(pl.Int64) + (1 << 31)).alias("_key")
     names = kernels.select(key).unique().select(
         (pl.col("_key") // (1 << 32)).cast(pl.Int32).alias("short_id"),
-        (pl.col("_key") % (1 << 32)).cast(pl.Int32).alias("demangled_id"))
+        (pl.col("_key") % (1 << 32) - (1 << 31)).cast(pl.Int32).alias("demangled_id"))
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),

@@ -15,7 +15,6 @@ inside the step's host window. Steps are per process and per device.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import polars as pl
 from stepscope import apinames
 from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.errors import InputError
+from stepscope.patterns import PatternError, UserPattern, ours
 
 DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
 
@@ -81,11 +81,18 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     else:
         acts = k
     # correlationId is unique only within a process: join on (pid, corr), packed into one
-    # integer key (pid < 2^24, so the key is exact while corr < 2^39), which hashes faster.
-    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
+    # integer key (pid < 2^24, so the key is exact while 0 <= corr < 2^39), which hashes faster.
     window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
-    calls = api.select(key, "tid", pl.col("start").alias("launch_start"),
-                       pl.col("end").alias("launch_end"), pl.col("api_name").alias("launch_api"), *window)
+    launch = (pl.col("start").alias("launch_start"), pl.col("end").alias("launch_end"),
+              pl.col("api_name").alias("launch_api"), *window)
+    if not (_packs(acts, api, "pid", 1 << 24) and _packs(acts, api, "corr", 1 << 39)):
+        # ids a packed key would not hold exactly (a damaged export's correlation id near 2^63,
+        # a profiler's negative pid): the two-column join, slower but exact
+        calls = api.select("pid", "corr", "tid", *launch).unique(["pid", "corr"], keep="first", maintain_order=True)
+        acts = acts.join(calls, on=["pid", "corr"], how="left", maintain_order="left")
+        return acts.with_row_index("row")
+    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
+    calls = api.select(key, "tid", *launch)
     acts = acts.with_columns(key)
     # CUPTI numbers calls in call order and nsys writes both tables in start order, so in a
     # single-stream process both keys usually come sorted: then polars merges instead of hashing
@@ -101,6 +108,14 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     return acts.with_row_index("row")
 
 
+def _packs(a: pl.DataFrame, b: pl.DataFrame, col: str, bound: int) -> bool:
+    """Whether every value of `col` in both frames lies in [0, bound)."""
+    for s in (a[col], b[col]):
+        if s.len() > s.null_count() and (s.min() < 0 or s.max() >= bound):
+            return False
+    return True
+
+
 @dataclass
 class Segmentation:
     steps: pl.DataFrame  # STEP_COLS
@@ -109,15 +124,20 @@ class Segmentation:
     window_steps: pl.DataFrame | None = None  # window, step: the steps each window became
 
 
-def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str) -> pl.DataFrame:
+def _step_pattern(step_regex: str | None):
+    if step_regex is None:
+        return ours(DEFAULT_STEP_REGEX)
     try:
-        re.compile(step_regex)
-    except re.error as e:
-        raise InputError(f"bad --step-regex {step_regex!r}: {e}") from None
+        return UserPattern(step_regex, "--step-regex")
+    except PatternError as e:
+        raise InputError(f"bad --step-regex {step_regex!r}: {e.reason}") from None
+
+
+def _windows_nvtx(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
+    pat = _step_pattern(step_regex)  # a bad pattern fails even on a trace without NVTX
     if nvtx.is_empty():
         return _no_windows()
     names = nvtx.select("name").unique().drop_nulls()
-    pat = re.compile(step_regex)
     keep = names.filter(pl.Series([bool(pat.search(n)) for n in names["name"].to_list()], dtype=pl.Boolean))
     w = nvtx.join(keep, on="name", how="semi").sort("pid", "tid", "start")
     # Nested step ranges (torch.profiler's ProfilerStep#N around a named `step ...` range):
@@ -470,7 +490,7 @@ def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tup
 def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
     """The host windows of the steps of every process that has delimiters (nvtx, then capture,
     then graph, the first kind found per process), indexed by `window` in start order."""
-    step_regex = step_regex or DEFAULT_STEP_REGEX
+    step_regex = step_regex or None  # "" means the default, as before
     pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
     windows = []
     covered: set[int] = set()
@@ -484,7 +504,9 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
         if w.height:
             windows.append(w)
             covered |= set(w["pid"].unique().to_list())
-    windows = pl.concat(windows) if windows else _no_windows()
+    # relaxed: NVTX windows carry the model's Int32 ids, capture and graph windows Int64; a TP
+    # trace whose ranks are delimited differently (one rank's step ranges lost) mixes them
+    windows = pl.concat(windows, how="vertical_relaxed") if windows else _no_windows()
     if windows.height and (windows["w_end"] == OPEN_END).any():
         windows = _close_open_windows(trace, api, windows)
     return windows.sort("w_start").with_row_index("window")
@@ -514,8 +536,9 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
     window_steps = None
     by_window = None  # the step as an expression of the window, when that decides it
     if windows.height:
-        # a step is (window, device); number them by window start, then device
-        wd = (pl.col("window").cast(pl.Int64) * (1 << 20) + pl.col("device")).alias("_wd")
+        # a step is (window, device); number them by window start, then device (packed into one
+        # key with the device offset into [0, 2^32): any Int32 device id packs exactly)
+        wd = (pl.col("window").cast(pl.Int64) * (1 << 32) + pl.col("device").cast(pl.Int64) + (1 << 31)).alias("_wd")
         hit = acts.lazy().filter(pl.col("window").is_not_null()).select("row", "device", "window")
         keys = hit.select(wd, "window", "device").unique("_wd").collect().join(
             windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
@@ -573,9 +596,12 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
     return Segmentation(step_rows_frame, acts, warnings, window_steps)
 
 
-_VLLM = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+_VLLM = ours(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+# (?<!\w): a key starts a word. Without it every position inside a long word without "="
+# was tried again, each scanning to the word's end: quadratic (a 1 MB step name hung the run);
+# the matches are the same, since a key that starts inside a word starts at its first letter
+_KV = ours(r"(?<!\w)(\w+)=([\w.\-/]+)")
 VLLM_STEP_RE = _VLLM  # vLLM's step range names
-_KV = re.compile(r"(\w+)=([\w.\-/]+)")
 
 
 def step_shape(name: str | None) -> dict:

@@ -14,6 +14,7 @@ or raw ncu CSV output, which it imports on the fly.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import polars as pl
@@ -21,6 +22,7 @@ import polars as pl
 from stepscope.bytes import ncu as ncu_csv
 from stepscope.bytes.hbm import same_gpu
 from stepscope.errors import InputError
+from stepscope.paths import input_file
 
 SCHEMA: dict[str, pl.DataType] = {
     "gpu": pl.String, "model": pl.String, "sweep": pl.String, "cell": pl.String,
@@ -44,7 +46,8 @@ def frame(rows: list[dict]) -> pl.DataFrame:
         for k in r:
             if k not in SCHEMA and k not in _DROP and k not in extras:
                 extras.append(k)
-    data = {c: [r.get(c) for r in rows] for c in SCHEMA}
+    data = {c: [_fit(r, c, t) for r in rows] for c, t in SCHEMA.items()}
+    data["error"] = [r.get("error") for r in rows]  # _fit may have noted an unreadable value
     df = pl.DataFrame(data, schema=SCHEMA)
     for k in extras:
         vals = [r.get(k) for r in rows]
@@ -56,6 +59,29 @@ def frame(rows: list[dict]) -> pl.DataFrame:
             df = df.with_columns(pl.Series(k, [None if v is None else str(v) for v in vals],
                                            dtype=pl.String))
     return df
+
+
+_INT64 = 1 << 63
+
+
+def _fit(row: dict, col: str, dtype) -> object:
+    """row[col] as the column's type, or None; a value that is there but unreadable (text where
+    a count belongs, a count beyond 64 bits) makes the row an error row saying so, instead of
+    failing the whole table."""
+    v = row.get(col)
+    if v is None:
+        return None
+    if dtype == pl.Int64 and isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64:
+        return v
+    if dtype == pl.Float64 and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    if dtype == pl.String and isinstance(v, str):
+        return v
+    if dtype == pl.Boolean and isinstance(v, bool):
+        return v
+    if col != "error" and row.get("error") is None:
+        row["error"] = f"unreadable {col}: {str(v)[:40]!r}"
+    return None
 
 
 def import_ncu(paths: list[str | Path], gpu: str | None = None,
@@ -81,38 +107,68 @@ def import_ncu(paths: list[str | Path], gpu: str | None = None,
 
 def write_cells(df: pl.DataFrame, out: str | Path) -> list[Path]:
     """Write `<out>.parquet` and `<out>.csv` (out may carry either suffix, or none)."""
+    from stepscope.render.output import OutputError, write_atomic_with
+
+    pq, csv = outputs_of(out)
+    try:
+        pq.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot write {pq}: {e.strerror or e}") from None
+    for path, write in ((pq, df.write_parquet), (csv, df.write_csv)):
+        try:  # each file appears whole or not at all
+            write_atomic_with(path, write)
+        except pl.exceptions.PolarsError as e:
+            raise OutputError(f"cannot write {path}: {_first_line(e)}") from None
+    return [pq, csv]
+
+
+def outputs_of(out: str | Path) -> list[Path]:
+    """The two files `write_cells(df, out)` writes."""
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".parquet", ".csv") else out
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    pq, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
-    df.write_parquet(pq)
-    df.write_csv(csv)
-    return [pq, csv]
+    return [stem.with_suffix(".parquet"), stem.with_suffix(".csv")]
 
 
 def read_cells(path: str | Path) -> pl.DataFrame:
     """A cells table from Parquet, a cells CSV, or raw ncu CSV output."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
+    p = input_file(path, "a cells file (.parquet or .csv) or an ncu CSV")
     if p.suffix == ".parquet":
         try:
             df = pl.read_parquet(p)
         except Exception as e:
-            raise InputError(f"{p}: not a readable Parquet cells file ({e})") from None
+            raise InputError(f"{p}: not a readable Parquet cells file ({_first_line(e)})") from None
     else:
-        head = p.read_text(errors="replace")[:4096]
+        try:
+            with open(p, "rb") as f:
+                head = f.read(4096).decode("utf-8", "replace")
+        except OSError as e:
+            raise InputError(f"{p}: cannot be read ({e.strerror or e})") from None
         if not head.strip():
             raise InputError(f"{p}: the file is empty")
         first = head.lstrip().splitlines()[0]
         if first.startswith("gpu,") or first.startswith('"gpu",'):
-            df = pl.read_csv(p, schema_overrides=SCHEMA, infer_schema_length=10000)
+            try:
+                df = pl.read_csv(p, schema_overrides=SCHEMA, infer_schema_length=10000)
+            except pl.exceptions.PolarsError as e:
+                raise InputError(f"{p}: not a readable cells CSV ({_first_line(e)}); write it again "
+                                 "with stepscope cells import") from None
         else:
             return import_ncu([p])
     missing = [c for c in ("kernel", "dram_read_bytes", "dram_write_bytes") if c not in df.columns]
     if missing:
         raise InputError(f"{p}: not a cells table (lacks {', '.join(missing)})")
+    # a column of the wrong kind (a cells file written by hand, or by another tool) would fail
+    # deep inside the budget's joins: numbers must be numbers, names text, flags booleans
+    for c, t in SCHEMA.items():
+        have = df[c].dtype if c in df.columns else pl.Null
+        if have != pl.Null and not (have == t or (t.is_numeric() and have.is_numeric())):
+            raise InputError(f"{p}: column {c} is {have}, not {t}: not a cells table stepscope "
+                             "wrote; write it again with stepscope cells import")
     return df
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def read_many(paths: list[str | Path]) -> pl.DataFrame:
@@ -126,8 +182,9 @@ def read_many(paths: list[str | Path]) -> pl.DataFrame:
 
 def _is_cells_csv(p) -> bool:
     p = Path(p)
-    if not p.exists() or p.suffix != ".csv":
+    if p.suffix != ".csv":
         return False
+    input_file(p, "a cells file (.parquet or .csv) or an ncu CSV")  # before open(): a FIFO blocks
     with open(p, errors="replace") as f:
         first = f.readline()
     return first.startswith("gpu,") or first.startswith('"gpu",')

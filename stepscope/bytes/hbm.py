@@ -19,13 +19,14 @@ from __future__ import annotations
 import re
 
 # (pattern over the lower-cased device name, peak bytes/s, canonical name). First match wins,
-# so the more specific patterns come first.
+# so the more specific patterns come first. "X.*Y" is anchored after the first X: searched
+# unanchored, it is retried from every X of a long name (a trace's device name can be anything).
 _TABLE: list[tuple[str, float, str]] = [
     (r"h200", 4.8e12, "H200"),
-    (r"h100.*pcie", 2.0e12, "H100 PCIe"),
+    (r"^(?:(?!h100).)*h100.*pcie", 2.0e12, "H100 PCIe"),
     (r"h100", 3.35e12, "H100 SXM"),
-    (r"a100.*(80\s*gb|80g)", 2.039e12, "A100-80GB"),
-    (r"a100.*(40\s*gb|40g)", 1.555e12, "A100-40GB"),
+    (r"^(?:(?!a100).)*a100.*(80\s*gb|80g)", 2.039e12, "A100-80GB"),
+    (r"^(?:(?!a100).)*a100.*(40\s*gb|40g)", 1.555e12, "A100-40GB"),
     (r"a100", 2.039e12, "A100-80GB"),  # unnamed memory size: the common SXM 80GB part
     (r"l40s", 0.864e12, "L40S"),
 ]

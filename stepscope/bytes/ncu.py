@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepscope.errors import EnvironmentProblem, InputError
+from stepscope.paths import input_file
 
 # metric -> column name in the cells table (units in the name)
 METRIC_COLUMNS: dict[str, str] = {
@@ -91,7 +93,7 @@ def parse_number(text: str | None, unit: str | None = None) -> float | None:
         return None
     if unit:
         v *= _SCALE.get(unit.strip().lower(), 1)
-    return v
+    return v if math.isfinite(v) else None  # 'inf', '1e400': no count of bytes or time
 
 
 def parse_dim3(text: str | None) -> tuple[int, int, int] | None:
@@ -226,9 +228,7 @@ def parse_files(paths: list[str | Path], require: tuple[str, ...] = REQUIRED_MET
     """Parse several ncu CSV files; raise InputError when nothing usable is there."""
     res = NcuParse()
     for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise InputError(f"{p}: no such file")
+        p = input_file(p, "an ncu CSV (the stdout of ncu --csv --page raw)")
         try:
             text = p.read_text(errors="replace")
         except OSError as e:

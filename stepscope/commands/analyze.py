@@ -33,12 +33,10 @@ def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Opti
 
     path = Path(trace or bundled_trace())
     progress.stage(f"reading {path.name}")
-    before = _cache_entries(path) if cache else set()
     trace_obj = read_trace(path, launch_config=launch_config, cache=None if cache else False)
-    if cache:
-        for entry in sorted(_cache_entries(path) - before):
-            progress.notice(f"cached {path.name}'s frames in {entry} (the next read of this export "
-                            "skips SQLite; --no-cache reads without it)")
+    if trace_obj.cache_entry is not None:
+        progress.notice(f"cached {path.name}'s frames in {trace_obj.cache_entry} (the next read of this export "
+                        "skips SQLite; --no-cache reads without it)")
     progress.stage(f"analyzing {trace_obj.kernels.height:,} kernels of {path.name}")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
@@ -49,27 +47,6 @@ def load_inventory(trace: Optional[Path], step_regex: Optional[str], rules: Opti
         reader = nsys_reader(trace_obj.path)
     return analyze_trace(trace_obj, step_regex, load_rules(rules), release_input=release_input,
                          launch_config=reader)
-
-
-def _cache_entries(path: Path) -> set[Path]:
-    """The cache entries of `path`'s name, in every folder ingest/cache.py would use. Read
-    before and after the read: a new one is a cache just written. (ingest/cache.py, which this
-    command does not own, reports where it wrote to no caller: read_trace drops store()'s path;
-    `_roots` is its one list of those folders.)"""
-    import re
-
-    from stepscope.ingest import cache as trace_cache
-
-    if not path.is_file():
-        return set()
-    name = re.compile(re.escape(path.stem) + r"-[0-9a-f]{20}")
-    out = set()
-    for root in trace_cache._roots(path):
-        try:
-            out |= {d for d in root.iterdir() if name.fullmatch(d.name) and d.is_dir()}
-        except OSError:  # no such folder yet, or not readable
-            pass
-    return out
 
 
 @app.command()

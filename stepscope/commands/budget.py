@@ -30,6 +30,7 @@ def budget_cmd(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Join each kernel of a step to a measured byte cell; bytes, minimum, removable, floor."""
+    from stepscope import options as opt
     from stepscope.errors import StepscopeError
     from stepscope.selection import check_steps
 
@@ -37,6 +38,8 @@ def budget_cmd(
 
     try:
         check_steps(steps)
+        opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
+        opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
         with progress.shown(not as_json):
             doc, res = _run(trace, cells, model, batch, context, phase, steps)
     except StepscopeError as e:
@@ -58,6 +61,7 @@ def _run(trace, cells_path, model, batch, context, phase, steps):
     from stepscope.selection import parse_steps
 
     from stepscope.commands.analyze import load_inventory
+    from stepscope.paths import shown
     from stepscope.render import progress
 
     cells = read_cells(cells_path)
@@ -97,7 +101,7 @@ def _run(trace, cells_path, model, batch, context, phase, steps):
                            str(phase), gpu_name, peak, tp=tp, memops=sk)
     else:
         res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
-    doc = {"trace": str(trace), "cells": str(cells_path), "step_index": sid, "model": model,
+    doc = {"trace": shown(trace), "cells": shown(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
     return doc, res
@@ -108,18 +112,19 @@ def _render(doc, res) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.names import term
     from stepscope.render.units import MISSING, nbytes, us
 
     con = Console()
     st = doc["step"]
-    t = Table(title=f"HBM byte budget — step {doc['step_index']} ({st['phase']}, batch "
-              f"{st['batch']}, context {st['context']}, {doc['model']}) on {doc['gpu'] or '?'}")
+    t = Table(title=f"HBM byte budget — step {doc['step_index']} ({term(st['phase'])}, batch "
+              f"{st['batch']}, context {st['context']}, {term(doc['model'])}) on {term(doc['gpu'] or '?')}")
     for c in ("class", "op", "calls", "bytes/call", "measured", "minimum", "ampl.",
               "removable", "floor", "kernel time"):
         t.add_column(c, justify="left" if c in ("class", "op") else "right")
     for r in res.rows.iter_rows(named=True):
         amp = r["amplification"]
-        t.add_row(r["class"], r["op"] or "[dim](no cell)[/]", str(r["calls"]),
+        t.add_row(term(r["class"]), term(r["op"]) if r["op"] else "[dim](no cell)[/]", str(r["calls"]),
                   nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
                   f"{amp:.2f}" if amp is not None else MISSING, nbytes(r["removable_bytes"]),
                   us(r["floor_ns"]), us(r["time_ns"]))
@@ -132,7 +137,7 @@ def _render(doc, res) -> None:
     ranked = [c for c in doc["classes"] if c["removable_bytes"] is not None]
     if ranked:
         con.print("classes by removable bytes: " + ", ".join(
-            f"{c['class']} {nbytes(c['removable_bytes'])}" for c in ranked[:5]))
+            f"{term(c['class'])} {nbytes(c['removable_bytes'])}" for c in ranked[:5]))
     j = st["joined"]
     if j.get("order"):
         o = st["order"]
@@ -155,7 +160,7 @@ def _render(doc, res) -> None:
                   + ", ".join(f"{r['op'] or r['class']} ({r['note'].split(': ', 1)[-1]})"
                               for r in below.iter_rows(named=True)))
     for u in st["unjoined_kernels"][:15]:
-        con.print(f"  [yellow]no cell[/] {u['class']:<16} {u['count']:>4}× {u['name']}"
-                  + (f" [dim]({u['reason']})[/]" if u.get("reason") else ""))
+        con.print(f"  [yellow]no cell[/] {term(u['class']):<16} {u['count']:>4}× {term(u['name'])}"
+                  + (f" [dim]({term(u['reason'])})[/]" if u.get("reason") else ""))
     for w in doc.get("warnings", []):
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(f"[yellow]warning:[/] {term(w, 2000)}")

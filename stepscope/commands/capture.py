@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from stepscope.cli import app
+from stepscope.cli import app, fail
 
 
 @app.command()
@@ -49,8 +49,17 @@ def trace(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Run one engine step under Nsight Systems and explain where its time goes."""
+    from stepscope import options as opt
     from stepscope.capture.run import TraceRequest, run_trace
+    from stepscope.errors import StepscopeError
 
+    try:  # before nsys starts (run_trace checks the lower bounds): batch 10^12 fails much later
+        opt.at_most(batch, "--batch", opt.MAX_BATCH)
+        opt.at_most(context, "--context", opt.MAX_CONTEXT)
+        opt.at_most(tp, "--tp", 1024)
+        opt.at_most(layers, "--layers", 10_000)
+    except StepscopeError as e:
+        fail(str(e))
     req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
                        context=context, tp=tp, layers=layers, out=out, json=as_json,
                        warmup=warmup, untraced_steps=untraced_steps, steps=steps,

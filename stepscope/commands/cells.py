@@ -35,9 +35,12 @@ def import_cmd(
     model: Optional[str] = typer.Option(None, help="model card the launches belong to"),
 ) -> None:
     """Turn raw ncu CSV files (==PROF== lines included) into a cells table."""
-    from stepscope.bytes.cells import import_ncu, write_cells
+    from stepscope.bytes.cells import import_ncu, outputs_of, write_cells
+    from stepscope.paths import refuse_overwrite
 
     def body():
+        for written in outputs_of(out):  # -o x.parquet also writes x.csv: neither may be an input
+            refuse_overwrite(written, list(ncu_csv))
         df = import_ncu(ncu_csv, gpu=gpu, model=model)
         paths = write_cells(df, out)
         typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")
@@ -79,10 +82,11 @@ def _render(led, gpus, peak) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from stepscope.render.names import term
     from stepscope.render.units import MISSING, nbytes, us
 
     con = Console()
-    t = Table(title=f"byte cells — {', '.join(gpus) or 'GPU unknown'}"
+    t = Table(title=f"byte cells — {term(', '.join(gpus)) or 'GPU unknown'}"
               + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
     for col, just in (("cell", "left"), ("#", "right"), ("kernel", "left"), ("grid", "left"),
                       ("read", "right"), ("write", "right"), ("min (cell)", "right"),
@@ -91,16 +95,16 @@ def _render(led, gpus, peak) -> None:
         t.add_column(col, justify=just, overflow="fold")
     for r in led.iter_rows(named=True):
         if r.get("error"):
-            t.add_row(r.get("cell") or "?", "", f"[red]error: {r['error']}[/]", "", "", "", "",
+            t.add_row(term(r.get("cell") or "?"), "", f"[red]error: {term(r['error'], 2000)}[/]", "", "", "", "",
                       "", "", "", "")
             continue
-        kern = (r.get("kernel") or "")[:60]
+        kern = term((r.get("kernel") or "")[:60])
         if r.get("matched") is False:
             kern = f"[dim]{kern} (not the op's regex)[/]"
         amp = r.get("amplification")
         t.add_row(
-            r.get("cell") or "", "" if r.get("launch") is None else str(r["launch"]), kern,
-            r.get("grid") or "", nbytes(r.get("dram_read_bytes")),
+            term(r.get("cell") or ""), "" if r.get("launch") is None else str(r["launch"]), kern,
+            term(r.get("grid") or ""), nbytes(r.get("dram_read_bytes")),
             nbytes(r.get("dram_write_bytes")), nbytes(r.get("cell_min_bytes")),
             f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
             f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else MISSING,
@@ -136,6 +140,7 @@ def run_cmd(
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
     with --engine, every kernel of one real engine step."""
+    from stepscope import options as opt
     from stepscope.bytes import sweep as sw
 
     if engine is not None:
@@ -145,6 +150,8 @@ def run_cmd(
         return
 
     def body():
+        opt.number(timeout, "--timeout", 1, 7 * 86_400)
+        opt.number(deadline, "--deadline", 1, 30 * 86_400)
         s = sw.load_sweep(sweep)
         names = list(cell or []) or (s.smoke if smoke else None)
         specs = s.select(names)

@@ -45,9 +45,11 @@ def report(
         check_steps(steps)  # a bad selection fails before any trace is read
         check_steps(compare_steps)
         from stepscope.analysis.diagnosis import diagnose
+        from stepscope.paths import refuse_overwrite
         from stepscope.render.output import write_atomic
         from stepscope.render.report_data import budget_for, chosen, pick_step, step_view
 
+        refuse_overwrite(output, [trace, compare, cells, rules])  # before the work, not after
         with progress.shown():
             inv = _load(trace, step_regex, rules)
             progress.stage(f"finding gaps, launch overhead and floors of {trace.name}")
@@ -92,10 +94,12 @@ def export(
     from stepscope.render import progress
 
     try:
+        from stepscope.paths import refuse_overwrite
         from stepscope.render.output import write_atomic
         from stepscope.render.perfetto import encode, export_document
         from stepscope.selection import check_steps, parse_steps
 
+        refuse_overwrite(output, [trace, rules])
         check_steps(steps)  # a bad selection fails before the trace is read
         with progress.shown():
             inv = _load(trace, step_regex, rules)

@@ -74,6 +74,7 @@ def compare(
     steps_b: Optional[str] = typer.Option(None, "--steps-b", metavar="S", help="B's steps, when not --steps"),
 ) -> None:
     """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
+    from stepscope import options as opt
     from stepscope.analysis.compare import compare as run_compare
     from stepscope.analysis.whatif import DEFAULT, GraphConstants
     from stepscope.errors import StepscopeError
@@ -85,6 +86,12 @@ def compare(
     except StepscopeError as e:
         fail(str(e))
 
+    try:
+        opt.number(graph_gap_ns, "--graph-gap-ns", 0, opt.MAX_GRAPH_NS)
+        opt.number(graph_launch_ns, "--graph-launch-ns", 0, opt.MAX_GRAPH_NS)
+        opt.number(fail_above, "--fail-above", -100, 1e9)
+    except StepscopeError as e:
+        fail(str(e))
     consts = GraphConstants(
         graph_gap_ns if graph_gap_ns is not None else DEFAULT.node_gap_ns,
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
@@ -117,12 +124,15 @@ def _mode(p) -> dict | None:
 
 
 def _widths(text: str) -> list[int]:
-    try:
-        w = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"--widths takes comma-separated integers like 1,2,4,8, not {text!r}")
-    if not w or any(x < 1 for x in w):
-        fail(f"--widths takes positive integers like 1,2,4,8, not {text!r}")
+    from stepscope.options import MAX_WIDTH
+    from stepscope.selection import is_index
+
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(is_index(x) for x in parts):
+        fail(f"--widths takes comma-separated whole numbers like 1,2,4,8, not {text[:80]!r}")
+    w = [int(x) for x in parts]
+    if any(not 1 <= x <= MAX_WIDTH for x in w):
+        fail(f"--widths takes widths from 1 to {MAX_WIDTH:,}, not {text[:80]!r}")
     return w
 
 
@@ -141,6 +151,7 @@ def tp(
     steps: str = typer.Option("all", "--steps", metavar="S", help=f"{STEPS_HELP}: the steps projected"),
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
+    from stepscope import options as opt
     from stepscope.analysis import tp as tpm
     from stepscope.errors import StepscopeError
     from stepscope.selection import check_steps
@@ -151,6 +162,13 @@ def tp(
         fail(str(e))
 
     ws = _widths(widths)
+    try:
+        opt.integer(kernels, "--kernels", 0, opt.MAX_KERNELS)
+        opt.number(launch_us, "--launch-us", 0, opt.MAX_HOST_US)
+        opt.number(device_ms, "--device-ms", 0, opt.MAX_DEVICE_MS)
+        opt.number(collective_us, "--collective-us", 0, opt.MAX_COLLECTIVE_US)
+    except StepscopeError as e:
+        fail(str(e))
     numbers = (kernels, launch_us, device_ms)
     if trace is None:
         if None in numbers:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from stepscope.errors import InputError
 from stepscope.model import Trace
+from stepscope.paths import input_file, shown
 
 
 def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
@@ -25,36 +26,38 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
     and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
     big export's frames from its Parquet cache when one matches, and writes one when not."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
-    if path.is_file():
+    path = input_file(path, "an nsys SQLite export")  # a FIFO or device is refused unopened
+    try:
         with open(path, "rb") as f:
             head = f.read(16)
-        if head.startswith(b"SQLite format 3"):
-            from stepscope.ingest import cache as trace_cache
-            from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
+    except OSError as e:
+        raise InputError(f"{shown(path)}: cannot be read ({e.strerror or e})") from None
+    if head.startswith(b"SQLite format 3"):
+        from stepscope.ingest import cache as trace_cache
+        from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
 
-            use_cache = trace_cache.enabled() if cache is None else cache
-            if use_cache:
-                hit = trace_cache.load(path, launch_config, schema_version_of(path))
-                if hit is not None:
-                    return hit
-            trace = read_nsys_sqlite(path, launch_config)
-            if use_cache:
-                trace_cache.store(trace, path, launch_config)
-            return trace
-        if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
-            try:
-                from stepscope.ingest.kineto import read_kineto
-            except ImportError:
-                raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
-            return read_kineto(path)
-        if path.suffix == ".nsys-rep":
-            raise InputError(
-                f"{path} is an nsys report, not its SQLite export; run: "
-                f"nsys export --type sqlite {path}"
-            )
+        use_cache = trace_cache.enabled() if cache is None else cache
+        if use_cache:
+            # taken before the read: store() compares it after, and skips a file written meanwhile
+            fp = trace_cache.fingerprint(path)
+            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp)
+            if hit is not None:
+                return hit
+        trace = read_nsys_sqlite(path, launch_config)
+        if use_cache:
+            trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
+        return trace
+    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
+        try:
+            from stepscope.ingest.kineto import read_kineto
+        except ImportError:
+            raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
+        return read_kineto(path)
+    if path.suffix == ".nsys-rep":
+        raise InputError(
+            f"{path} is an nsys report, not its SQLite export; run: "
+            f"nsys export --type sqlite {path}"
+        )
     from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
 
     return read_nsys_sqlite(path)  # gives the precise "not a SQLite file" message

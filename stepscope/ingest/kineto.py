@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import re
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
 
 from stepscope.errors import InputError
+from stepscope.ingest import sanity
+from stepscope.paths import input_file
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
     STRING_SCHEMA, Trace, empty,
@@ -41,40 +46,91 @@ API_CATS = {"cuda_runtime", "cuda_driver"}
 ANNOTATION_CATS = {"user_annotation"}
 
 
+# |ns| below 2^62, the bound every reader keeps (ingest/sanity.py); ids of the model's widths
+_TIME_BOUND = 1 << 62
+_I32 = 1 << 31
+_I64 = 1 << 63
+
+
 def ns(v) -> int | None:
-    """Kineto µs (int, or the decimal text kept by the JSON parser) → integer ns, exactly."""
-    if v is None:
-        return None
-    if isinstance(v, bool):
+    """Kineto µs (int, or the decimal text kept by the JSON parser) → integer ns, exactly.
+    None for anything that is not a finite number of µs within ±2^62 ns: NaN, Infinity, 1e400,
+    text, a bool, a list."""
+    if v is None or isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v * 1000
-    if isinstance(v, float):
-        return round(v * 1000)
-    s = str(v).strip()
-    if "e" in s or "E" in s:
-        return round(float(s) * 1000)
+        out = v * 1000
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            return None
+        out = round(v * 1000)
+    elif isinstance(v, str):
+        out = _decimal_ns(v.strip())
+        if out is None:
+            return None
+    else:
+        return None
+    return out if -_TIME_BOUND < out < _TIME_BOUND else None
+
+
+def _decimal_ns(s: str) -> int | None:
+    if len(s) > 64 or not s.isascii():  # no time has more digits (int() of thousands is slow)
+        return None
     neg = s.startswith("-")
-    whole, _, frac = s.lstrip("+-").partition(".")
-    frac = (frac + "000")
+    whole, dot, frac = s.lstrip("+-").partition(".")
+    if not (whole or frac) or not (whole.isdigit() or not whole) or not (frac.isdigit() or not frac):
+        try:  # exponent notation: through float, as before
+            f = float(s)
+        except ValueError:
+            return None
+        return round(f * 1000) if math.isfinite(f) else None
+    frac += "000"
     out = int(whole or "0") * 1000 + int(frac[:3])
     if frac[3:4] and int(frac[3]) >= 5:  # round half up on the sub-ns digits
         out += 1
     return -out if neg else out
 
 
-def _int(v) -> int | None:
+def _int(v, bound: int = _I64) -> int | None:
+    """An integer id from an int or its text; None when it is something else or does not fit
+    the model's column (`bound`: 2^31 for Int32 columns, 2^63 for Int64)."""
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v
-    try:
-        return int(str(v))
-    except ValueError:
-        try:
-            return int(float(str(v)))
-        except ValueError:
+        out = v
+    elif isinstance(v, (str, float)):
+        text = str(v).strip()
+        if len(text) > 40:
             return None
+        try:
+            out = int(text)
+        except ValueError:
+            try:
+                f = float(text)
+            except ValueError:
+                return None
+            if not math.isfinite(f):
+                return None
+            out = int(f)
+    else:
+        return None
+    return out if -bound <= out < bound else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(v) -> tuple[str, bool]:
+    """A name as polars can hold it, and whether it had to change: JSON's \\ud800 escapes give
+    Python strings with lone surrogates, which are not UTF-8 (polars refused the whole column)."""
+    s = v if isinstance(v, str) else str(v)
+    if s.isascii():
+        return s, False
+    try:
+        s.encode("utf-8")
+        return s, False
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", s), True
 
 
 def _dim3(v) -> tuple[int | None, int | None, int | None]:
@@ -99,7 +155,10 @@ def load_json(path: Path) -> object:
                 f"{path} is a damaged or truncated gzip file ({e}); copy or export the trace again"
             ) from None
     try:
-        return json.loads(raw, parse_float=str)
+        # NaN and Infinity (Python's json takes them) become nulls: no time is either
+        return json.loads(raw, parse_float=str, parse_constant=lambda name: None)
+    except RecursionError:
+        raise InputError(f"{path} is JSON nested too deeply to be a PyTorch-profiler trace") from None
     except UnicodeDecodeError:
         raise InputError(f"{path} is not a PyTorch-profiler trace (not UTF-8 JSON)") from None
     except json.JSONDecodeError as e:
@@ -139,11 +198,7 @@ class _Strings:
 
 
 def read_kineto(path: str | Path) -> Trace:
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; give a .json or .json.gz PyTorch-profiler trace")
+    path = input_file(path, "a .json or .json.gz PyTorch-profiler trace")
     doc = load_json(path)
     events = _events(doc, path)
     strings = _Strings()
@@ -152,33 +207,42 @@ def read_kineto(path: str | Path) -> Trace:
     api: list[tuple] = []
     nvtx: list[tuple] = []
     processes: dict[int, str] = {}
-    skipped = 0
+    skipped: Counter = Counter()  # why events were left out
+    no_args = 0  # events whose args are not an object: read without them
+    bad_names = 0  # names with lone surrogates, read with U+FFFD
+    kernel_events = 0
 
     for e in events:
         ph = e.get("ph")
         if ph == "M":
             if e.get("name") == "process_name":
-                pid = _int(e.get("pid"))
-                name = (e.get("args") or {}).get("name")
+                pid = _int(e.get("pid"), _I32)
+                meta = e.get("args")
+                name = meta.get("name") if isinstance(meta, dict) else None
                 if pid is not None and isinstance(name, str):
-                    processes.setdefault(pid, name)
-            continue
-        if ph != "X":
+                    processes.setdefault(pid, _text(name)[0])
             continue
         cat = e.get("cat")
+        if ph != "X" or not isinstance(cat, str):
+            continue
         if cat not in KERNEL_CATS and cat not in MEMOP_CATS and cat not in API_CATS and cat not in ANNOTATION_CATS:
             continue
+        kernel_events += cat in KERNEL_CATS
         start, dur = ns(e.get("ts")), ns(e.get("dur"))
         if start is None or dur is None:
-            skipped += 1
+            skipped["ts or dur is not a finite number of µs"] += 1
             continue
-        end = start + max(dur, 0)
-        args = e.get("args") or {}
-        name = str(e.get("name", ""))
+        end = start + dur  # a negative dur is left out, counted, by sanity.checked
+        args = e.get("args")
+        if not isinstance(args, dict):
+            no_args += args is not None
+            args = {}
+        name, changed = _text(e.get("name", ""))
+        bad_names += changed
         if cat in API_CATS or cat in ANNOTATION_CATS:
-            pid, tid = _int(e.get("pid")), _int(e.get("tid"))
+            pid, tid = _int(e.get("pid"), _I32), _int(e.get("tid"), _I32)
             if pid is None or tid is None:
-                skipped += 1
+                skipped["pid or tid is not a 32-bit integer"] += 1
                 continue
             if cat in API_CATS:
                 api.append((pid, tid, _int(args.get("correlation")), start, end, strings.id(name)))
@@ -186,12 +250,12 @@ def read_kineto(path: str | Path) -> Trace:
                 nvtx.append((pid, tid, start, end, name))
             continue
         corr = _int(args.get("correlation"))
-        device = _int(args.get("device"))
+        device = _int(args.get("device"), _I32)
         if device is None:
-            device = _int(e.get("pid"))
-        stream = _int(args.get("stream"))
+            device = _int(e.get("pid"), _I32)
+        stream = _int(args.get("stream"), _I32)
         if stream is None:
-            stream = _int(e.get("tid"))
+            stream = _int(e.get("tid"), _I32)
         if cat in KERNEL_CATS:
             sid = strings.id(name)
             gx, gy, gz = _dim3(args.get("grid"))
@@ -203,6 +267,9 @@ def read_kineto(path: str | Path) -> Trace:
             memops.append((None, device, stream, corr, start, end, MEMOP_CATS[cat], _int(args.get("bytes"))))
 
     if not kernels:
+        if kernel_events:
+            raise InputError(f"{path}: none of its {kernel_events:,} kernel events has a usable ts and dur "
+                             "(NaN, Infinity, text or out of range): export the trace again")
         kinds = "no events" if not events else f"{len(events)} events but no GPU kernel events (cat 'kernel')"
         raise InputError(
             f"{path} is a trace with {kinds}: profile with "
@@ -217,16 +284,21 @@ def read_kineto(path: str | Path) -> Trace:
 
     warnings: list[str] = []
     if skipped:
-        warnings.append(f"{skipped} trace events without a usable ts/dur/pid/tid were skipped")
+        why = ", ".join(f"{n:,} whose {reason}" for reason, n in sorted(skipped.items()))
+        warnings.append(f"{sum(skipped.values()):,} trace events were left out ({why})")
+    if bad_names:
+        warnings.append(f"{bad_names:,} event names are not valid Unicode (lone surrogates): read with U+FFFD")
+    if no_args:
+        warnings.append(f"{no_args:,} trace events have args that are not an object: read without them")
     if api_df.is_empty():
         warnings.append("the trace has no cuda_runtime/cuda_driver events: kernels cannot be joined "
                         "to their launching calls")
-    return Trace(
+    return sanity.checked(Trace(
         path=path, format="kineto-json", kernels=kern, memops=mem, api=api_df,
         nvtx=pl.DataFrame(nvtx, schema=list(NVTX_SCHEMA.items()), orient="row") if nvtx else empty(NVTX_SCHEMA),
         strings=strings.frame(), gpus=_gpus(doc), processes=_processes(processes, api_df),
         nsys_version=None, schema_version=_schema_version(doc), warnings=warnings,
-    )
+    ))
 
 
 def _host_pid(api: pl.DataFrame, nvtx: list[tuple], processes: dict[int, str]) -> int:
@@ -258,7 +330,9 @@ def _gpus(doc: object) -> pl.DataFrame:
     for p in props:
         if not isinstance(p, dict):
             continue
-        rows.append((_int(p.get("id")), p.get("name"), _int(p.get("numSms")), None, _int(p.get("totalGlobalMem"))))
+        name = p.get("name")
+        rows.append((_int(p.get("id"), _I32), _text(name)[0] if isinstance(name, str) else None, _int(p.get("numSms")),
+                     None, _int(p.get("totalGlobalMem"))))
     rows = [r for r in rows if r[0] is not None]
     if not rows:
         return empty(GPU_SCHEMA)
@@ -273,4 +347,4 @@ def _processes(names: dict[int, str], api: pl.DataFrame) -> pl.DataFrame:
 
 def _schema_version(doc: object) -> str | None:
     v = doc.get("schemaVersion") if isinstance(doc, dict) else None
-    return None if v is None else f"kineto {v}"
+    return None if v is None else f"kineto {_text(v)[0][:40]}"

@@ -17,6 +17,9 @@ import polars as pl
 
 from stepscope import apinames
 from stepscope.errors import InputError
+from stepscope.ingest import sanity, typed
+from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
+from stepscope.paths import input_file
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
     STRING_SCHEMA, THREAD_SCHEMA, Trace, empty,
@@ -26,25 +29,18 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
-# globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
-PID_SQL = "((({col}) >> 24) & 16777215)"
-TID_SQL = "(({col}) & 16777215)"
 SLICE_MIN_ROWS = 200_000  # below this a table is read in one query
 ADBC_BATCH_ROWS = 65_536
 API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
 
+# globalTid packs <hw:8><vm:8><pid:24><tid:24>; globalPid is the same with tid = 0.
 def _unpack_pid(col: str) -> pl.Expr:
     return ((pl.col(col) // (1 << 24)) % (1 << 24)).cast(pl.Int32).alias(col)
 
 
 def _unpack_tid(col: str) -> pl.Expr:
     return (pl.col(col) % (1 << 24)).cast(pl.Int32).alias("tid")
-
-
-def _packed(schema: dict, *cols: str) -> dict:
-    """`schema` with the packed global ids (globalPid/globalTid, 64-bit) as they are read."""
-    return {c: (pl.Int64 if c in cols else t) for c, t in schema.items()}
 
 
 def is_sqlite(path: Path) -> bool:
@@ -56,32 +52,36 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     """Open an export read-only; `immutable` is not used so a file still being written is safe."""
     uri = Path(path).resolve().as_uri() + "?mode=ro"
     con = sqlite3.connect(uri, uri=True, factory=_Connection)
+    # the metadata and names sqlite3 hands back as text: bytes that are not UTF-8 (a damaged
+    # or foreign export) read as U+FFFD instead of failing the whole read
+    con.text_factory = lambda b: b.decode("utf-8", "replace")
     con.execute("PRAGMA query_only = 1")
     return con
 
 
-def _frame(con: sqlite3.Connection, sql: str, schema: dict) -> pl.DataFrame:
-    """Run a query into a frame with `schema` (names and dtypes by position).
+class _ReadError(sqlite3.DatabaseError):
+    """SQLite's error on a read through ADBC (polars reports it while importing the stream)."""
 
-    Bulk tables go through ADBC's SQLite driver when it is installed: it hands rows over as
-    Arrow columns, several times faster than Python's row-by-row fetch. It opens the same
-    read-only URI. Without it, sqlite3 does the same work more slowly.
+
+class _TypeMismatch(_ReadError):
+    """ADBC typed a column from its first batch and met a value of another type later."""
+
+
+def _frame(con: sqlite3.Connection, q: typed.Query) -> tuple[pl.DataFrame, typed.Reading]:
+    """Run a query into a frame of the model's dtypes, leaving out the rows with wrong values.
+
+    Through ADBC's SQLite driver when it is installed: it hands rows over as Arrow columns,
+    several times faster than Python's row-by-row fetch; it opens the same read-only URI.
+    Without it, sqlite3 runs the typed query directly: Python's rows do not say a value's
+    SQLite type, and polars would take a REAL into an integer column by truncating it.
     """
-    db = getattr(con, "_stepscope_adbc", None)
-    if db is not None:
-        return _typed(_adbc_query(db, sql), schema)
-    rows = con.execute(sql).fetchall()
-    if not rows:
-        return empty(schema)
-    return pl.DataFrame(rows, schema=list(schema.items()), orient="row")
+    return _bulk_frames(con, [q])[0]
 
 
-def _typed(df: pl.DataFrame, schema: dict) -> pl.DataFrame:
-    """An Arrow-read frame renamed and cast to `schema` (positional)."""
-    if df.height == 0:
-        return empty(schema)
-    df.columns = list(schema)
-    return df.cast(schema)
+def _rows(con: sqlite3.Connection, q: typed.Query, extra: list[str] | None = None) -> pl.DataFrame:
+    rows = con.execute(q.sql(True, extra)).fetchall()
+    schema = q.raw_schema(True)
+    return pl.DataFrame(rows, schema=list(schema.items()), orient="row") if rows else empty(schema)
 
 
 def _adbc_query(db, sql: str) -> pl.DataFrame:
@@ -97,46 +97,90 @@ def _adbc_query(db, sql: str) -> pl.DataFrame:
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(ADBC_BATCH_ROWS)})
             stmt.set_sql_query(sql)
             stream, _ = stmt.execute_query()
-            return pl.DataFrame(stream)
+            try:
+                return pl.DataFrame(stream)
+            # SQLite's own error, met while streaming: polars 2 raises it, 1.33 panics with it
+            except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
+                reason = _reason(e)
+                raise (_TypeMismatch if "Type mismatch" in reason else _ReadError)(reason) from None
         finally:
             stmt.close()
     finally:
         conn.close()
 
 
-def _bulk_frames(con: sqlite3.Connection, jobs: list[tuple[str, str, list[str], dict]]) -> list[pl.DataFrame]:
-    """Read big tables: jobs are (table, select, where clauses, schema).
+def _reason(e: Exception) -> str:
+    """An error's own words: its first line, without the query ADBC appends or polars' prefix."""
+    if isinstance(e, UnicodeDecodeError) and isinstance(e.object, bytes):
+        return e.object.decode("utf-8", "replace")
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    text = text.split(". query: ")[0].split("; query: ")[0]
+    return text.replace("got external error: ", "")
+
+
+def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tuple[pl.DataFrame, typed.Reading]]:
+    """Read tables: each query's frame and what was left out of it.
 
     With ADBC each table is read in rowid slices on parallel threads: the driver releases the
     GIL while SQLite steps rows and fills Arrow columns, which is where the time goes. The
-    slices are concatenated in rowid order, so the result is the same as one query's.
+    slices are concatenated in rowid order, so the result is the same as one query's. A table
+    whose plain read came back with a column of another type is read again, typed.
     """
-    def where_sql(clauses: list[str]) -> str:
-        return " WHERE " + " AND ".join(clauses) if clauses else ""
-
     db = getattr(con, "_stepscope_adbc", None)
     if db is None:
-        return [_frame(con, sql + where_sql(w), schema) for _, sql, w, schema in jobs]
+        return [typed.clean(_rows(con, q), q, True) for q in queries]
     threads = max(1, min(4, os.cpu_count() or 1))
-    tasks = []
-    for j, (table, sql, where, _) in enumerate(jobs):
-        try:
-            last = con.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
-        except sqlite3.DatabaseError:  # a WITHOUT ROWID table: one slice
-            last = 0
+    slices = []
+    for q in queries:
+        last = 0
+        if q.from_ is None:
+            try:
+                last = con.execute(f"SELECT max(rowid) FROM {q.table}").fetchone()[0] or 0
+            except sqlite3.DatabaseError:  # a view or a WITHOUT ROWID table: one slice
+                last = 0
         parts = threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
-        for i in range(parts):
-            rows = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
-            tasks.append((j, sql + where_sql(list(where) + rows)))
+        slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
+                       for i in range(parts)])
+
+    def read(job: tuple[typed.Query, list[str], bool]):
+        q, extra, is_typed = job
+        try:
+            return _adbc_query(db, q.sql(is_typed, extra))
+        except _TypeMismatch:
+            if is_typed:
+                raise
+            return None
+
     with ThreadPoolExecutor(threads) as pool:
-        frames = list(pool.map(lambda t: _adbc_query(db, t[1]), tasks))
-    out = []
-    for j, (_, _, _, schema) in enumerate(jobs):
-        parts = [f for (jj, _), f in zip(tasks, frames) if jj == j and f.height]
-        # one contiguous buffer per column: every later pass (and numpy views) reads it whole
-        out.append(_typed(pl.concat(parts, rechunk=True), schema) if parts else empty(schema))
-    return out
+        tasks = [(q, extra, False) for q, parts in zip(queries, slices) for extra in parts]
+        frames = list(pool.map(read, tasks))
+        out: list = []
+        i = 0
+        for q, parts in zip(queries, slices):
+            got = frames[i:i + len(parts)]
+            i += len(parts)
+            is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
+            if is_typed:  # a value of another type somewhere: the whole table again, typed
+                got = list(pool.map(read, [(q, extra, True) for extra in parts]))
+            out.append((q, got, is_typed))
+    del frames
+    results = []
+    while out:  # each table's slices and raw frame are let go once its frame is made
+        q, got, is_typed = out.pop(0)
+        got = [f for f in got if f.height] or got[:1]
+        try:
+            # one contiguous buffer per column: every later pass (and numpy views) reads it whole
+            raw = pl.concat(got, rechunk=True)
+        except pl.exceptions.PolarsError:  # slices typed differently (one all NULL, say)
+            raw = pl.concat([f.cast(dict(zip(f.columns, q.raw_schema(is_typed).values()))) for f in got],
+                            rechunk=True)
+        del got
+        if not typed.fits(raw, q, is_typed):
+            raise _ReadError(f"{q.table} came back with columns of unexpected types")
+        results.append(typed.clean(raw, q, is_typed))
+        del raw
+    return results
 
 
 def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
@@ -177,14 +221,17 @@ class _Schema:
             self._cols[table] = {r[1] for r in self._con.execute(f"PRAGMA table_info('{table}')")}
         return self._cols[table]
 
-    def col_or(self, table: str, col: str, default: str = "NULL") -> str:
-        return col if col in self.cols(table) else f"{default} AS {col}"
+    def col_or_null(self, table: str, col: str) -> str:
+        """`col` when `table` has it, else NULL: the expression to select for an optional column."""
+        return col if col in self.cols(table) else "NULL"
 
 
 def _metadata(con: sqlite3.Connection, schema: _Schema) -> dict[str, str]:
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):  # newer / older name
-        if schema.has(table):
-            return dict(con.execute(f"SELECT name, value FROM {table}").fetchall())
+        if schema.has(table) and {"name", "value"} <= schema.cols(table):
+            rows = con.execute(f"SELECT name, value FROM {table} WHERE typeof(name) = 'text'").fetchall()
+            # a value that is not text (a damaged export) is its text, or nothing
+            return {k: (v if isinstance(v, str) else None if v is None else str(v)[:200]) for k, v in rows}
     return {}
 
 
@@ -197,22 +244,21 @@ def schema_version_of(path: Path) -> str | None:
             return _metadata(con, schema).get("EXPORT_SCHEMA_VERSION")
         finally:
             con.close()
-    except sqlite3.DatabaseError:
+    except (sqlite3.DatabaseError, UnicodeDecodeError):
         return None
 
 
 def _is_db_error(e: Exception) -> bool:
-    return isinstance(e, sqlite3.DatabaseError) or type(e).__module__.startswith("adbc_driver")
+    # UnicodeDecodeError: sqlite3 could not decode SQLite's own message, which quotes the
+    # damaged schema text of a corrupt file (names and text values are decoded leniently)
+    return (isinstance(e, (sqlite3.DatabaseError, UnicodeDecodeError))
+            or type(e).__module__.startswith("adbc_driver"))
 
 
 def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
     """Read an export. `launch_config=False` leaves out the grid/block columns, which the
     per-step analysis does not need: on a million kernels that halves the kernel read."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file; give the path of an nsys SQLite export")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; give the path of an nsys SQLite export")
+    path = input_file(path, "an nsys SQLite export")
     if not is_sqlite(path):
         raise InputError(
             f"{path} is not a SQLite file; export the report first: "
@@ -230,15 +276,29 @@ def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
         if not _is_db_error(e):
             raise
         raise InputError(
-            f"{path} is not a readable SQLite export ({e}); it may be truncated: export it again "
+            f"{path} is not a readable SQLite export ({_reason(e)}); it may be truncated: export it again "
             "with nsys export --type sqlite"
         ) from None
+
+
+def _need(path: Path, schema: _Schema, table: str, *cols: str) -> None:
+    """InputError naming the first of `cols` that `table` lacks (not the SQL that would fail)."""
+    missing = [c for c in cols if c not in schema.cols(table)]
+    if missing:
+        raise InputError(f"{path}: table {table} has no column {missing[0]}: not an nsys export stepscope "
+                         "can read (damaged, or written by another tool); export it again with nsys export "
+                         "--type sqlite")
+
+
+def _lacks(schema: _Schema, table: str, *cols: str) -> str | None:
+    return next((c for c in cols if c not in schema.cols(table)), None)
 
 
 def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Trace:
     schema = _Schema(con)
     meta = _metadata(con, schema)
     warnings: list[str] = []
+    readings: list[typed.Reading] = []
     if not schema.has(KERNEL_TABLE):
         graph_rows = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
         if graph_rows:
@@ -252,58 +312,92 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         )
 
     k = KERNEL_TABLE
-    dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-    cols = {c: t for c, t in KERNEL_SCHEMA.items() if launch_config or c not in dims}
+    if not schema.has("StringIds"):
+        raise InputError(f"{path} has no StringIds table: its kernel names cannot be read (damaged, or "
+                         "written by another tool); export it again with nsys export --type sqlite")
+    _need(path, schema, k, "globalPid", "deviceId", "streamId", "correlationId", "start", "end",
+          "shortName", "demangledName")
     # globalPid is unpacked in polars (vectorized), not per row in SQLite; skipped columns are
     # added as nulls here rather than selected as NULL (which costs SQLite as much as data).
     # graphNodeId sits near the end of a wide row, where reading it costs as much as start and
     # end together: it is read only from exports that recorded CUDA graphs at all.
     graphs = _has_graphs(con, schema)
-    if not graphs:
-        del cols["graph_node_id"]
-    select = ["globalPid", "deviceId", "streamId", "correlationId", "start", "end", "shortName", "demangledName"]
-    select += ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"] if launch_config else []
-    select += ["graphNodeId"] if graphs else []
-    jobs = [(k, f"SELECT {', '.join(select)} FROM {k}", [], _packed(cols, "pid"))]
+    cols = [C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
+            C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
+            C("short_id", "shortName", I32), C("demangled_id", "demangledName", I32)]
+    if launch_config:
+        cols += [C(name, schema.col_or_null(k, col), required=False, source=col)
+                 for name, col in (("grid_x", "gridX"), ("grid_y", "gridY"), ("grid_z", "gridZ"),
+                                   ("block_x", "blockX"), ("block_y", "blockY"), ("block_z", "blockZ"))]
+    if graphs:
+        cols.append(C("graph_node_id", "graphNodeId", required=False))
+    queries = [typed.Query(k, cols)]
     if schema.has(RUNTIME_TABLE):
-        name_col = "nameId" if "nameId" in schema.cols(RUNTIME_TABLE) else "name"
+        rt = schema.cols(RUNTIME_TABLE)
+        name_col = "nameId" if "nameId" in rt else "name"
+        _need(path, schema, RUNTIME_TABLE, "globalTid", "correlationId", "start", "end", name_col)
         # Runtime (0) and driver (1) calls only: old exports also hold CUDA backtrace rows (67)
         # that repeat a call's correlationId.
-        where = ["eventClass IN (0, 1)"] if "eventClass" in schema.cols(RUNTIME_TABLE) else []
-        if name_col == "nameId" and schema.has("StringIds"):
+        where = ["eventClass IN (0, 1)"] if "eventClass" in rt else []
+        if name_col == "nameId" and schema.has("StringIds") and {"id", "value"} <= schema.cols("StringIds"):
             # Only the calls an analysis looks at: launches, copies/sets, syncs, profiler
             # start/stop. Attribute queries and the like are most of a big trace's API rows.
             # the ids inline: SQLite tests a literal list faster than a subquery's result
-            kept = [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {API_NAME_FILTER}")]
+            kept = [r[0] for r in con.execute(
+                f"SELECT id FROM StringIds WHERE typeof(id) = 'integer' AND ({API_NAME_FILTER})")]
             where.append(f"nameId IN ({','.join(str(int(i)) for i in kept) or 'NULL'})")
-        jobs.append((RUNTIME_TABLE, f"""
-            SELECT globalTid, correlationId, start, end, {name_col}
-            FROM {RUNTIME_TABLE}""", where, _packed({k: t for k, t in API_SCHEMA.items() if k != "tid"}, "pid")))
-    frames = _bulk_frames(con, jobs)
-    kernels = frames[0].with_columns(_unpack_pid("pid"))
+        queries.append(typed.Query(RUNTIME_TABLE, [
+            C("pid", "globalTid"), C("corr", "correlationId", required=False), C("start", "start"),
+            C("end", "end"), C("name_id", name_col, I32)], where))
+    frames = _bulk_frames(con, queries)
+    kernels, rep = frames[0]
+    readings.append(rep)
+    if kernels.is_empty():  # before the other tables: nothing to analyze
+        if rep.rows:
+            raise InputError(f"{path}: no usable kernels: {rep.warning()}")
+        raise InputError(f"{path}: no kernels recorded — was `--trace=cuda` on? capture again with "
+                         "nsys profile --trace=cuda,nvtx")
+    kernels = kernels.with_columns(_unpack_pid("pid"))
+    if not launch_config:
+        kernels = kernels.with_columns(*(pl.lit(None, pl.Int64).alias(c) for c in
+                                         ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")))
     if not graphs:
         kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
+    wanted = [c for c in KERNEL_SCHEMA if launch_config or not c.startswith(("grid_", "block_"))]
+    kernels = kernels.select(wanted)
     api = empty(API_SCHEMA)
     if len(frames) > 1:
+        raw_api, rep = frames[1]
+        readings.append(rep)
         # globalTid is read once: the pid and the tid are both unpacked from it
-        api = frames[1].select(_unpack_pid("pid"), _unpack_tid("pid"),
-                               pl.exclude("pid"))
+        api = raw_api.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
 
-    memops = _read_memops(con, schema)
-
-    nvtx = _read_nvtx(con, schema)
-    strings = _read_strings(con, schema, pl.concat([
-        kernels["short_id"].unique(), kernels["demangled_id"].unique(), api["name_id"].unique()]).unique().drop_nulls())
-    gpus = _read_gpus(con, schema)
+    memops = _read_memops(con, schema, path, readings)
+    nvtx = _read_nvtx(con, schema, path, readings, warnings)
+    strings = _read_strings(con, schema, path, pl.concat([
+        kernels["short_id"].unique(), kernels["demangled_id"].unique(), api["name_id"].unique()]).unique().drop_nulls(),
+        readings)
+    gpus = _read_gpus(con, schema, readings, warnings)
     processes = empty(PROCESS_SCHEMA)
     if schema.has("PROCESSES"):
-        processes = _frame(con, "SELECT pid, name FROM PROCESSES", PROCESS_SCHEMA)
+        missing = _lacks(schema, "PROCESSES", "pid", "name")
+        if missing:
+            warnings.append(f"table PROCESSES has no column {missing}: process names are not shown")
+        else:
+            processes, rep = _frame(con, typed.Query("PROCESSES", [C("pid", "pid", I32), C("name", "name", TEXT, False)]))
+            readings.append(rep)
 
     threads = empty(THREAD_SCHEMA)
     if schema.has("ThreadNames") and schema.has("StringIds"):
-        threads = _frame(con, f"""
-            SELECT {PID_SQL.format(col='t.globalTid')}, {TID_SQL.format(col='t.globalTid')}, s.value
-            FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId""", THREAD_SCHEMA)
+        missing = _lacks(schema, "ThreadNames", "globalTid", "nameId") or _lacks(schema, "StringIds", "id", "value")
+        if missing:
+            warnings.append(f"table ThreadNames or StringIds has no column {missing}: thread names are not shown")
+        else:
+            raw, rep = _frame(con, typed.Query("ThreadNames", [
+                C("gtid", "t.globalTid", source="globalTid"), C("name", "s.value", TEXT, False, "StringIds.value")],
+                from_="ThreadNames t JOIN StringIds s ON s.id = t.nameId"))
+            readings.append(rep)
+            threads = raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "name").cast(THREAD_SCHEMA)
 
     graph_level = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
     if graph_level:
@@ -312,12 +406,16 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
             "(traced with --cuda-graph-trace=graph; use --cuda-graph-trace=node)"
         )
     overhead_n, overhead_ns = 0, 0
-    if schema.has("PROFILER_OVERHEAD"):
+    if schema.has("PROFILER_OVERHEAD") and not _lacks(schema, "PROFILER_OVERHEAD", "start", "end"):
+        # total() sums in floating point: SQLite's integer sum() raises on overflow, which
+        # absurd values in a damaged export reach; rows that are not two integers do not count
+        good = "typeof(start) = 'integer' AND typeof(end) = 'integer' AND end >= start"
         overhead_n, overhead_ns = con.execute(
-            "SELECT count(*), coalesce(sum(end - start), 0) FROM PROFILER_OVERHEAD"
-        ).fetchone()
+            f"SELECT count(*), total(end - start) FROM PROFILER_OVERHEAD WHERE {good}").fetchone()
+        overhead_ns = int(min(overhead_ns, float(1 << 62)))
 
-    return Trace(
+    warnings += [w for w in (r.warning() for r in _merged(readings)) if w]
+    return sanity.checked(Trace(
         path=path, format="nsys-sqlite", kernels=kernels, memops=memops, api=api, nvtx=nvtx,
         strings=strings, gpus=gpus, processes=processes, threads=threads,
         nsys_version=meta.get("EXPORT_PRODUCT_VERSION"),
@@ -325,7 +423,15 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         graph_level_launches=int(graph_level),
         profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
         warnings=warnings,
-    )
+    ))
+
+
+def _merged(readings: list[typed.Reading]) -> list[typed.Reading]:
+    """One account per table (StringIds is read in chunks, memops from two tables)."""
+    by: dict[str, typed.Reading] = {}
+    for r in readings:
+        by.setdefault(r.table, typed.Reading(r.table)).add(r)
+    return list(by.values())
 
 
 def _has_graphs(con: sqlite3.Connection, schema: _Schema) -> bool:
@@ -335,6 +441,8 @@ def _has_graphs(con: sqlite3.Connection, schema: _Schema) -> bool:
         return False
     if any(t.startswith("CUDA_GRAPH") for t in schema.tables) or not schema.has("StringIds"):
         return True
+    if "value" not in schema.cols("StringIds"):
+        return True
     graph_names = " OR ".join(f"value GLOB '{p}*'" for p in apinames.GRAPH_LAUNCH)
     return con.execute(f"SELECT 1 FROM StringIds WHERE {graph_names} LIMIT 1").fetchone() is not None
 
@@ -343,57 +451,85 @@ def _count(con: sqlite3.Connection, schema: _Schema, table: str) -> int:
     return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] if schema.has(table) else 0
 
 
-def _read_memops(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
+def _read_memops(con: sqlite3.Connection, schema: _Schema, path: Path, readings: list) -> pl.DataFrame:
     parts = []
     for table, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if schema.has(table):
-            parts.append(_frame(con, f"""
-                SELECT globalPid, deviceId, streamId, correlationId, start, end, '{kind}' AS kind, bytes
-                FROM {table}""", _packed(MEMOP_SCHEMA, "pid")).with_columns(_unpack_pid("pid")))
+            _need(path, schema, table, "globalPid", "deviceId", "streamId", "correlationId", "start", "end")
+            df, rep = _frame(con, typed.Query(table, [
+                C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
+                C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
+                C("bytes", schema.col_or_null(table, "bytes"), required=False, source="bytes")]))
+            readings.append(rep)
+            parts.append(df.with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind")).select(list(MEMOP_SCHEMA)))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
 
 
-def _read_nvtx(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
+def _read_nvtx(con: sqlite3.Connection, schema: _Schema, path: Path, readings: list,
+               warnings: list) -> pl.DataFrame:
     if not schema.has("NVTX_EVENTS"):
         return empty(NVTX_SCHEMA)
+    _need(path, schema, "NVTX_EVENTS", "start", "end", "eventType", "globalTid")
     cols = schema.cols("NVTX_EVENTS")
     ids = "textId" in cols and schema.has("StringIds")
     # The text id comes as an integer and is decoded once per distinct id: a StringIds lookup
     # per range in SQL cost ~1 us each (a TP=2 trace of 1M kernels has 146k ranges: 0.16 s).
     # 59 = push/pop range, 60 = start/end range; marks and domain events have no end.
-    raw = _frame(con, f"""
-        SELECT n.globalTid, n.start, n.end, n.text, {'n.textId' if ids else 'NULL'}
-        FROM NVTX_EVENTS n
-        WHERE n.eventType IN (59, 60) AND n.end IS NOT NULL""",
-        {"gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "text": pl.String, "text_id": pl.Int64})
+    raw, rep = _frame(con, typed.Query("NVTX_EVENTS", [
+        C("gtid", "globalTid"), C("start", "start"), C("end", "end"),
+        C("text", "text" if "text" in cols else "NULL", TEXT, False, "text"),
+        C("text_id", "textId" if ids else "NULL", I32, False, "textId")],
+        ["eventType IN (59, 60)", "end IS NOT NULL"]))
+    readings.append(rep)
     name = pl.col("text")
     if ids:
         need = raw.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique()
-        strings = _read_strings(con, schema, need)
+        strings = _read_strings(con, schema, path, need, readings)
         name = pl.coalesce(name, pl.col("text_id").replace_strict(
             strings["id"], strings["value"], default=None, return_dtype=pl.String))
+        nowhere = need.filter(~need.is_in(strings["id"].implode()))
+        if nowhere.len():
+            n = raw.filter(pl.col("text").is_null() & pl.col("text_id").is_in(nowhere.implode())).height
+            warnings.append(f"NVTX_EVENTS: {n:,} ranges have no name (their textId is not in StringIds)")
     return raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "start", "end",
                       name.alias("name")).cast(NVTX_SCHEMA)
 
 
-def _read_strings(con: sqlite3.Connection, schema: _Schema, ids: pl.Series) -> pl.DataFrame:
+def _read_strings(con: sqlite3.Connection, schema: _Schema, path: Path, ids: pl.Series,
+                  readings: list) -> pl.DataFrame:
     """Decode only the string ids that occur (an export's StringIds can hold 100k+ strings)."""
     if not schema.has("StringIds") or ids.len() == 0:
         return empty(STRING_SCHEMA)
-    rows = []
+    _need(path, schema, "StringIds", "id", "value")
+    parts = []
     id_list = ids.to_list()
-    for i in range(0, len(id_list), 30_000):  # stay under SQLite's bound-parameter limit
+    for i in range(0, len(id_list), 30_000):  # a literal list per query stays well inside SQLite's limits
         chunk = id_list[i:i + 30_000]
-        rows += con.execute(
-            f"SELECT id, value FROM StringIds WHERE id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
-    return pl.DataFrame(rows, schema=list(STRING_SCHEMA.items()), orient="row") if rows else empty(STRING_SCHEMA)
+        df, rep = _frame(con, typed.Query("StringIds", [C("id", "id", I32), C("value", "value", TEXT)],
+                                          [f"id IN ({','.join(str(int(v)) for v in chunk)})"]))
+        readings.append(rep)
+        parts.append(df)
+    # a damaged StringIds (not a primary key) may repeat an id: the first value stands
+    return pl.concat(parts).unique("id", keep="first", maintain_order=True) if parts else empty(STRING_SCHEMA)
 
 
-def _read_gpus(con: sqlite3.Connection, schema: _Schema) -> pl.DataFrame:
+def _read_gpus(con: sqlite3.Connection, schema: _Schema, readings: list, warnings: list) -> pl.DataFrame:
     t = "TARGET_INFO_GPU"
     if not schema.has(t):
         return empty(GPU_SCHEMA)
-    return _frame(con, f"""
-        SELECT {schema.col_or(t, 'id', 'cuDevice')}, name, {schema.col_or(t, 'smCount')},
-               {schema.col_or(t, 'memoryBandwidth')}, {schema.col_or(t, 'totalMemory')}
-        FROM {t}""", GPU_SCHEMA).unique("device", keep="first").sort("device")
+    have = schema.cols(t)
+    device = "id" if "id" in have else "cuDevice" if "cuDevice" in have else None
+    if device is None:
+        warnings.append(f"table {t} has no column id: the GPUs are not named")
+        return empty(GPU_SCHEMA)
+
+    def opt(col: str) -> str:
+        return col if col in have else "NULL"
+
+    df, rep = _frame(con, typed.Query(t, [
+        C("device", device, I32), C("name", opt("name"), TEXT, False, "name"),
+        C("sm_count", opt("smCount"), required=False, source="smCount"),
+        C("memory_bandwidth_bps", opt("memoryBandwidth"), required=False, source="memoryBandwidth"),
+        C("total_memory_bytes", opt("totalMemory"), required=False, source="totalMemory")]))
+    readings.append(rep)
+    return df.unique("device", keep="first").sort("device")

@@ -14,6 +14,7 @@ from html import escape
 
 import polars as pl
 
+from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, tick, us
 
@@ -157,7 +158,7 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
     f = v.figures
     top = y
     if f.get("w_start") is not None:
-        tip = f"{f['name']}: {ms(f['w_end'] - f['w_start'])}"
+        tip = f"{cut(f['name'], DOCUMENT)}: {ms(f['w_end'] - f['w_start'])}"
         labels.append(f'<text x="4" y="{y + 12}">step range</text>')
         plot.append(_rect("range", x(f["w_start"]), y + 3, (f["w_end"] - f["w_start"]) * sx, ROW - 6, RANGE_COLOR, tip))
         y += ROW
@@ -182,7 +183,8 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
         dev_top = y
         height = ROW * len(streams)
         for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
-            tip = f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {us(g['gap_ns'])}: {g['prev_name']} → {g['next_name']}"
+            tip = (f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {us(g['gap_ns'])}: {cut(g['prev_name'], DOCUMENT)} → "
+                   f"{cut(g['next_name'], DOCUMENT)}")
             plot.append(_rect(f"gap gap-{g['kind']}", x(g["gap_start"]), dev_top, g["gap_ns"] * sx, height,
                               GAP_COLORS.get(g["kind"], "#ccc"), tip, ' fill-opacity="0.35"'))
         waits = v.waits.filter(pl.col("matched") & (pl.col("device") == dev)) if v.waits is not None else None
@@ -190,12 +192,12 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
             labels.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
             for r in tail.filter(pl.col("stream") == s).iter_rows(named=True):
                 c = r["class"] or "other"
-                tip = f"step {r['step']}'s {r['name']} [{c}] {us(r['end'] - r['start'])}: the previous step's GPU work"
+                tip = f"step {r['step']}'s {cut(r['name'], DOCUMENT)} [{c}] {us(r['end'] - r['start'])}: the previous step's GPU work"
                 plot.append(_rect("prev", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
                                   CLASS_COLORS.get(c, "#ccc"), tip, ' fill-opacity="0.45"'))
             for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
                 c = r["class"] or "other"
-                tip = f"{r['name']} [{c}] {us(r['end'] - r['start'])}"
+                tip = f"{cut(r['name'], DOCUMENT)} [{c}] {us(r['end'] - r['start'])}"
                 plot.append(_rect("k", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
                                   CLASS_COLORS.get(c, "#ccc"), tip, f' data-class="{c}"'))
             # the part of each collective spent waiting for the slowest rank, darkened over it
@@ -203,7 +205,7 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
                 for r in waits.filter(pl.col("stream") == s).iter_rows(named=True):
                     for lo, hi in ((r["start"], r["last_start"]), (r["first_end"], r["end"])):
                         if hi > lo:
-                            tip = f"waiting for the slowest rank in {r['name']}: {us(hi - lo)}"
+                            tip = f"waiting for the slowest rank in {cut(r['name'], DOCUMENT)}: {us(hi - lo)}"
                             plot.append(_rect("wait", x(lo), y + 2, (hi - lo) * sx, ROW - 4, WAIT_COLOR, tip,
                                               ' fill-opacity="0.55"'))
             y += ROW
@@ -583,7 +585,7 @@ def _summary(views: list[StepView]) -> str:
 def _top_kernels(v: StepView, n: int = 15) -> str:
     total = v.kernels["time_ns"].sum() or 1
     rows = "".join(
-        f"<tr><td><code title='{escape(str(r['demangled']))}'>{escape(_short(r['name'], 90))}</code></td>"
+        f"<tr><td><code title='{escape(str(cut(r['demangled'], DOCUMENT)))}'>{escape(_short(r['name'], 90))}</code></td>"
         f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
         for r in v.kernels.head(n).iter_rows(named=True))

@@ -13,6 +13,7 @@ import polars as pl
 
 from stepscope import jsontext
 from stepscope.analysis.inventory import Inventory
+from stepscope.paths import shown
 from stepscope.selection import parse_steps
 
 STEP_FIELDS = (
@@ -24,7 +25,7 @@ INDENT_MAX_STEPS = 64  # above this many steps the document is written compact
 
 def trace_dict(inv: Inventory) -> dict:
     t = inv.trace
-    return {"path": str(t.path), "nsys_version": t.nsys_version, "schema_version": t.schema_version}
+    return {"path": shown(t.path), "nsys_version": t.nsys_version, "schema_version": t.schema_version}
 
 
 def gpus_list(inv: Inventory) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import FAMILY_LABELS
+from stepscope.paths import shown
 from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, framework_lines, phase_line
 from stepscope.render.units import ms, nbytes, us
 
@@ -36,7 +37,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         t = v.inv.trace
         gpu = f", {t.gpus['name'][0]}" if t.gpus.height and t.gpus["name"][0] else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
-        out.append(f"- {prefix}`{t.path.name}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
+        out.append(f"- {prefix}`{shown(t.path.name)}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
                    f"({v.chosen}); delimited by {v.delimiter}")
     for i, v in enumerate(views):
         for line in [phase_line(v.figures)] + class_by_lines(v.kernels):

@@ -27,6 +27,8 @@ import json
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.paths import shown
+from stepscope.render.names import DOCUMENT, cut
 
 DEVICE_PID_BASE = 100_000_000  # above Linux's pid_max (2^22), so never a host pid
 # Lane k > 0 of a track is its thread id + k × this: above pid_max (2^22), so never an OS thread
@@ -127,7 +129,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
 
     # the step ranges, on their process's steps track
     for r in ranges.iter_rows(named=True):
-        ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {r['name']}", "pid": r["pid"],
+        ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {cut(r['name'], DOCUMENT)}", "pid": r["pid"],
                    "tid": _lane_tid(STEPS_TID, range_lane[r["step"]]), "ts": _ts(r["w_start"], t0),
                    "dur": (r["w_end"] - r["w_start"]) / 1000.0,
                    "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"],
@@ -148,13 +150,13 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         ts = _ts(r["start"], t0)
         args = {"step": r["step"], "correlation": r["corr"], "class": r["class"]}
         if r["is_kernel"]:
-            args.update(demangled=r["demangled"], grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
+            args.update(demangled=cut(r["demangled"], DOCUMENT), grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
                         block=[r["block_x"], r["block_y"], r["block_z"]])
             if r["graph_node_id"] is not None:
                 args["graph_node_id"] = r["graph_node_id"]
         else:
             args["bytes"] = r["bytes"]
-        ev.append({"ph": "X", "cat": r["class"] or "other", "name": r["name"] or "?", "pid": pid,
+        ev.append({"ph": "X", "cat": r["class"] or "other", "name": cut(r["name"], DOCUMENT) or "?", "pid": pid,
                    "tid": tid, "ts": ts, "dur": (r["end"] - r["start"]) / 1000.0, "args": args})
         src = call_at.get((r["pid"], r["corr"]))
         if src is not None:
@@ -167,7 +169,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         "traceEvents": ev,
         "displayTimeUnit": "ns",
         "otherData": {
-            "producer": "stepscope export", "trace": str(inv.trace.path), "format": inv.trace.format,
+            "producer": "stepscope export", "trace": shown(inv.trace.path), "format": inv.trace.format,
             "steps": step_ids, "t0_ns": t0,
         },
     }

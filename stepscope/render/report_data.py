@@ -12,7 +12,9 @@ import polars as pl
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import representative
 from stepscope.errors import InputError  # noqa: F401  (kept for callers' except clauses)
-from stepscope.selection import parse_steps
+from stepscope.paths import shown
+from stepscope.render.names import cut
+from stepscope.selection import is_index, parse_steps  # noqa: F401
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
 PHASE_BY = {"combine": "the split-KV combine pass", "launch": "the attention kernel's launch configuration",
@@ -162,12 +164,12 @@ class StepView:
 
     @property
     def label(self) -> str:
-        return f"{self.inv.trace.path.name} · step {self.step}"
+        return f"{shown(self.inv.trace.path.name)} · step {self.step}"
 
     @property
     def delimiter(self) -> str:
         f = self.figures
-        return f"{f['delimiter']} “{f['name']}”"
+        return f"{f['delimiter']} “{cut(f['name'])}”"
 
     @property
     def begin(self) -> int:

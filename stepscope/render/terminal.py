@@ -9,6 +9,8 @@ from rich.table import Table
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
+from stepscope.paths import shown
+from stepscope.render.names import term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 from stepscope.render.units import ms, us, us_num
 
@@ -75,12 +77,13 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
                    headline=None) -> None:
     console = console or Console()
     t = inv.trace
-    console.print(f"[bold]{t.path}[/]  nsys {t.nsys_version or '?'} · schema {t.schema_version or '?'}"
+    console.print(f"[bold]{term(shown(t.path), 1000)}[/]  nsys {term(t.nsys_version or '?')} · schema "
+                  f"{term(t.schema_version or '?')}"
                   f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {len(inv.step_ids())} steps")
     for g in t.gpus.iter_rows(named=True):
-        console.print(f"  GPU {g['device']}: {g['name']} ({g['sm_count']} SMs)")
+        console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {term(w, 2000)}")
     for first, members in step_kinds(inv, ids):
         _render_kind(inv, first, members, console, headline)
         if extra is not None:
@@ -92,14 +95,14 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     classes and the diagnosis are all that one step's."""
     med = first
     phase = first["phase"] or "phase unknown"
-    title = (f"{phase} step · {first['delimiter']} “{first['name']}” · pid {first['pid']} · "
+    title = (f"{phase} step · {first['delimiter']} “{term(first['name'])}” · pid {first['pid']} · "
              f"device {first['device']} · {len(members)} step(s)")
     console.rule(f"[bold]{title}")
     evidence = phase_line(first)
     if evidence:
         console.print(f"[dim]{evidence}[/]")
     if headline is not None:
-        console.print(f"[bold]Verdict:[/] {headline(first['step'])}")
+        console.print(f"[bold]Verdict:[/] {term(headline(first['step']), 2000)}")
     layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
     console.print(
         f"step time {ms(med['step_time_ns'])} · GPU busy {ms(med['gpu_busy_ns'])} · span "
@@ -127,7 +130,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
                   + (f"; other {100 * share:.1f}%:" if other.height else ""))
     for r in other.head(10).iter_rows(named=True):
-        console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {r['name']}")
+        console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {term(r['name'])}")
     if other.height > 10:
         console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
 
@@ -144,8 +147,8 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
     console.print(table)
     _render_histogram(g["histogram"], console)
     for r in g["top"][:3]:
-        console.print(f"  gap {us(r['gap_ns'])} ({r['kind'].replace('_', '-')}): {r['prev_name']} → "
-                      f"{r['next_name']}" + (f" [dim]launched by {r['next_api']}[/]" if r["next_api"] else ""))
+        console.print(f"  gap {us(r['gap_ns'])} ({r['kind'].replace('_', '-')}): {term(r['prev_name'])} → "
+                      f"{term(r['next_name'])}" + (f" [dim]launched by {term(r['next_api'])}[/]" if r["next_api"] else ""))
     if lau.get("interval_median_ns") is not None:
         console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])}, "
                       f"p90 {us(lau['interval_p90_ns'])} · launch latency median "
@@ -244,7 +247,7 @@ def _render_histogram(hist: list[dict], console: Console) -> None:
 def render_compare(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     a, b = doc["a"], doc["b"]
-    console.rule(f"[bold]A {a['path']}  vs  B {b['path']}")
+    console.rule(f"[bold]A {term(a['path'])}  vs  B {term(b['path'])}")
     t = Table(show_edge=False, header_style="bold")
     console.print(f"[dim]A: step {a['step']} of its {a['steps']}: {a['chosen']} · B: step {b['step']} of its "
                   f"{b['steps']}: {b['chosen']}[/]")
@@ -291,10 +294,10 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     for label, key in (("added in B", "kernels_added"), ("removed in B", "kernels_removed")):
         names = doc[key]
         if names:
-            shown = ", ".join(f"{n['name']} ×{n['count_per_step']:g}" for n in names[:6])
-            console.print(f"kernels {label}: {shown}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
+            listed = ", ".join(f"{term(n['name'])} ×{n['count_per_step']:g}" for n in names[:6])
+            console.print(f"kernels {label}: {listed}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
     console.print(f"[bold]speedup (A/B): {doc['speedup']}×[/]")
-    console.print(doc["verdict"])
+    console.print(term(doc["verdict"], 2000))
 
 
 def render_tp(doc: dict, console: Console | None = None) -> None:
@@ -327,7 +330,7 @@ def render_tp(doc: dict, console: Console | None = None) -> None:
         console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
                       if w else f"{m}: device-bound at every width projected")
     for n in doc["notes"]:
-        console.print(f"[dim]{n}[/]")
+        console.print(f"[dim]{term(n, 2000)}[/]")
     if "ranks" in doc:
         r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
         for col in ("rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
