@@ -120,3 +120,86 @@ def test_lookup_maps_known_ids_and_nulls_the_rest():
     assert got == [30, 10, None, None, 30, None]  # 7 is past the table, -1 before it
     none = df.select(lookup("id", keys.clear(), pl.Series([], dtype=pl.Int64))).to_series()
     assert none.null_count() == df.height
+
+
+def _frame(rnd, n, wide: bool) -> pl.DataFrame:
+    big = 1 << 40 if wide else 5  # wide: three columns of 40 bits do not fit one key
+    kinds = pl.Enum(["host_bound", "sync", "device_side"])
+    return pl.DataFrame({
+        "a": [rnd.randint(-big, big) for _ in range(n)],
+        "b": [rnd.randint(0, 3) for _ in range(n)],
+        "c": [rnd.randint(-big, big) for _ in range(n)],
+        "d": [rnd.randint(-big, big) for _ in range(n)],
+        "k": [rnd.choice(["host_bound", "sync", "device_side"]) for _ in range(n)],
+        "s": [rnd.choice(["gemm", "norm", "rope"]) for _ in range(n)],
+        "v": [rnd.randint(0, 100) for _ in range(n)],
+    }, schema={"a": pl.Int64, "b": pl.Int32, "c": pl.Int64, "d": pl.Int64, "k": kinds, "s": pl.String,
+               "v": pl.Int64}).with_columns(pl.col("s").cast(pl.Categorical))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_group_by_packed_agrees_with_a_plain_group_by(wide):
+    """The packed path (and, for ranges past 62 bits, the fallback) against polars' own group-by:
+    integer keys negative and wide, Enum and Categorical keys, an empty frame."""
+    from stepscope.analysis.frames import group_by_packed, packing
+
+    rnd = random.Random(11)
+    for n in (0, 1, 7, 300):
+        df = _frame(rnd, n, wide)
+        for by in (["a"], ["a", "b"], ["b", "k"], ["a", "s", "k"], ["a", "c", "d"]):
+            aggs = (pl.len().cast(pl.Int64).alias("n"), pl.col("v").sum().alias("v"))
+            got = group_by_packed(df, by, *aggs)
+            want = df.group_by(by).agg(*aggs)
+            order = [pl.col(c).cast(pl.String) if c in ("k", "s") else pl.col(c) for c in by]
+            assert got.schema == want.schema
+            assert got.sort(order).equals(want.sort(order)), (by, n)
+        if n > 1 and wide:
+            assert packing([df], ["a", "c", "d"]) is None  # 3 x 41 bits: the plain group-by ran
+    with_null = pl.DataFrame({"a": [1, None, 1], "b": [None, 2, 2]}, schema={"a": pl.Int64, "b": pl.Int64})
+    assert packing([with_null], ["a", "b"]) is None  # a null key must not merge groups
+    got = group_by_packed(with_null, ["a", "b"], pl.len().alias("n"))
+    assert got.sort("a", "b", nulls_last=True).rows() == [(1, 2, 1), (1, None, 1), (None, 2, 1)]
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_join_key_agrees_with_a_join_on_the_columns(wide):
+    from stepscope.analysis.frames import join_key
+
+    rnd = random.Random(5)
+    left, right = _frame(rnd, 200, wide), _frame(rnd, 50, wide).unique(["a", "b"])
+    right = pl.concat([right, pl.DataFrame({"a": [None], "b": [1]}, schema={"a": pl.Int64, "b": pl.Int32})],
+                      how="diagonal_relaxed")
+    left = pl.concat([left, pl.DataFrame({"a": [None], "b": [1]}, schema={"a": pl.Int64, "b": pl.Int32})],
+                     how="diagonal_relaxed")
+    want = left.join(right.select("a", "b", pl.col("v").alias("w")), on=["a", "b"], how="left",
+                     maintain_order="left")
+    key = join_key(left, right, ["a", "b"])
+    if wide:
+        left = left.with_columns(a=pl.col("a") * (1 << 22))  # 63 bits of a: no key
+        assert join_key(left, right, ["a", "b"]) is None
+        return
+    got = left.with_columns(key).join(right.select(key, pl.col("v").alias("w")), on="_key", how="left",
+                                      maintain_order="left").drop("_key")
+    assert got.equals(want)  # the null row matches nothing, as in the join on the columns
+
+
+def test_grouped_array_steps_agree_with_a_loop_per_group():
+    import numpy as np
+
+    from stepscope.analysis.arrays import cummax_within, cumsum_within, group_bounds, last_at_or_before
+
+    rnd = np.random.default_rng(3)
+    groups = np.sort(rnd.integers(0, 6, 400)).astype(np.int32)
+    x = rnd.integers(-10**12, 10**12, 400).astype(np.int64)
+    starts = group_bounds(groups)
+    ends = np.append(starts[1:], x.size)
+    assert np.array_equal(cumsum_within(x, starts), np.concatenate([np.cumsum(x[a:b]) for a, b in zip(starts, ends)]))
+    want = np.concatenate([np.maximum.accumulate(x[a:b]) for a, b in zip(starts, ends)])
+    assert np.array_equal(cummax_within(x.copy(), groups, starts), want)
+    times = np.concatenate([np.sort(rnd.integers(0, 10**9, b - a)) for a, b in zip(starts, ends)])
+    qg = rnd.integers(0, 6, 100).astype(np.int32)
+    qt = rnd.integers(-5, 10**9 + 5, 100)
+    pairs = list(zip(groups.tolist(), times.tolist()))
+    want = [max((i for i, p in enumerate(pairs) if p <= (g, t)), default=-1) for g, t in zip(qg.tolist(), qt.tolist())]
+    assert last_at_or_before(groups, times, qg, qt).tolist() == want
+    assert last_at_or_before(groups, times * (1 << 30), qg, qt) is None  # times of 60 bits: no room for the group

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.frames import group_by_packed
 from stepscope.analysis.inventory import Inventory
 
 KINDS = ("host_bound", "sync", "device_side")
@@ -77,20 +78,11 @@ def _sync_in_gap(g: pl.DataFrame, api: pl.DataFrame) -> np.ndarray:
 
 
 def _by_step_kind(gaps: pl.DataFrame, *extra: pl.Expr) -> pl.DataFrame:
-    """count and time_ns per (step, kind, *extra): one integer key per gap (step, the extras
-    and kind's code packed), which groups a million gaps several times faster than the columns."""
-    kind = pl.col("kind").to_physical().cast(pl.Int64)
-    key = pl.col("step")
-    for e in extra:
-        key = key * 64 + e  # extras are small: log2 bins < 64
-    key = key * 4 + kind
-    t = gaps.group_by(key.alias("_k")).agg(count=pl.len().cast(pl.Int64), time_ns=pl.col("gap_ns").sum())
-    kinds = pl.Series("kind", list(KINDS), dtype=KIND_DTYPE)
-    t = t.with_columns(kinds.gather(t["_k"] % 4).alias("kind"), (pl.col("_k") // 4).alias("_k"))
+    """count and time_ns per (step, kind, *extra)."""
     names = [e.meta.output_name() for e in extra]
-    for name in reversed(names):
-        t = t.with_columns((pl.col("_k") % 64).alias(name), (pl.col("_k") // 64).alias("_k"))
-    return t.rename({"_k": "step"}).select("step", *names, "kind", "count", "time_ns")
+    t = group_by_packed(gaps.with_columns(*extra) if extra else gaps, ["step", *names, "kind"],
+                        pl.len().cast(pl.Int64).alias("count"), pl.col("gap_ns").sum().alias("time_ns"))
+    return t.select("step", *names, "kind", "count", "time_ns")
 
 
 def gap_totals(gaps: pl.DataFrame, step_ids: list[int], hist: pl.DataFrame | None = None) -> pl.DataFrame:

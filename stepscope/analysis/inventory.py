@@ -14,7 +14,7 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
 from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
-from stepscope.analysis.frames import lookup, sorted_by
+from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
@@ -208,12 +208,7 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
     distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
     kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
-    # both ids in one integer: the demangled id offset by 2^31 into [0, 2^32), so that any two
-    # Int32 ids (a negative one too) pack and unpack exactly
-    key = (pl.col("short_id").cast(pl.Int64) * (1 << 32) + pl.col("demangled_id").cast(pl.Int64) + (1 << 31)).alias("_key")
-    names = kernels.select(key).unique().select(
-        (pl.col("_key") // (1 << 32)).cast(pl.Int32).alias("short_id"),
-        (pl.col("_key") % (1 << 32) - (1 << 31)).cast(pl.Int32).alias("demangled_id"))
+    names = group_by_packed(kernels, ["short_id", "demangled_id"])  # the distinct pairs
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
@@ -225,12 +220,17 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
     # one small-int index per activity (memops get the slots after the kernel names)
     memop_kinds = ["memcpy", "memset"]
     memop_slot = pl.col("memop").to_physical().cast(pl.Int64) + n
+    ids = ["short_id", "demangled_id"]
+    key = join_key(acts, names, ids)
     if names["demangled_id"].n_unique() == n and n and names["demangled_id"].min() >= 0:
         # each demangled id has one short name (the usual case): a lookup table indexed by id
         slot = lookup("demangled_id", names["demangled_id"], pl.int_range(n, eager=True))
-    else:
+    elif key is not None:
         slot = key.replace_strict(names.select(key).to_series(), pl.int_range(n, eager=True), default=None,
                                   return_dtype=pl.Int64)
+    else:  # ids too wide to pack (a damaged export's): the slot by a join on both
+        slot = acts.select(ids).join(names.select(*ids, pl.int_range(n, dtype=pl.Int64).alias("_slot")), on=ids,
+                                     how="left", maintain_order="left")["_slot"]
     idx = acts.select(pl.when(pl.col("is_kernel")).then(slot).otherwise(memop_slot)).to_series()
 
     def mapped(col: str, dtype) -> pl.Series:
@@ -288,30 +288,16 @@ def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFram
 
 
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(step, class, count, time_ns) and (step, name, demangled, class, count, time_ns).
-
-    Grouped on one integer per activity (step, name code, class code packed): polars groups a
-    million packed integers several times faster than the three columns."""
+    """(step, class, count, time_ns) and (step, name, demangled, class, count, time_ns)."""
     count_time = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
-    cls = pl.col("class").to_physical().cast(pl.Int64)
     classes = (
-        a.group_by((pl.col("step") * 64 + cls).alias("_k"))
-        .agg(*count_time, pl.col("step").first(), pl.col("class").first())
+        group_by_packed(a, ["step", "class"], *count_time)
         .select("step", pl.col("class").cast(pl.String), "count", "time_ns")
         .sort("step", "time_ns", "class", descending=[False, True, False])
     )
-    name = pl.col("name").to_physical().cast(pl.Int64)
-    dem = pl.col("demangled").to_physical().cast(pl.Int64)
-    top = a.select(pl.col("step").max(), name.max().alias("n"), dem.max().alias("d")).row(0) if a.height else None
-    bits = [int(v or 0).bit_length() for v in top] if top else None
-    if bits and sum(bits) + 6 <= 62:  # step, name code, demangled code and class fit one int64
-        _, nb, db = bits
-        key = (((pl.col("step") * (1 << nb) + name) * (1 << db) + dem) * 64 + cls).alias("_k")
-        grouped = a.group_by(key).agg(*count_time, pl.col("step", "name", "demangled", "class").first())
-    else:  # codes too wide to pack (a long-lived process's string cache, or very many steps)
-        grouped = a.group_by("step", "name", "demangled", "class").agg(*count_time)
     kernels = (
-        grouped.select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns")
+        group_by_packed(a, ["step", "name", "demangled", "class"], *count_time)
+        .select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns")
         .sort("step", "time_ns", "name", "demangled", "class", descending=[False, True, False, False, False])
     )
     return classes, kernels

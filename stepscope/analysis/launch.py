@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.analysis.frames import sorted_by
+from stepscope.analysis.frames import group_by_packed, sorted_by
 from stepscope.analysis.inventory import Inventory
 
 
@@ -26,13 +26,8 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
     dur = pl.col("end") - pl.col("start")
     agg = dict(count=pl.len().cast(pl.Int64), total_ns=dur.sum(), mean_ns=dur.mean().round(0).cast(pl.Int64),
                median_ns=dur.median().round(0).cast(pl.Int64), max_ns=dur.max())
-    api = pl.col("api_name").cast(pl.Categorical).to_physical().cast(pl.Int64)
-    if calls.height and (calls.select(api.max()).item() or 0) < (1 << 20):
-        # one packed (step, API name) integer per call groups faster than the two columns
-        grouped = calls.group_by((pl.col("step") * (1 << 20) + api).alias("_k")).agg(
-            pl.col("step", "api_name").first(), **agg)
-    else:
-        grouped = calls.group_by("step", "api_name").agg(**agg)
+    grouped = group_by_packed(calls.with_columns(pl.col("api_name").cast(pl.Categorical)), ["step", "api_name"],
+                              *[e.alias(k) for k, e in agg.items()])
     by_api = (
         grouped.select("step", pl.col("api_name").cast(pl.String), *agg)
         .sort("step", "count", "api_name", descending=[False, True, False])

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from stepscope import apinames
-from stepscope.analysis.frames import lookup, sorted_by
+from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 
@@ -81,17 +81,17 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     else:
         acts = k
     # correlationId is unique only within a process: join on (pid, corr), packed into one
-    # integer key (pid < 2^24, so the key is exact while 0 <= corr < 2^39), which hashes faster.
+    # integer key, which hashes faster (and merges when both sides come sorted)
     window = [pl.col("window")] if "window" in api.columns else [pl.lit(None, pl.UInt32).alias("window")]
     launch = (pl.col("start").alias("launch_start"), pl.col("end").alias("launch_end"),
               pl.col("api_name").alias("launch_api"), *window)
-    if not (_packs(acts, api, "pid", 1 << 24) and _packs(acts, api, "corr", 1 << 39)):
-        # ids a packed key would not hold exactly (a damaged export's correlation id near 2^63,
-        # a profiler's negative pid): the two-column join, slower but exact
+    key = join_key(acts, api, ["pid", "corr"])
+    if key is None:
+        # ids a packed key would not hold exactly (a damaged export's correlation ids spanning
+        # 2^63): the two-column join, slower but exact
         calls = api.select("pid", "corr", "tid", *launch).unique(["pid", "corr"], keep="first", maintain_order=True)
         acts = acts.join(calls, on=["pid", "corr"], how="left", maintain_order="left")
         return acts.with_row_index("row")
-    key = (pl.col("pid").cast(pl.Int64) * (1 << 39) + pl.col("corr")).alias("_key")
     calls = api.select(key, "tid", *launch)
     acts = acts.with_columns(key)
     # CUPTI numbers calls in call order and nsys writes both tables in start order, so in a
@@ -106,14 +106,6 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
         calls = calls.unique("_key", keep="first", maintain_order=True)
     acts = acts.join(calls, on="_key", how="left", maintain_order="left").drop("_key")
     return acts.with_row_index("row")
-
-
-def _packs(a: pl.DataFrame, b: pl.DataFrame, col: str, bound: int) -> bool:
-    """Whether every value of `col` in both frames lies in [0, bound)."""
-    for s in (a[col], b[col]):
-        if s.len() > s.null_count() and (s.min() < 0 or s.max() >= bound):
-            return False
-    return True
 
 
 @dataclass
@@ -536,19 +528,16 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
     window_steps = None
     by_window = None  # the step as an expression of the window, when that decides it
     if windows.height:
-        # a step is (window, device); number them by window start, then device (packed into one
-        # key with the device offset into [0, 2^32): any Int32 device id packs exactly)
-        wd = (pl.col("window").cast(pl.Int64) * (1 << 32) + pl.col("device").cast(pl.Int64) + (1 << 31)).alias("_wd")
+        # a step is (window, device); number them by window start, then device
         hit = acts.lazy().filter(pl.col("window").is_not_null()).select("row", "device", "window")
-        keys = hit.select(wd, "window", "device").unique("_wd").collect().join(
+        keys = group_by_packed(hit.select("window", "device").collect(), ["window", "device"]).join(
             windows.select("window", "w_start"), on="window").sort("w_start", "device").with_row_index("step")
         if keys["window"].n_unique() == keys.height:  # one device per window: a lookup by window
             by_window = lookup("window", keys["window"], keys["step"].cast(pl.Int64)).alias("step")
             step_of = hit.select("row", by_window)
         else:
-            step_of = hit.with_columns(wd).select(
-                "row", pl.col("_wd").replace_strict(keys["_wd"], keys["step"].cast(pl.Int64), return_dtype=pl.Int64)
-                .alias("step"))
+            step_of = hit.join(keys.lazy().select("window", "device", pl.col("step").cast(pl.Int64)),
+                               on=["window", "device"], how="left", maintain_order="left").select("row", "step")
         assigned.append(step_of)  # a lazy frame: collected only when rows are assigned one by one
         window_steps = keys.select("window", pl.col("step").cast(pl.Int64))
         steps_w = keys.join(windows.drop("w_start"), on="window").select(

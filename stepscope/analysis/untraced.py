@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from stepscope.analysis.arrays import cummax_within, cumsum_within, group_bounds, last_at_or_before
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.steps import VLLM_STEP_RE as _VLLM
 from stepscope.analysis.whatif import DEFAULT, prologue
@@ -62,20 +63,6 @@ def is_vllm_step() -> pl.Expr:
     return pl.col("name").fill_null("").str.contains(_VLLM.pattern)
 
 
-def _group_bounds(keys: np.ndarray) -> np.ndarray:
-    """Start offsets of the runs of equal values in a sorted key array."""
-    if keys.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-
-
-def _cumsum_within(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Cumulative sum restarting at each group start (groups are contiguous runs)."""
-    c = np.cumsum(x)
-    before = np.concatenate(([0], c[:-1]))[starts]
-    return c - np.repeat(before, np.diff(np.append(starts, x.size)))
-
-
 def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
     device_floor_ns), the device work the steady-state (vLLM) estimate uses.
@@ -96,14 +83,14 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
     ct = calls["start"].to_numpy()
     t2 = d2 = None
     if ct.size:
-        cs = _group_bounds(c_step)
+        cs = group_bounds(c_step)
         x = np.empty(ct.size, dtype=np.int64)  # the gap before each call, then its deflated form
         x[1:] = ct[1:] - ct[:-1]
         x[cs] = ct[cs] - begin[c_step[cs]]
         np.maximum(x, 0, out=x)
         # the tracing taken out, down to MIN_INTERVAL_NS; an interval already shorter stays
         np.maximum(x - OVERHEAD_PER_LAUNCH_NS, np.minimum(x, MIN_INTERVAL_NS), out=x)
-        t2 = _cumsum_within(x, cs)
+        t2 = cumsum_within(x, cs)
         t2 += begin[c_step]
         del x
         names = calls["api_name"].cast(pl.String)
@@ -120,16 +107,10 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
     if t2 is not None and has_call.any():
         # each activity moves with the launch call that issued it, or (a copy or memset, issued
         # by a call that is not a launch) with the last launch call before it in its step
-        ls = a["launch_start"].fill_null(0).to_numpy()
-        base = min(int(ct.min()), int(ls[has_call].min()))
-        span = max(int(ct.max()), int(ls[has_call].max())) - base + 1
-        if span < (1 << 41) and n < (1 << 21):
-            ck = c_step.astype(np.int64) << 41
-            ck += ct - base
-            ak = a_step.astype(np.int64) << 41
-            ak += ls - base
-            j = np.searchsorted(ck, ak, side="right") - 1
-            del ck, ak
+        # (an activity without a call searches from a time among the others': its answer is unused)
+        ls = a["launch_start"].fill_null(a["launch_start"].min()).to_numpy()
+        j = last_at_or_before(c_step, ct, a_step, ls)
+        if j is not None:
             np.maximum(j, 0, out=j)
             ok = has_call & (c_step[j] == a_step)
             node = a["graph_node_id"].is_not_null().to_numpy()
@@ -142,27 +123,14 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
             del j, ok, lat, node, ls
     del t2, d2, ct, c_step
     if st.size:
-        a_starts = _group_bounds(a_step)
+        a_starts = group_bounds(a_step)
         dur = a["end"].to_numpy() - st
         del st
-        S = _cumsum_within(dur, a_starts)
+        S = cumsum_within(dur, a_starts)
         ready -= S
         ready += dur  # ready - (S - dur): the recurrence end_i = max(ready_i, end_{i-1}) + dur_i
         del dur
-        # a cumulative max restarting per step: offset each step's values above all earlier ones
-        lo, hi = int(ready.min()), int(ready.max())
-        off = hi - lo + 1
-        if off * (n + 1) < (1 << 62):
-            shift = a_step.astype(np.int64) * off
-            ready -= lo
-            ready += shift
-            np.maximum.accumulate(ready, out=ready)
-            ready -= shift
-            ready += lo
-            del shift
-        else:  # pragma: no cover - a trace spanning more than int64 allows: per step
-            ready = np.concatenate([np.maximum.accumulate(ready[a:b]) for a, b in
-                                    zip(a_starts, np.append(a_starts[1:], ready.size))])
+        cummax_within(ready, a_step, a_starts)
         ready += S
         gpu_end[a_step[a_starts]] = np.maximum.reduceat(ready, a_starts)
         del S, ready
