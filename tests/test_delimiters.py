@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 
 import pytest
+from typer.testing import CliRunner
 
 from stepscope.api import open_trace
+from stepscope.cli import app
 from stepscope.errors import InputError
 from tests.conftest import FIXTURES, need, ro
 
@@ -45,6 +48,11 @@ def test_graph_launch_delimits_a_replay(tmp_path):
         "SELECT count(*), sum(graphNodeId IS NOT NULL) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
     assert s["n_kernels"] == n == n_graph == 420
     assert s["n_launch_calls"] == 1
+    # the step is named by its launch call: a string like any step name (it was the API name's
+    # categorical, and the untraced estimate's and the engine anatomy's name tests failed on it)
+    r = CliRunner().invoke(app, ["analyze", str(p), "--step-regex", NOMATCH, "--json", "--no-cache"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["steps"][0]["delimiter"] == "graph"
 
 
 def test_graph_level_tracing_is_reported_not_invented(tmp_path):

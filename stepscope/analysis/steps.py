@@ -202,7 +202,7 @@ def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
         # a replay's window runs to the next replay on the thread (the last one: to its own end,
         # widened later to cover what it launched)
         (pl.coalesce(nxt - 1, pl.col("end"))).alias("w_end"),
-        pl.col("api_name").alias("name"), pl.lit("graph").alias("delimiter"),
+        pl.col("api_name").cast(pl.String).alias("name"), pl.lit("graph").alias("delimiter"),
     )
 
 
