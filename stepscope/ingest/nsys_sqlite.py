@@ -43,6 +43,9 @@ def _unpack_tid(col: str) -> pl.Expr:
     return (pl.col(col) % (1 << 24)).cast(pl.Int32).alias("tid")
 
 
+BUSY_TIMEOUT_MS = 5_000  # sqlite3.connect's default timeout
+
+
 def is_sqlite(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(16) == SQLITE_MAGIC
@@ -90,6 +93,7 @@ def _adbc_query(db, sql: str) -> pl.DataFrame:
 
     conn = adbc_driver_manager.AdbcConnection(db)  # one connection per thread
     try:
+        _wait_for_locks(conn)
         stmt = adbc_driver_manager.AdbcStatement(conn)
         try:
             # the driver's default 1,024-row batches leave a million-row read in ~1,000 small
@@ -107,6 +111,21 @@ def _adbc_query(db, sql: str) -> pl.DataFrame:
             stmt.close()
     finally:
         conn.close()
+
+
+def _wait_for_locks(conn) -> None:
+    """Wait (up to BUSY_TIMEOUT_MS) for a lock instead of failing at once, as sqlite3's own
+    connections do (their `timeout`): the reader threads open their connections together, and on
+    an export in WAL mode they briefly contend for its -shm index ("database is locked")."""
+    import adbc_driver_manager
+
+    stmt = adbc_driver_manager.AdbcStatement(conn)
+    try:
+        stmt.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        stream, _ = stmt.execute_query()
+        pl.DataFrame(stream)
+    finally:
+        stmt.close()
 
 
 def _reason(e: Exception) -> str:
