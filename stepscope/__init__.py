@@ -1,12 +1,27 @@
-"""stepscope: where the time and the bytes of one LLM inference engine step go."""
+"""stepscope: where the time and the bytes of one LLM inference engine step go.
+
+The Python API: `open_trace(path)` for one trace's steps, figures and verdicts (an Analysis),
+and the function behind each command — `compare`, `tp`, `budget`, `report`, `export` — each
+returning what its command prints with `--json` (or, for report and export, what it writes).
+"""
 
 __version__ = "0.1.0"
-__all__ = ["open_trace", "__version__"]
+# where each name lives; imported on first use: `import stepscope` must not pull polars for the
+# CLI's --help
+_LAZY = {"open_trace": "stepscope.api", "Analysis": "stepscope.api", "Step": "stepscope.api",
+         "compare": "stepscope.library", "tp": "stepscope.library", "budget": "stepscope.library",
+         "report": "stepscope.library", "export": "stepscope.library",
+         "StepscopeError": "stepscope.errors", "InputError": "stepscope.errors"}
+__all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name):  # lazy: `import stepscope` must not pull polars for the CLI's --help
-    if name == "open_trace":
-        from stepscope.api import open_trace
+def __getattr__(name):
+    if name in _LAZY:
+        from importlib import import_module
 
-        return open_trace
-    raise AttributeError(name)
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,4 +1,5 @@
-"""The thin command line: each command loads, makes one library call, renders.
+"""The command line: the commands (stepscope/commands/*) on one Typer app, and main(), where a
+run becomes a process (its exit code, its one line for anything that went wrong).
 
 Heavy imports (polars, the analyses) happen inside the commands so `stepscope --help` stays fast.
 """
@@ -11,46 +12,15 @@ import sys
 
 import typer
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Explains where the time and the bytes of one LLM inference engine step go.",
-    pretty_exceptions_enable=False,
-)
+# each module registers its commands on `app`, in this order (the order `--help` lists them)
+from stepscope.commands import analyze as _analyze  # noqa: F401  isort: skip
+from stepscope.commands import verdicts as _verdicts  # noqa: F401  isort: skip
+from stepscope.commands import capture as _capture  # noqa: F401  isort: skip
+from stepscope.commands import cells as _cells  # noqa: F401  isort: skip  (and budget)
+from stepscope.commands import report as _report  # noqa: F401  isort: skip
+from stepscope.commands.app import app, error_exit
 
-
-def _print_version(value: bool) -> None:
-    if value:
-        from stepscope import __version__
-
-        typer.echo(f"stepscope {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                 help="print stepscope's version and exit"),
-) -> None:
-    """Explains where the time and the bytes of one LLM inference engine step go."""
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print one line to stderr and exit: the only way a command reports a user-facing error."""
-    from stepscope.render import progress
-
-    progress.stop()  # the error line must not be drawn over
-    typer.echo(f"stepscope: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-# --- command registrations -------------------------------------------------------------
-# Each module below owns its commands and registers them on `app` when imported.
-from stepscope.commands import analyze as _analyze  # noqa: E402,F401
-from stepscope.commands import verdicts as _verdicts  # noqa: E402,F401
-from stepscope.commands import capture as _capture  # noqa: E402,F401
-from stepscope.commands import cells as _cells  # noqa: E402,F401
-from stepscope.commands import report as _report  # noqa: E402,F401
+__all__ = ["app", "main"]
 
 
 def _click_exception() -> type:
@@ -63,6 +33,9 @@ def _click_exception() -> type:
 
 
 def main() -> None:
+    """The process's one error boundary: bad input (StepscopeError) is one line and its exit code
+    (commands.app.error_exit: the app's commands already end so), a usage error one line and
+    click's code, a bug one line and exit 3 (STEPSCOPE_DEBUG=1: the traceback)."""
     from stepscope.errors import StepscopeError
 
     # A run allocates its objects once and exits: the cyclic collector would only rescan the
@@ -96,9 +69,11 @@ def main() -> None:
             sys.stderr.flush()
             os._exit(0)
         raise
-    except StepscopeError as e:  # a library error that escaped a command
-        typer.echo(f"stepscope: error: {e}", err=True)
-        sys.exit(e.exit_code)
+    except StepscopeError as e:  # raised outside a command (an option callback)
+        try:
+            error_exit(e)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)
     except KeyboardInterrupt:
         typer.echo("stepscope: interrupted", err=True)
         sys.exit(130)
@@ -113,4 +88,3 @@ def main() -> None:
         typer.echo(f"stepscope: internal error: {type(e).__name__}: {first} "
                    "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
         sys.exit(3)
-

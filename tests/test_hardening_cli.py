@@ -18,10 +18,10 @@ EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 _BOUNDARY = """
 import sys
 from polars.exceptions import PanicException
-import stepscope.commands.analyze as a
+import stepscope.library as lib
 def boom(*args, **kw):
     raise {exc}
-a.load_inventory = boom
+lib.load = boom
 sys.argv = ["stepscope", "analyze", sys.argv[1]]
 from stepscope.cli import main
 main()

@@ -95,16 +95,17 @@ SYNC_CALLS_SQL = """
 @pytest.mark.parametrize("path", [*EXTERNAL.glob("*.sqlite"), FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"],
                          ids=lambda p: p.name)
 def test_release_input_keeps_what_the_diagnosis_reads(path):
-    """A one-shot caller's analysis (release_input=True) empties the trace's event frames and
+    """A one-shot caller's analysis (memory=ONE_SHOT) empties the trace's event frames and
     keeps only the synchronizing API calls, and diagnoses every gap the same as a full one."""
     from stepscope.analysis.diagnosis import diagnose
-    from stepscope.analysis.inventory import ONE_SHOT_ACT_COLUMNS, analyze_trace
+    from stepscope.analysis.inventory import analyze_trace
+    from stepscope.analysis.memory import ONE_SHOT, ONE_SHOT_ACT_COLUMNS
     from stepscope.ingest import read_trace
 
     need(path)
     full = analyze_trace(read_trace(path, cache=False))
     trace = read_trace(path, cache=False)
-    lean = analyze_trace(trace, release_input=True)
+    lean = analyze_trace(trace, memory=ONE_SHOT)
     assert trace.kernels.height == trace.api.height == trace.memops.height == 0
     syncs = ro(path).execute(SYNC_CALLS_SQL).fetchone()[0]
     assert lean.api.height == syncs and lean.api["is_sync"].all()

@@ -10,6 +10,7 @@ import pytest
 
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.api import open_trace
+from stepscope.render.sections import step_sections
 from tests.knownstep import KNOWN, build
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -37,7 +38,7 @@ def test_every_figure_by_hand(known, step):
     for k in ("n_kernels", "kernel_time_sum_ns", "gpu_span_ns", "idle_ns", "gpu_busy_ns", "step_time_ns",
               "n_launch_calls", "launch_call_ns"):
         assert s[k] == want[k], k
-    sec = d.step_sections(step)
+    sec = step_sections(d, step)
     kinds = sec["gaps"]
     assert {k: (v["count"], v["time_ns"]) for k, v in kinds.items() if k in want["gaps"]} == want["gaps"]
     f = sec["floors"]

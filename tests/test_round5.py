@@ -94,9 +94,9 @@ def _grid(path, like: str) -> set[tuple]:
 def _cli_inventory(path):
     """What `stepscope analyze` computes: the trace read without grid/block, the evidence
     kernels' launch configuration read from the export on demand."""
-    from stepscope.commands.analyze import load_inventory
+    from stepscope.library import load
 
-    return load_inventory(path, None, None, cache=False)
+    return load(path, cache=False)
 
 
 def test_bare_decode_step_is_decode_by_its_attention_launch():

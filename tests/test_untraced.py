@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis.compare import compare
+import stepscope
+
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.untraced import OVERHEAD_PER_LAUNCH_NS
 from stepscope.api import open_trace
 from stepscope.ingest.sidecar import FORMAT, read_sidecar, sidecar_path, stats, write_sidecar
+from stepscope.render.sections import step_sections
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -65,7 +67,7 @@ def test_sidecar_round_trip(tmp_path):
 def test_measured_untraced_step_comes_from_the_sidecar(case):
     path = FIX / f"{case}.sqlite"
     d = diagnose(open_trace(path).inventory)
-    sec = d.step_sections(0)["untraced"]
+    sec = step_sections(d, 0)["untraced"]
     # a vLLM step is forward + sampling: the sidecar's engine step; a torch step: its step
     key = "engine_step_gpu_ns" if case.startswith("vllm") else "step_time_ns"
     assert sec["step_time_ns"] == sec["measured_ns"] == _sidecar_median(path, key)
@@ -78,7 +80,7 @@ def test_without_sidecar_every_traced_figure_is_unchanged(tmp_path):
     shutil.copy(src, bare)
     a, b = diagnose(open_trace(src).inventory), diagnose(open_trace(bare).inventory)
     assert a.inv.steps.equals(b.inv.steps) and a.floors.equals(b.floors)
-    ua, ub = a.step_sections(0)["untraced"], b.step_sections(0)["untraced"]
+    ua, ub = step_sections(a, 0)["untraced"], step_sections(b, 0)["untraced"]
     assert ub["measured_ns"] is None and ub["source"].startswith("estimated")
     assert ub["step_time_ns"] == ub["estimated_ns"] == ua["estimated_ns"]
     assert ua["step_time_ns"] != ub["step_time_ns"]
@@ -87,7 +89,7 @@ def test_without_sidecar_every_traced_figure_is_unchanged(tmp_path):
 @pytest.mark.parametrize("case", sorted(ERRORS))
 def test_estimate_error_on_every_pair(case):
     d = diagnose(open_trace(FIX / f"{case}.sqlite").inventory)
-    u = d.step_sections(0)["untraced"]
+    u = step_sections(d, 0)["untraced"]
     err = 100 * (u["estimated_ns"] - u["measured_ns"]) / u["measured_ns"]
     assert abs(err - ERRORS[case]) <= 1.5, f"{case}: {err:+.1f}% (README says {ERRORS[case]:+d}%)"
     s = d.inv.steps.row(0, named=True)
@@ -117,8 +119,7 @@ def test_overhead_per_launch_is_the_median_of_the_pairs():
 @pytest.mark.parametrize("name", ["vllm/llama8b_decode_b1", "vllm/llama8b_decode_b8", "vllm/qwen7b_decode_b1",
                                   "round5/llama8b_decode_b1", "round5/llama8b_decode_b8"])
 def test_compare_in_both_currencies(name):
-    a, b = (diagnose(open_trace(FIX / f"{name}_{m}.sqlite").inventory) for m in ("eager", "graph"))
-    doc = compare(a, b)
+    doc = stepscope.compare(*(open_trace(FIX / f"{name}_{m}.sqlite") for m in ("eager", "graph")))
     u = doc["untraced"]
     key = "engine_step_gpu_ns" if name.startswith("vllm") else "step_time_ns"
     ua, ub = (_sidecar_median(FIX / f"{name}_{m}.sqlite", key) for m in ("eager", "graph"))
@@ -130,9 +131,10 @@ def test_compare_in_both_currencies(name):
 
 def test_verdict_line_gives_the_untraced_figure_first():
     from stepscope.render.terminal import verdict_line
+    from stepscope.render.views import step_diagnosis
 
     path = FIX / "vllm" / "llama8b_decode_b1_eager.sqlite"
-    line = verdict_line(diagnose(open_trace(path).inventory), 0)
+    line = verdict_line(step_diagnosis(diagnose(open_trace(path).inventory), 0))
     assert line.startswith("decode step ≈ 25.714 ms untraced (27.649 ms under nsys): launch-bound; "
                            "CUDA graphs would cut it to about 5.209 ms (8.151 ms under nsys)")
     assert os.path.exists(sidecar_path(path))

@@ -8,12 +8,14 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+import stepscope
 from stepscope.analysis import tp as tpm
 from stepscope.analysis.compare import compare
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.whatif import DEFAULT, graph_constants, predict_graph_step
 from stepscope.api import open_trace
 from stepscope.cli import app
+from stepscope.render.sections import step_sections
 from tests.conftest import EXTERNAL, FIXTURES, need, ro
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
@@ -122,7 +124,7 @@ def test_whatif_graph_prediction_within_10_percent(eager, graph):
 
 
 def test_compare_eager_vs_graph():
-    doc = compare(diag(EAGER), diag(GRAPH))
+    doc = stepscope.compare(EAGER, GRAPH)  # the library function `stepscope compare` calls
     a, b = doc["a"], doc["b"]
     assert doc["speedup"] == pytest.approx(a["step_time_ns"] / b["step_time_ns"], rel=1e-4)
     assert doc["speedup"] > 3
@@ -237,7 +239,7 @@ def test_terminal_gap_histogram_folds_every_gap():
     from stepscope.render.terminal import _render_histogram
 
     d = diag(EAGER)
-    sec = d.step_sections(0)
+    sec = step_sections(d, 0)
     console = Console(record=True, width=100)
     _render_histogram(sec["gaps"]["histogram"], console)
     rows = [line.split("│") for line in console.export_text().splitlines() if "│" in line]

@@ -11,6 +11,7 @@ import pytest
 
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.api import open_trace
+from stepscope.render.sections import step_sections
 
 VLLM = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 NAMES = ["llama8b_decode_b1", "llama8b_decode_b8", "llama8b_prefill_b1", "qwen7b_decode_b1"]
@@ -141,7 +142,7 @@ def test_trace_json_of_the_capture_is_the_analysis_of_that_moment():
 @pytest.mark.parametrize("case", ["llama8b_decode_b1_eager", "llama8b_decode_b1_graph", "qwen7b_decode_b1_eager"])
 def test_engine_step_anatomy_against_sql(analyzed, case):
     _, d = analyzed[case]
-    e = d.step_sections(0)["engine"]
+    e = step_sections(d, 0)["engine"]
     con = sqlite3.connect(f"file:{VLLM / (case + '.sqlite')}?mode=ro", uri=True)
     rs, re_, gt = sql_window(con)
     rend = con.execute(f"SELECT n.end FROM NVTX_EVENTS n WHERE {NAME} LIKE 'execute_context%'").fetchone()[0]
@@ -166,7 +167,7 @@ def test_anatomy_says_when_vllm_ranges_are_missing(tmp_path):
     con.commit()
     con.close()
     inv = open_trace(p).inventory
-    e = diagnose(inv).step_sections(0)["engine"]
+    e = step_sections(diagnose(inv), 0)["engine"]
     assert e["engine_ranges"] is False and "VLLM_NVTX_SCOPES_FOR_PROFILING=1" in e["note"]
     assert e["schedule_ns"] is None and e["get_output_ns"] is None
     assert inv.steps["n_kernels"][0] == sql_counts(VLLM / "llama8b_decode_b1_eager.sqlite")["all_kernels"]
@@ -174,4 +175,4 @@ def test_anatomy_says_when_vllm_ranges_are_missing(tmp_path):
 
 def test_torch_traces_have_no_engine_section():
     inv = open_trace(VLLM.parent / "llama8b_decode_b1_eager.sqlite").inventory
-    assert "engine" not in diagnose(inv).step_sections(0)
+    assert "engine" not in step_sections(diagnose(inv), 0)

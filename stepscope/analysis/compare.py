@@ -26,7 +26,7 @@ FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_call
 
 def summarize(d: Diagnosis) -> dict:
     inv = d.inv
-    every = inv.steps.join(d.floors.select("step", "cpu_floor_ns", "device_floor_ns"), on="step")
+    every = inv.steps.join(d.verdicts.select("step", "cpu_floor_ns", "device_floor_ns", "verdict"), on="step")
     rank = summary_rank(d.collectives.ranks, d.tp)
     s = every.filter((pl.col("pid") == rank["pid"]) & (pl.col("device") == rank["device"]))
     rep = representative(inv, d)
@@ -42,7 +42,7 @@ def summarize(d: Diagnosis) -> dict:
     idle = d.gap_totals.join(mine, on="step", how="semi")
     idle_by = dict(zip(idle["kind"].to_list(), idle["time_ns"].to_list()))
     out["idle_by_kind_ns"] = {k: int(idle_by.get(k, 0) or 0) for k in KINDS}
-    out["verdict"] = "launch-bound" if out["cpu_floor_ns"] > out["device_floor_ns"] else "device-bound"
+    out["verdict"] = row["verdict"]  # analysis/verdict.py, as analyze reports it for this step
     c = inv.classes.filter(pl.col("step") == rep["step"])
     out["classes"] = {r["class"]: {"count": r["count"], "time_ns": int(r["time_ns"])} for r in c.iter_rows(named=True)}
     shapes = [step_shape(x) for x in s["name"].to_list()]
@@ -93,6 +93,7 @@ def _name_overlap(a: dict[str, float], b: dict[str, float]) -> float:
 
 
 def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dict:
+    """The compare document's figures (render/sentences.py adds its verdict sentence)."""
     sa, sb = summarize(a), summarize(b)
     warnings = []
     if sa["model"] and sb["model"] and sa["model"] != sb["model"]:
@@ -154,39 +155,4 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
                 u["prediction_reference_ns"] = ub
                 u["prediction_error"] = round((u["predicted_graph_step_time_ns"] - ub) / ub, 4)
         doc["untraced"] = u
-    doc["verdict"] = verdict_sentence(doc)
     return doc
-
-
-def verdict_sentence(doc: dict) -> str:
-    a, b, sp = doc["a"], doc["b"], doc["speedup"]
-    ms = lambda ns: f"{ns / 1e6:.2f} ms"  # noqa: E731
-    if sp is None:
-        return "B has no measurable step time."
-    change = f"{sp:.2f}× faster" if sp >= 1 else f"{1 / sp:.2f}× slower"
-    s = (f"B's step is {change} than A's ({ms(a['step_time_ns'])} → {ms(b['step_time_ns'])}); "
-         f"A is {a['verdict']}, B is {b['verdict']}. ")
-    host_a, host_b = a["idle_by_kind_ns"]["host_bound"], b["idle_by_kind_ns"]["host_bound"]
-    if host_a - host_b > 0.1 * a["step_time_ns"]:
-        s += f"Host-bound GPU idle fell from {ms(host_a)} to {ms(host_b)}: the launches stopped binding. "
-    if a["n_kernels"] != b["n_kernels"]:
-        s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}. "
-    if "predicted_graph_step_time_ns" in doc:
-        s += f"With CUDA graphs A would take about {ms(doc['predicted_graph_step_time_ns'])}"
-        s += (f" (prediction off by {100 * doc['prediction_error']:+.1f}% against B's "
-              f"{ms(doc['prediction_reference_ns'])})." if "prediction_error" in doc else ".")
-    u = doc.get("untraced")
-    if u and u.get("speedup"):
-        s += (f" Untraced (both timed outside nsys's capture): {ms(u['a_step_time_ns'])} → "
-              f"{ms(u['b_step_time_ns'])}, {u['speedup']:.2f}×")
-        if "prediction_error" in u:
-            s += (f"; predicted {ms(u['predicted_graph_step_time_ns'])}, off by "
-                  f"{100 * u['prediction_error']:+.1f}% against B's {ms(u['prediction_reference_ns'])}")
-        s += "."
-    chosen = [f"{tag}'s rank {x['rank']['rank']} of {x['rank']['ranks']} (pid {x['rank']['pid']}, GPU "
-              f"{x['rank']['device']}: {x['rank']['why']})" for tag, x in (("A", a), ("B", b)) if "rank" in x]
-    if chosen:
-        s += " Figures are per rank: " + "; ".join(chosen) + "."
-    if a.get("steps", 1) > 1 or b.get("steps", 1) > 1:
-        s += f" Quoted: A's step {a['step']}, B's step {b['step']} (each the median by step time of its kind)."
-    return s.strip()

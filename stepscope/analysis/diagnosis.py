@@ -1,36 +1,22 @@
-"""Gaps, launch overhead and floors of every step, computed once and shared by all renderers."""
+"""Gaps, launch overhead, floors and verdicts of every step, computed once as frames and shared
+by every renderer (render/ writes them as JSON or text)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import polars as pl
 
-from stepscope import jsontext
 from stepscope.analysis.collectives import Collectives, collectives, group_verdicts
 from stepscope.analysis.floors import floors
-from stepscope.analysis.gaps import KINDS, find_gaps, gap_totals, histogram
+from stepscope.analysis.gaps import find_gaps, gap_totals, histogram
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
+from stepscope.analysis.verdict import verdict_expr, verdicts
 from stepscope.analysis.whatif import predict_graph_step
+from stepscope.selection import parse_steps
 
 TOP_GAPS = 5
-SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
-ENGINE_FIELDS = ("forward_ns", "sample_ns", "gpu_tail_ns", "schedule_ns", "schedule_ranges", "get_output_ns",
-                 "process_outputs_ns", "engine_ranges", "note")
-# the untraced section of a step (analysis/untraced.py); its step_time_ns is also the step's
-# top-level untraced_step_time_ns, beside the traced step_time_ns
-UNTRACED_FIELDS = {"step_time_ns": "untraced_step_time_ns", "source": "untraced_source",
-                   "measured_ns": "untraced_measured_ns", "estimated_ns": "untraced_estimated_ns",
-                   "t_launch_ns": "untraced_t_launch_ns", "cpu_floor_ns": "untraced_cpu_floor_ns",
-                   "verdict": "untraced_verdict",
-                   "predicted_graph_step_time_ns": "untraced_predicted_graph_step_time_ns"}
-# the tp section of a step (its JSON field: the frame's column)
-TP_FIELDS = {"rank": "rank", "ranks": "ranks", "group": "group", "collectives": "collectives",
-             "collective_ns": "collective_ns", "collective_transfer_ns": "collective_transfer_ns",
-             "collective_wait_ns": "collective_wait_ns", "split": "split", "split_note": "split_note",
-             "rank_skew_ns": "rank_skew_ns", "binding_rank": "binding_rank", "verdict": "tp_verdict"}
 
 
 @dataclass
@@ -49,19 +35,21 @@ class Diagnosis:
     untraced: pl.DataFrame | None = None  # per step: untraced.SCHEMA (measured or estimated)
     engine: pl.DataFrame | None = None  # per vLLM step: anatomy.SCHEMA (empty for other traces)
     prologue: pl.DataFrame | None = None  # per step: whatif.prologue (the host work before the forward)
-    _sections: pl.DataFrame | None = None
+    verdicts: pl.DataFrame | None = None  # per step: verdict.SCHEMA, the one verdict every renderer quotes
+    _top_gaps: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
-        """Build the per-step sections, then empty the per-gap frame and the inventory's
+        """Keep each step's longest gaps, then empty the per-gap frame and the inventory's
         per-event frames (see Inventory.drop_event_frames)."""
-        self.sections_text()
+        self.top_gaps()
         self.gaps = self.gaps.clear()
         self.inv.drop_event_frames()
 
     def self_check(self) -> None:
         """What must hold on any trace: the inventory's checks (busy + idle = span, class times
         and counts = the kernels'), the gap kinds adding up to the idle time, busy within the
-        span, the device floor within the busy time, a positive untraced estimate."""
+        span, the device floor within the busy time, a positive untraced estimate, one verdict
+        per step and that verdict Equation 1.3's."""
         self.inv.self_check()
         s = self.inv.steps
         idle = self.gap_totals.group_by("step").agg(pl.col("time_ns").sum().alias("_g"))
@@ -72,84 +60,45 @@ class Diagnosis:
         assert (f["device_floor_ns"] <= f["gpu_busy_ns"]).all()
         if self.untraced is not None and self.untraced.height:
             assert (self.untraced["untraced_estimated_ns"] > 0).all()
+        v = self.verdicts
+        assert v["step"].to_list() == sorted(s["step"].to_list()), "a step without a verdict"
+        assert v.select((pl.col("verdict") == verdict_expr()).all()).item(), "a verdict that is not Equation 1.3's"
 
-    def step_sections(self, step: int) -> dict:
-        """The JSON sections a step of `analyze --json` gains: gaps, launch, floors, and tp for
-        the steps of a multi-rank trace (or of one with collectives)."""
-        row = self.sections_text().filter(pl.col("step") == step).row(0, named=True)
-        return {k: json.loads(row[k]) for k in SECTIONS if k in row and row[k] is not None}
+    def only_steps(self, spec: str | None) -> "Diagnosis":
+        """The diagnosis narrowed to the steps `spec` selects (stepscope.selection's grammar),
+        for the commands that summarize steps (compare, tp). On a trace with TP steps a selected
+        step brings its whole TP step along (every rank's step of that group): a TP step's
+        binding rank and waits are only defined over all of its ranks.
+
+        The analyses run on the whole trace first, so each kept step's figures are exactly those
+        `analyze` reports for it (a step's begin depends on its predecessor's GPU work)."""
+        if spec in (None, "", "all"):
+            return self
+        ids = parse_steps(spec, self.inv.step_ids())
+        if self.tp is not None and self.tp.height:
+            groups = self.tp.filter(pl.col("step").is_in(ids))["group"].unique().to_list()
+            ids = sorted(set(ids) | set(self.tp.filter(pl.col("group").is_in(groups))["step"].to_list()))
+        keep = pl.col("step").is_in(ids)
+        inv = replace(self.inv, steps=self.inv.steps.filter(keep), classes=self.inv.classes.filter(keep),
+                      kernels=self.inv.kernels.filter(keep))
+        # every per-step frame of the diagnosis (gaps, floors, verdicts, tp, untraced, ...)
+        per_step = {f.name: getattr(self, f.name).filter(keep) for f in fields(self)
+                    if isinstance(getattr(self, f.name), pl.DataFrame) and "step" in getattr(self, f.name).columns}
+        return replace(self, inv=inv, **per_step)
 
     def top_gaps(self) -> pl.DataFrame:
         """The TOP_GAPS longest gaps of each step, longest first (ties: earliest first)."""
+        if self._top_gaps is None:
+            self._top_gaps = self._longest_gaps()
+        return self._top_gaps
+
+    def _longest_gaps(self) -> pl.DataFrame:
         g = self.gaps.select(pl.col("step").set_sorted(), "gap_start", "gap_ns", "kind", "prev_name", "next_name",
                              "next_api")
         # a per-step threshold first, so only a handful of rows sort
         return (g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
                 .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
                 .group_by("step", maintain_order=True).head(TOP_GAPS))
-
-    def sections_text(self) -> pl.DataFrame:
-        """(step, gaps, launch, floors): every step's sections as JSON text, built in polars."""
-        if self._sections is None:
-            self._sections = self._build_sections()
-        return self._sections
-
-    def _build_sections(self) -> pl.DataFrame:
-        steps = self.floors.select("step")
-        totals = self.gap_totals.sort("step", pl.col("kind").to_physical())
-        kinds = jsontext.members(totals, "step", "kind", ["count", "time_ns"], "kinds", "", "")
-        top = self.top_gaps()
-        top = jsontext.arrays(top, "step", [c for c in top.columns if c != "step"], "top")
-        hist = jsontext.arrays(self.histogram, "step", [c for c in self.histogram.columns if c != "step"], "hist")
-        by_api = jsontext.arrays(self.launch_by_api, "step",
-                                 [c for c in self.launch_by_api.columns if c != "step"], "by_api")
-        launch = self.launch.select("step", jsontext.open_records(
-            self.launch, [c for c in self.launch.columns if c != "step"]).alias("launch_head"))
-        overhead = json.dumps({"count": self.inv.trace.profiler_overhead_count,
-                               "time_ns": self.inv.trace.profiler_overhead_ns}, separators=(",", ":"))
-        # margin is rounded as Python rounds (the figure the document has always carried)
-        f = self.floors.with_columns(
-            pl.Series("margin", [None if m is None else round(m, 3) for m in self.floors["margin"].to_list()],
-                      dtype=pl.Float64)).join(self.graph_prediction, on="step", how="left")
-        floors = f.select("step", jsontext.records(f, [
-            "cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
-            "predicted_graph_step_time_ns"]).alias("floors"))
-        empty = ",".join(f'"{k}":{{"count":0,"time_ns":0}}' for k in KINDS)
-        t = (steps.join(kinds, on="step", how="left").join(top, on="step", how="left")
-             .join(hist, on="step", how="left").join(launch, on="step", how="left")
-             .join(by_api, on="step", how="left").join(floors, on="step", how="left"))
-        lead = pl.col("launch_head").fill_null("{")
-        tp = []
-        if self.tp is not None and self.tp.height:
-            x = self.tp.select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
-            t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
-            tp = ["tp"]
-        if self.untraced is not None and self.untraced.height:
-            u = self.untraced.with_columns(pl.col("untraced_predicted_graph_step_time_ns").alias("_pg")).join(
-                self.graph_prediction.select("step", pl.col("predicted_graph_step_time_ns").is_null().alias("_replay")),
-                on="step", how="left").with_columns(
-                pl.when(pl.col("_replay")).then(None).otherwise(pl.col("_pg"))
-                .alias("untraced_predicted_graph_step_time_ns"))
-            x = u.select("step", *[pl.col(c).alias(k) for k, c in UNTRACED_FIELDS.items()])
-            t = t.join(x.select("step", jsontext.records(x, list(UNTRACED_FIELDS)).alias("untraced"),
-                                pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")
-            tp.append("untraced")
-            tp.append("untraced_step_time_ns")
-        if self.engine is not None and self.engine.height:
-            e = self.engine
-            t = t.join(e.select("step", jsontext.records(e, list(ENGINE_FIELDS)).alias("engine")), on="step",
-                       how="left")
-            tp.append("engine")
-        return t.select(
-            "step",
-            pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
-                          pl.col("top").fill_null("[]"), pl.lit(',"histogram":'), pl.col("hist").fill_null("[]"),
-                          pl.lit("}")).alias("gaps"),
-            pl.concat_str(lead, pl.when(lead == "{").then(pl.lit("")).otherwise(pl.lit(",")),
-                          pl.lit('"by_api":'), pl.col("by_api").fill_null("[]"),
-                          pl.lit(f',"profiler_overhead":{overhead}}}')).alias("launch"),
-            "floors", *tp,
-        ).sort("step")
 
 
 def diagnose(inv: Inventory) -> Diagnosis:
@@ -165,9 +114,11 @@ def diagnose(inv: Inventory) -> Diagnosis:
     from stepscope.analysis.whatif import prologue
 
     pro = prologue(inv)
+    graph = predict_graph_step(inv, work=f, pro=pro)
+    untr = untraced(inv, launch, f, pro)
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=f,
-        graph_prediction=predict_graph_step(inv, work=f, pro=pro), collectives=coll, tp=tp,
-        untraced=untraced(inv, launch, f, pro), engine=anatomy(inv), prologue=pro,
+        graph_prediction=graph, collectives=coll, tp=tp,
+        untraced=untr, engine=anatomy(inv), prologue=pro, verdicts=verdicts(f, graph, untr),
     )

@@ -14,10 +14,7 @@ import polars as pl
 from stepscope.analysis.gaps import find_gaps, gap_totals
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
-
-
-def verdict_expr(cpu: str = "cpu_floor_ns", dev: str = "device_floor_ns") -> pl.Expr:
-    return pl.when(pl.col(cpu) > pl.col(dev)).then(pl.lit("launch-bound")).otherwise(pl.lit("device-bound"))
+from stepscope.analysis.verdict import verdict_expr
 
 
 def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,

@@ -16,6 +16,7 @@ from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
 from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
 from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
+from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
@@ -33,9 +34,9 @@ class Inventory:
     kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
     acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
                              # (step, start); prev_end: the end of the union before it
-                             # (ONE_SHOT_ACT_COLUMNS only, after release_input=True)
+                             # (memory.ONE_SHOT_ACT_COLUMNS only, in a one-shot analysis)
     api: pl.DataFrame        # API calls with flags (only the synchronizing ones, which the gap
-                             # attribution reads, after analyze_trace(release_input=True))
+                             # attribution reads, in a one-shot analysis)
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
     # the collective (class comm) kernels of the whole trace, in or outside a step: step, pid,
@@ -102,21 +103,12 @@ def collective_kernels(acts: pl.DataFrame) -> pl.DataFrame:
         [pl.col(c).cast(t) for c, t in COLLECTIVE_SCHEMA.items()]).collect()
 
 
-# The activity columns a one-shot analysis keeps once its launch calls are extracted: what the
-# per-step figures, the diagnosis (gaps, launch, floors, what-if) and `analyze`'s renderers read.
-ONE_SHOT_ACT_COLUMNS = ("step", "device", "pid", "start", "end", "prev_end", "is_kernel", "name",
-                        "demangled", "demangled_id", "class", "launch_start", "launch_end",
-                        "launch_api", "graph_node_id")
-
-
 def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
-                  release_input: bool = False, launch_config: LaunchConfigReader | None = None) -> Inventory:
-    """The per-step inventory of a trace. `release_input=True` empties the trace's kernel, memop
-    and API frames once the activity frame holds their rows, keeps of the flagged API calls only
-    the synchronizing ones once the launch calls are extracted (a million-kernel trace's API
-    frame is ~40 MB), and narrows the activities to ONE_SHOT_ACT_COLUMNS: a one-shot caller's
-    memory (`analyze`). `launch_config` reads the grid/block of chosen kernel names when the
-    trace was read without them (stepscope.launch_config): phase evidence needs a few."""
+                  memory: Retention = KEEP, launch_config: LaunchConfigReader | None = None) -> Inventory:
+    """The per-step inventory of a trace. `memory`: what it may let go of on the way
+    (analysis/memory.py; ONE_SHOT for a one-shot caller such as `analyze`). `launch_config` reads
+    the grid/block of chosen kernel names when the trace was read without them
+    (stepscope.launch_config): phase evidence needs a few."""
     rules = rules or load_rules()
     strings = trace.string_map()
     api = api_flags(trace.api, strings)
@@ -131,8 +123,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         api = api.with_columns(window_of(api, windows))
         acts = acts.with_columns(window_of(acts.select(
             pl.col("pid"), pl.col("tid").fill_null(-1), pl.col("launch_start").fill_null(-1).alias("start")), windows))
-    if release_input:
-        trace.drop_event_frames()
+    memory.activities_built(trace)
     seg = segment(trace, acts, windows, api.select("pid", "start", "is_sync").filter(pl.col("is_sync")))
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
@@ -147,11 +138,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
-    if release_input:
-        api = api.filter(pl.col("is_sync"))
-        # ids, stream, thread, window and memop fields are read by nothing after this point in
-        # a one-shot analysis: ~36 MB per million activities freed before the diagnosis runs
-        acts = acts.select(ONE_SHOT_ACT_COLUMNS)
+    acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
@@ -207,25 +194,39 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
     """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); the
     distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
     kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
+    names = kernel_names(acts, strings, rules)
+    acts = _named(acts, names)
+    acts, by_nvtx = _classed_by_nvtx(acts, trace, rules)
+    phases = _phase_evidence(acts, _phases_by_name(steps), names, trace, rules, launch_config)
+    return _attention_by_phase(acts, phases), phases, names, by_nvtx
+
+
+def kernel_names(acts: pl.DataFrame, strings: dict[int, str], rules: RuleSet) -> pl.DataFrame:
+    """The distinct kernel names of the activities, classed by name: short_id, demangled_id,
+    name, demangled, class (decided once per name, not per kernel)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     names = group_by_packed(kernels, ["short_id", "demangled_id"])  # the distinct pairs
     names = names.with_columns(
         pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
         pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
     )
-    names = classify_names(names, rules)
-    # Names ride along as categoricals: a million kernels share a few hundred names, and a
-    # string column would hold a copy of a long demangled name per row.
+    return classify_names(names, rules)
+
+
+def _named(acts: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
+    """Activities with the name, demangled name and class of their kernel name (memops:
+    memcpy/memset, class memops), spread from `names` by one small-int slot per activity.
+
+    Names ride along as categoricals: a million kernels share a few hundred names, and a string
+    column would hold a copy of a long demangled name per row."""
     n = names.height
-    # one small-int index per activity (memops get the slots after the kernel names)
     memop_kinds = ["memcpy", "memset"]
-    memop_slot = pl.col("memop").to_physical().cast(pl.Int64) + n
+    memop_slot = pl.col("memop").to_physical().cast(pl.Int64) + n  # memops: the slots after the names
     ids = ["short_id", "demangled_id"]
-    key = join_key(acts, names, ids)
     if names["demangled_id"].n_unique() == n and n and names["demangled_id"].min() >= 0:
         # each demangled id has one short name (the usual case): a lookup table indexed by id
         slot = lookup("demangled_id", names["demangled_id"], pl.int_range(n, eager=True))
-    elif key is not None:
+    elif (key := join_key(acts, names, ids)) is not None:
         slot = key.replace_strict(names.select(key).to_series(), pl.int_range(n, eager=True), default=None,
                                   return_dtype=pl.Int64)
     else:  # ids too wide to pack (a damaged export's): the slot by a join on both
@@ -238,29 +239,40 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
         table = pl.Series(col, names[col].to_list() + extra, dtype=pl.String).cast(dtype)
         return table.gather(idx).alias(col)
 
-    acts = acts.with_columns(mapped("name", pl.Categorical), mapped("demangled", pl.Categorical),
+    return acts.with_columns(mapped("name", pl.Categorical), mapped("demangled", pl.Categorical),
                              mapped("class", CLASS_DTYPE))
-    # NVTX module ranges around the launching call beat the kernel name.
+
+
+def _classed_by_nvtx(acts: pl.DataFrame, trace: Trace, rules: RuleSet) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """NVTX module ranges around the launching call beat the kernel name ([[nvtx]] rules): the
+    activities reclassed, and the kernels that were (evidence.EVIDENCE_SCHEMA)."""
     attributed = nvtx_attribution(
         acts.lazy().filter(pl.col("is_kernel")).select("row", "pid", "tid", "launch_start"),
         trace.nvtx, rules
     )
-    by_nvtx = pl.DataFrame(schema=EVIDENCE_SCHEMA)
-    if attributed.height:
-        acts = acts.join(attributed, on="row", how="left").with_columns(
-            pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
-        ).drop("nvtx_class")
-        by_nvtx = (acts.join(attributed.select("row"), on="row", how="semi")
-                   .select(pl.col("name", "demangled", "class").cast(pl.String)).unique(maintain_order=True)
-                   .with_columns(class_by=pl.lit("the NVTX range around its launch call ([[nvtx]] rules)")))
-    # Prefill vs decode attention: the step's shape decides, the kernel name only hints.
+    if not attributed.height:
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    acts = acts.join(attributed, on="row", how="left").with_columns(
+        pl.coalesce(pl.col("nvtx_class").cast(CLASS_DTYPE), "class").alias("class")
+    ).drop("nvtx_class")
+    by_nvtx = (acts.join(attributed.select("row"), on="row", how="semi")
+               .select(pl.col("name", "demangled", "class").cast(pl.String)).unique(maintain_order=True)
+               .with_columns(class_by=pl.lit("the NVTX range around its launch call ([[nvtx]] rules)")))
+    return acts, by_nvtx
+
+
+def _phases_by_name(steps: pl.DataFrame) -> pl.DataFrame:
+    """(step, phase, phase_by): the phase a step's name records (phase_by "name"), else null."""
     shapes = steps.select("step", "name")
     phase_of = {n: step_shape(n).get("phase") for n in shapes["name"].unique().to_list()}
-    phases = pl.DataFrame(
+    return pl.DataFrame(
         {"step": shapes["step"], "phase": [phase_of[n] for n in shapes["name"].to_list()]},
         schema={"step": pl.Int64, "phase": pl.String},
     ).with_columns(phase_by=pl.when(pl.col("phase").is_not_null()).then(pl.lit("name")))
-    phases = _phase_evidence(acts, phases, names, trace, rules, launch_config)
+
+
+def _attention_by_phase(acts: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFrame:
+    """Prefill vs decode attention: the step's phase decides, the kernel name only hints."""
     is_attention = pl.col("class").is_in(list(ATTENTION))
     resolved = pl.col("class")
     for phase in ("prefill", "decode"):
@@ -268,8 +280,7 @@ def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: Rule
         if steps_of.len():
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
                 pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
-    acts = acts.with_columns(resolved.alias("class"))
-    return acts, phases, names, by_nvtx
+    return acts.with_columns(resolved.alias("class"))
 
 
 def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFrame, trace: Trace, rules: RuleSet,

@@ -42,6 +42,7 @@ import polars as pl
 from stepscope.analysis.arrays import cummax_within, cumsum_within, group_bounds, last_at_or_before
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.steps import VLLM_STEP_RE as _VLLM
+from stepscope.analysis.verdict import verdict_expr
 from stepscope.analysis.whatif import DEFAULT, prologue
 
 OVERHEAD_PER_LAUNCH_NS = 20_000
@@ -209,7 +210,6 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
         pl.col("measured_ns").alias("untraced_measured_ns"),
         pl.col("estimated_ns").alias("untraced_estimated_ns"),
         "untraced_t_launch_ns", cpu.alias("untraced_cpu_floor_ns"),
-        pl.when(cpu > pl.col("device_floor_ns")).then(pl.lit("launch-bound"))
-        .otherwise(pl.lit("device-bound")).alias("untraced_verdict"),
+        verdict_expr(cpu).alias("untraced_verdict"),
         graph.round(0).cast(pl.Int64).alias("untraced_predicted_graph_step_time_ns"),
     ).cast(SCHEMA).sort("step")

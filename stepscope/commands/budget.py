@@ -8,107 +8,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from stepscope.cli import app, fail
-from stepscope.selection import STEPS_HELP
+from stepscope.commands.app import AsJson, app, steps_option
 
 
 @app.command("budget")
 def budget_cmd(
-    trace: Path = typer.Argument(..., help="nsys SQLite export of the engine step(s)"),
-    cells: Path = typer.Option(..., "--cells", help="cells file from `stepscope cells run/import`"),
-    model: Optional[str] = typer.Option(None, help="model card (default: from the step's NVTX name)"),
-    batch: Optional[int] = typer.Option(None, help="sequences in the step"),
-    context: Optional[int] = typer.Option(None, help="context length (decode) / prompt length (prefill)"),
-    phase: Optional[str] = typer.Option(None, help="decode | prefill"),
-    steps: Optional[str] = typer.Option(
-        None, "--steps", "--step", metavar="S",
-        help=f"{STEPS_HELP}: the first step selected is budgeted (default: the trace's first step)"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    trace: Annotated[Path, typer.Argument(help="nsys SQLite export of the engine step(s)")],
+    cells: Annotated[Path, typer.Option("--cells", help="cells file from `stepscope cells run/import`")],
+    model: Annotated[Optional[str], typer.Option(help="model card (default: from the step's NVTX name)")] = None,
+    batch: Annotated[Optional[int], typer.Option(help="sequences in the step")] = None,
+    context: Annotated[Optional[int], typer.Option(help="context length (decode) / prompt length (prefill)")] = None,
+    phase: Annotated[Optional[str], typer.Option(help="decode | prefill")] = None,
+    steps: Annotated[Optional[str], steps_option(
+        ": the first step selected is budgeted (default: the trace's first step)", old_name=True)] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Join each kernel of a step to a measured byte cell; bytes, minimum, removable, floor."""
-    from stepscope import options as opt
-    from stepscope.errors import StepscopeError
-    from stepscope.selection import check_steps
-
+    from stepscope import library
     from stepscope.render import progress
 
-    try:
-        check_steps(steps)
-        opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
-        opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
-        with progress.shown(not as_json):
-            doc, res = _run(trace, cells, model, batch, context, phase, steps)
-    except StepscopeError as e:
-        fail(str(e), e.exit_code)
-        return
+    with progress.shown(not as_json):
+        doc = library.budget(trace, cells, model=model, batch=batch, context=context, phase=phase, steps=steps)
     if as_json:
         typer.echo(json.dumps(doc, indent=1, default=str))
     else:
-        _render(doc, res)
+        _render(doc)
 
 
-def _run(trace, cells_path, model, batch, context, phase, steps):
-    import polars as pl
-
-    from stepscope.analysis.steps import step_shape
-    from stepscope.bytes.budget import budget, step_kernels_from_inventory
-    from stepscope.bytes.cells import read_cells
-    from stepscope.errors import InputError
-    from stepscope.selection import parse_steps
-
-    from stepscope.commands.analyze import load_inventory
-    from stepscope.paths import shown
-    from stepscope.render import progress
-
-    cells = read_cells(cells_path)
-    inv = load_inventory(trace, None, None, launch_config=True)  # grid/block: the join to cells
-    if inv.steps.height == 0:
-        raise InputError(f"{trace}: no steps found")
-    picked = parse_steps(steps, inv.step_ids())
-    sid = picked[0]
-    if steps not in (None, "") and len(picked) > 1:
-        typer.echo(f"stepscope: budget of step {sid}, the first of the {len(picked)} steps selected", err=True)
-    fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
-    # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
-    # carry neither the model nor the context) fills the rest
-    shape = {**((inv.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
-    model = model or shape.get("model")
-    phase = phase or shape.get("phase") or fig.get("phase")
-    batch = batch or shape.get("batch")
-    context = context or shape.get("context")
-    lacking = [n for n, v in (("--model", model), ("--phase", phase), ("--batch", batch),
-                              ("--context", context)) if not v]
-    if lacking:
-        raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
-    gpus = inv.trace.gpus
-    gpu_name = gpus["name"][0] if gpus.height else None
-    peak = None
-    if gpus.height and gpus["memory_bandwidth_bps"][0]:
-        peak = float(gpus["memory_bandwidth_bps"][0])
-    progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
-    sk = step_kernels_from_inventory(inv, sid, memops=True)
-    tp = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
-    from stepscope.bytes.stepcells import is_step_cells
-
-    if is_step_cells(cells):  # the step's own kernels, measured one by one in launch order
-        from stepscope.bytes.budget import budget_order, step_sequence_from_inventory
-
-        res = budget_order(step_sequence_from_inventory(inv, sid), cells, model, int(batch), int(context),
-                           str(phase), gpu_name, peak, tp=tp, memops=sk)
-    else:
-        res = budget(sk, cells, model, int(batch), int(context), str(phase), gpu_name, peak, tp=tp)
-    doc = {"trace": shown(trace), "cells": shown(cells_path), "step_index": sid, "model": model,
-           **res.to_dict()}
-    doc["step"] = {**res.step, "model": model}
-    return doc, res
-
-
-def _render(doc, res) -> None:
-    import polars as pl
+def _render(doc) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -122,7 +53,7 @@ def _render(doc, res) -> None:
     for c in ("class", "op", "calls", "bytes/call", "measured", "minimum", "ampl.",
               "removable", "floor", "kernel time"):
         t.add_column(c, justify="left" if c in ("class", "op") else "right")
-    for r in res.rows.iter_rows(named=True):
+    for r in doc["rows"]:
         amp = r["amplification"]
         t.add_row(term(r["class"]), term(r["op"]) if r["op"] else "[dim](no cell)[/]", str(r["calls"]),
                   nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
@@ -152,13 +83,13 @@ def _render(doc, res) -> None:
         con.print(f"minimum over the joined ops: {nbytes(st['min_bytes'])}; ops no kernel joined "
                   f"({', '.join(st['unjoined_ops'])}) add {nbytes(st['unjoined_min_bytes'])} to the step's "
                   f"{nbytes(st['plan_min_bytes'])}")
-    below = res.rows.filter(pl.col("note").is_not_null())
-    if below.height:
+    below = [r for r in doc["rows"] if r.get("note") is not None]
+    if below:
         con.print("below their minimum (DRAM bytes only: inputs the previous kernel left in L2 were read "
                   "from L2, outputs still in the write-back L2 at the kernel's end are not counted; ncu's "
                   "hit rate exceeds 100 % on tiny kernels and is shown as 100): "
                   + ", ".join(f"{r['op'] or r['class']} ({r['note'].split(': ', 1)[-1]})"
-                              for r in below.iter_rows(named=True)))
+                              for r in below))
     for u in st["unjoined_kernels"][:15]:
         con.print(f"  [yellow]no cell[/] {term(u['class']):<16} {u['count']:>4}× {term(u['name'])}"
                   + (f" [dim]({term(u['reason'])})[/]" if u.get("reason") else ""))

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from stepscope.cli import app, fail
+from stepscope.commands.app import AsJson, app
 
 
 @app.command()
@@ -46,20 +46,17 @@ def trace(
         None, "--inductor-names",
         help="vLLM graph mode: Inductor's triton.descriptive_names (original_aten|torch|"
              "inductor_node)"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    as_json: AsJson = False,
 ) -> None:
     """Run one engine step under Nsight Systems and explain where its time goes."""
     from stepscope import options as opt
     from stepscope.capture.run import TraceRequest, run_trace
-    from stepscope.errors import StepscopeError
 
-    try:  # before nsys starts (run_trace checks the lower bounds): batch 10^12 fails much later
-        opt.at_most(batch, "--batch", opt.MAX_BATCH)
-        opt.at_most(context, "--context", opt.MAX_CONTEXT)
-        opt.at_most(tp, "--tp", 1024)
-        opt.at_most(layers, "--layers", 10_000)
-    except StepscopeError as e:
-        fail(str(e))
+    # before nsys starts (run_trace checks the lower bounds): batch 10^12 fails much later
+    opt.at_most(batch, "--batch", opt.MAX_BATCH)
+    opt.at_most(context, "--context", opt.MAX_CONTEXT)
+    opt.at_most(tp, "--tp", 1024)
+    opt.at_most(layers, "--layers", 10_000)
     req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
                        context=context, tp=tp, layers=layers, out=out, json=as_json,
                        warmup=warmup, untraced_steps=untraced_steps, steps=steps,
@@ -92,20 +89,18 @@ def _compare_modes(captures) -> dict | None:
     by_mode = {c.mode: c for c in captures}
     if set(by_mode) != {"eager", "graph"} or not all(c.sqlite.exists() for c in captures):
         return None
-    from stepscope.analysis.compare import compare
-    from stepscope.analysis.diagnosis import diagnose
-    from stepscope.commands.analyze import load_inventory
+    from stepscope import library
     from stepscope.errors import StepscopeError
 
     try:
-        return compare(*(diagnose(load_inventory(by_mode[m].sqlite, None, None)) for m in ("eager", "graph")))
+        return library.compare(by_mode["eager"].sqlite, by_mode["graph"].sqlite)
     except StepscopeError as e:
         typer.echo(f"stepscope: warning: no eager-vs-graph comparison: {e}", err=True)
         return None
 
 
 @app.command()
-def models(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+def models(as_json: AsJson = False) -> None:
     """List the bundled model cards (shapes only, no weights)."""
     from stepscope.capture.models import list_cards
 
@@ -128,7 +123,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="machine-readable 
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+def doctor(as_json: AsJson = False) -> None:
     """What this machine can capture: nsys, ncu, GPUs, torch/CUDA, vLLM."""
     from stepscope.capture.doctor import diagnose, render
 

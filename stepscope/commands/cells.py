@@ -8,23 +8,13 @@ from typing import List, Optional
 
 import typer
 
-from stepscope.cli import app, fail
+from stepscope.commands.app import AsJson, app
 
 cells_app = typer.Typer(
     no_args_is_help=True,
     help="HBM byte cells: per-kernel DRAM bytes measured by ncu (sentinel microbenchmarks).",
 )
 app.add_typer(cells_app, name="cells")
-
-
-def _guard(fn):
-    """Run a command body; library errors become one line and a non-zero exit."""
-    from stepscope.errors import StepscopeError
-
-    try:
-        return fn()
-    except StepscopeError as e:
-        fail(str(e), e.exit_code)
 
 
 @cells_app.command("import")
@@ -38,36 +28,30 @@ def import_cmd(
     from stepscope.bytes.cells import import_ncu, outputs_of, write_cells
     from stepscope.paths import refuse_overwrite
 
-    def body():
-        for written in outputs_of(out):  # -o x.parquet also writes x.csv: neither may be an input
-            refuse_overwrite(written, list(ncu_csv))
-        df = import_ncu(ncu_csv, gpu=gpu, model=model)
-        paths = write_cells(df, out)
-        typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")
-
-    _guard(body)
+    for written in outputs_of(out):  # -o x.parquet also writes x.csv: neither may be an input
+        refuse_overwrite(written, list(ncu_csv))
+    df = import_ncu(ncu_csv, gpu=gpu, model=model)
+    paths = write_cells(df, out)
+    typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")
 
 
 @cells_app.command("show")
 def show_cmd(
     files: List[Path] = typer.Argument(..., help="cells files (.parquet/.csv) or raw ncu CSVs"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    as_json: AsJson = False,
 ) -> None:
     """Print the ledger of each profiled launch: read, write, amplification, L2 hit, bandwidth."""
     from stepscope.bytes.cells import gpus_of, ledger, read_many
     from stepscope.bytes.hbm import peak_hbm_bps
 
-    def body():
-        df = read_many(files)
-        gpus = gpus_of(df)
-        peak = peak_hbm_bps(gpus[0]) if len(gpus) == 1 else None
-        led = ledger(df, peak)
-        if as_json:
-            typer.echo(json.dumps(_json(led, gpus, peak), indent=1))
-        else:
-            _render(led, gpus, peak)
-
-    _guard(body)
+    df = read_many(files)
+    gpus = gpus_of(df)
+    peak = peak_hbm_bps(gpus[0]) if len(gpus) == 1 else None
+    led = ledger(df, peak)
+    if as_json:
+        typer.echo(json.dumps(_json(led, gpus, peak), indent=1))
+    else:
+        _render(led, gpus, peak)
 
 
 def _json(led, gpus, peak) -> dict:
@@ -144,41 +128,37 @@ def run_cmd(
     from stepscope.bytes import sweep as sw
 
     if engine is not None:
-        _guard(lambda: _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode,
-                                 layers, out, ncu, timeout if timeout != 300.0 else 540.0,
-                                 cache_control, print_commands))
+        _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode, layers, out, ncu,
+                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands)
         return
 
-    def body():
-        opt.number(timeout, "--timeout", 1, 7 * 86_400)
-        opt.number(deadline, "--deadline", 1, 30 * 86_400)
-        s = sw.load_sweep(sweep)
-        names = list(cell or []) or (s.smoke if smoke else None)
-        specs = s.select(names)
-        if print_commands:
-            ncu_path = ncu or "ncu"
-            for spec in specs:
-                typer.echo(" ".join(sw.cell_command(ncu_path, s, spec, model)))
-            return
-        from stepscope.bytes.cells import frame, write_cells
+    opt.number(timeout, "--timeout", 1, 7 * 86_400)
+    opt.number(deadline, "--deadline", 1, 30 * 86_400)
+    s = sw.load_sweep(sweep)
+    names = list(cell or []) or (s.smoke if smoke else None)
+    specs = s.select(names)
+    if print_commands:
+        ncu_path = ncu or "ncu"
+        for spec in specs:
+            typer.echo(" ".join(sw.cell_command(ncu_path, s, spec, model)))
+        return
+    from stepscope.bytes.cells import frame, write_cells
 
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "sweep.log", "a") as log:
-            res = sw.run_sweep(s, out, model=model, cells=names,
-                               cells_per_process=cells_per_process, ncu=ncu,
-                               timeout_s=timeout, log=log, deadline_s=deadline)
-        df = frame(res.rows)
-        paths = write_cells(df, out / "cells")
-        ok = len(specs) - len(res.failed)
-        typer.echo(f"{ok}/{len(specs)} cells measured on {res.gpu or 'unknown GPU'} "
-                   f"(ncu {res.ncu_version}) in {res.seconds:.0f} s -> "
-                   f"{', '.join(map(str, paths))}")
-        if res.failed:
-            typer.echo(f"failed: {', '.join(res.failed)} (see {out / 'sweep.log'})", err=True)
-        if ok == 0:
-            raise typer.Exit(1)
-
-    _guard(body)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sweep.log", "a") as log:
+        res = sw.run_sweep(s, out, model=model, cells=names,
+                           cells_per_process=cells_per_process, ncu=ncu,
+                           timeout_s=timeout, log=log, deadline_s=deadline)
+    df = frame(res.rows)
+    paths = write_cells(df, out / "cells")
+    ok = len(specs) - len(res.failed)
+    typer.echo(f"{ok}/{len(specs)} cells measured on {res.gpu or 'unknown GPU'} "
+               f"(ncu {res.ncu_version}) in {res.seconds:.0f} s -> "
+               f"{', '.join(map(str, paths))}")
+    if res.failed:
+        typer.echo(f"failed: {', '.join(res.failed)} (see {out / 'sweep.log'})", err=True)
+    if ok == 0:
+        raise typer.Exit(1)
 
 
 def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,

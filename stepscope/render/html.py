@@ -15,7 +15,7 @@ from html import escape
 import polars as pl
 
 from stepscope.render.names import DOCUMENT, cut
-from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
@@ -659,3 +659,8 @@ def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFr
 document.body.setAttribute("data-ready","1");</script>
 </body></html>
 """
+
+
+def render(view: ReportView) -> str:
+    """The report renderer's protocol (render/report_data.RENDERERS)."""
+    return render_html(view.step, view.other, budget=view.budget, budget_note=view.budget_note)

@@ -14,6 +14,7 @@ import polars as pl
 from stepscope import jsontext
 from stepscope.analysis.inventory import Inventory
 from stepscope.paths import shown
+from stepscope.render.sections import sections_text
 from stepscope.selection import parse_steps
 
 STEP_FIELDS = (
@@ -47,7 +48,7 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     parts = [pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
              pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]"), pl.col("framework").fill_null("")]
     if diag is not None:
-        sections = diag.sections_text()
+        sections = sections_text(diag)
         t = t.join(sections, on="step", how="left")
         parts += [pl.lit(',"gaps":'), pl.col("gaps"), pl.lit(',"launch":'), pl.col("launch"),
                   pl.lit(',"floors":'), pl.col("floors")]

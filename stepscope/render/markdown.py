@@ -6,7 +6,7 @@ import polars as pl
 
 from stepscope.analysis.classify import FAMILY_LABELS
 from stepscope.paths import shown
-from stepscope.render.report_data import GAP_KINDS, StepView, class_by_lines, class_rows, footer, framework_lines, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, framework_lines, phase_line
 from stepscope.render.units import ms, nbytes, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
@@ -181,3 +181,8 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
 def _short(name, n: int = 50) -> str:
     s = str(name or "?")
     return (s if len(s) <= n else s[: n - 1] + "…").replace("`", "'")
+
+
+def render(view: ReportView) -> str:
+    """The report renderer's protocol (render/report_data.RENDERERS)."""
+    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note)

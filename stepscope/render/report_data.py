@@ -11,9 +11,10 @@ import polars as pl
 
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import representative
-from stepscope.errors import InputError  # noqa: F401  (kept for callers' except clauses)
+from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.names import cut
+from stepscope.render.views import step_diagnosis
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
@@ -200,6 +201,34 @@ class StepView:
         return int(max(c for c in cands if c is not None))
 
 
+@dataclass(frozen=True)
+class ReportView:
+    """What one report shows: a step, optionally a second one beside it, its byte budget (or
+    why there is none). Every report renderer is `render(ReportView) -> str`."""
+
+    step: StepView
+    other: StepView | None = None
+    budget: pl.DataFrame | None = None  # per class: measured_bytes, min_bytes, ...
+    budget_note: str | None = None
+
+
+# the output's extension picks the renderer (pyinstrument's habit): module of render/, its render()
+RENDERERS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+
+
+def renderer(suffix: str, output=None):
+    """The `render(ReportView) -> str` of a file extension (or a format name: html, markdown);
+    an InputError naming the output when there is none."""
+    from importlib import import_module
+
+    key = suffix.lower()
+    name = RENDERERS.get(key) or (key if key in RENDERERS.values() else None)
+    if name is None:
+        raise InputError(f"-o {output if output is not None else suffix}: the extension picks the format; "
+                         "use .html or .md")
+    return import_module(f"stepscope.render.{name}").render
+
+
 def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, list[tuple[int, int, float]]]]:
     """Per class, per view: (count, time_ns, share of the step's GPU time) — for the HTML and
     Markdown class tables alike."""
@@ -254,8 +283,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
         chosen=chosen or _why(inv, step, d),
     )
-    sections = d.step_sections(step)
-    view.untraced, view.engine = sections.get("untraced"), sections.get("engine")
+    sd = step_diagnosis(d, step)
+    view.untraced, view.engine = sd.untraced, sd.engine
     left, begin = view._t0(), view.begin
     view.tail = inv.acts.filter(
         (pl.col("device") == fig["device"]) & pl.col("step").is_not_null() & (pl.col("step") != step)

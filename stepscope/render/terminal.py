@@ -13,6 +13,7 @@ from stepscope.paths import shown
 from stepscope.render.names import term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 from stepscope.render.units import ms, us, us_num
+from stepscope.render.views import StepDiagnosis
 
 
 def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
@@ -25,17 +26,14 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return out
 
 
-def verdict_line(diag, step: int) -> str:
+def verdict_line(v: StepDiagnosis) -> str:
     """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
     for a rank of a multi-rank trace, also which rank binds the TP step and why."""
-    sec = diag.step_sections(step)
-    f, tp = sec["floors"], sec.get("tp")
-    s = diag.inv.steps.filter(pl.col("step") == step).row(0, named=True)
-    c = diag.inv.classes.filter(pl.col("step") == step).sort("time_ns", descending=True)
-    total = c["time_ns"].sum() or 1
-    top = c.row(0, named=True) if c.height else None
+    f, tp, s = v.floors, v.tp, {"phase": v.phase, "step_time_ns": v.step_time_ns, "gpu_busy_ns": v.gpu_busy_ns}
+    total = v.class_time_ns
+    top = {"class": v.top_class, "time_ns": v.top_class_time_ns} if v.top_class is not None else None
     phase = s["phase"] or "this"
-    u = sec.get("untraced")
+    u = v.untraced
     pred = f.get("predicted_graph_step_time_ns")
     if u and u.get("measured_ns"):
         # the time users see first, the traced one beside it (nsys inflates the host side)
@@ -71,6 +69,15 @@ def verdict_line(diag, step: int) -> str:
     if tp and tp.get("verdict"):
         out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
     return out
+
+
+def render_steps(d, ids: list[int], console: Console | None = None) -> None:
+    """`analyze` on the terminal: each kind of step told by its representative step, with its
+    verdict and diagnosis (Diagnosis `d`, the steps `ids`)."""
+    from stepscope.render.views import step_diagnosis
+
+    render_analyze(d.inv, ids, console, extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
+                   headline=lambda step: verdict_line(step_diagnosis(d, step)))
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
@@ -135,55 +142,51 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
 
 
-def render_diagnosis(diag, step: int, console: Console) -> None:
+def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
     """Gaps by kind, launch overhead and the Equation 1.3 verdict of one step."""
-    sec = diag.step_sections(step)
-    g, f, lau = sec["gaps"], sec["floors"], sec["launch"]
+    f, lau = v.floors, v.launch
     table = Table(show_edge=False, header_style="bold", title="GPU idle by cause", title_justify="left")
     for col in ("gap kind", "count", "time µs"):
         table.add_column(col, justify="left" if col == "gap kind" else "right")
     for kind in ("host_bound", "sync", "device_side"):
-        table.add_row(kind.replace("_", "-"), str(g[kind]["count"]), us_num(g[kind]["time_ns"]))
+        table.add_row(kind.replace("_", "-"), str(v.gaps[kind]["count"]), us_num(v.gaps[kind]["time_ns"]))
     console.print(table)
-    _render_histogram(g["histogram"], console)
-    for r in g["top"][:3]:
+    _render_histogram(v.histogram, console)
+    for r in v.top_gaps[:3]:
         console.print(f"  gap {us(r['gap_ns'])} ({r['kind'].replace('_', '-')}): {term(r['prev_name'])} → "
                       f"{term(r['next_name'])}" + (f" [dim]launched by {term(r['next_api'])}[/]" if r["next_api"] else ""))
     if lau.get("interval_median_ns") is not None:
         console.print(f"host inter-launch interval: median {us(lau['interval_median_ns'])}, "
                       f"p90 {us(lau['interval_p90_ns'])} · launch latency median "
                       f"{us(lau.get('latency_median_ns'))}")
-    po = lau["profiler_overhead"]
+    po = v.profiler_overhead
     if po["count"]:
         console.print(f"[dim]nsys's own overhead in this trace: {po['count']} records, {ms(po['time_ns'])} "
                       "(host cost per launch is inflated by tracing)[/]")
-    tp = sec.get("tp")
+    tp = v.tp
     if tp:
         _render_collectives(tp, console)
     bound = f["verdict"]
     colour = "red" if bound == "launch-bound" else "green"
     wait = (tp or {}).get("collective_wait_ns")
-    busy = diag.inv.steps.filter(pl.col("step") == step)["gpu_busy_ns"][0]
+    busy = v.gpu_busy_ns
     device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
     console.print(
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
         f"{us(f['t_launch_ns'])}) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
     pred = f.get("predicted_graph_step_time_ns")
-    step_ns = diag.inv.steps.filter(pl.col("step") == step)["step_time_ns"][0]
+    step_ns = v.step_time_ns
     if pred is not None and pred < step_ns:
         from stepscope.analysis.whatif import DEFAULT
 
-        from stepscope.analysis.whatif import prologue
-
-        pf = diag.prologue if diag.prologue is not None else prologue(diag.inv)
-        pro = pf.filter(pl.col("step") == step).row(0, named=True)
+        pro = v.prologue
         host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
                 f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
         console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
                       f"{ms(step_ns)} ({host}device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
                       f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
-    u = sec.get("untraced")
+    u = v.untraced
     if u:
         how = u["source"].split(":")[0]
         line = (f"untraced ({how}): step {ms(u['step_time_ns'])} (under nsys {ms(step_ns)}); host per launch "
@@ -193,7 +196,7 @@ def render_diagnosis(diag, step: int, console: Console) -> None:
         console.print(line)
         if how == "estimated":
             console.print(f"[dim]  {u['source']}[/]")
-    e = sec.get("engine")
+    e = v.engine
     if e:
         parts = [f"forward {ms(e['forward_ns'])}", f"sampling {ms(e['sample_ns'])} (host, after the "
                  "execute_context range)", f"GPU tail after the last launch {ms(e['gpu_tail_ns'])}"]

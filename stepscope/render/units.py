@@ -31,6 +31,12 @@ def ms(ns, sign: bool = False) -> str:
     return MISSING if ns is None else f"{ms_num(ns, sign)} ms"
 
 
+def ms2(ns) -> str:
+    """A whole-step figure inside compare's verdict sentence: `29.87 ms` (two decimals, no
+    thousands separator: the sentence is part of `compare --json` and keeps its form)."""
+    return MISSING if ns is None else f"{ns / 1e6:.2f} ms"
+
+
 def us(ns, sign: bool = False) -> str:
     """A figure of one part of the step: `68.2 µs` (`-3.1 µs` with sign)."""
     return MISSING if ns is None else f"{us_num(ns, sign)} µs"

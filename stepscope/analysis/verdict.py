@@ -1,0 +1,46 @@
+"""The verdict of every step, in one frame: what `analyze`, the reports, `compare` and the
+Python API all quote.
+
+Equation 1.3 of the seed (`t_step = max(N_k · t_launch, t_GPU)`): a step is **launch-bound**
+when its CPU floor exceeds its device floor (analysis/floors.py defines both), else
+**device-bound**. Beside it: how many times the binding floor exceeds the other (`margin`), the
+host-bound gap time, the what-if CUDA-graph step time (analysis/whatif.py; null for a step that
+already is a graph replay) and the untraced figures (analysis/untraced.py), whose verdict is the
+same comparison with the untraced CPU floor — and whose graph what-if is null, like the traced
+one, for a replay.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+LAUNCH_BOUND, DEVICE_BOUND = "launch-bound", "device-bound"
+
+SCHEMA = {
+    "step": pl.Int64, "verdict": pl.String, "cpu_floor_ns": pl.Int64, "device_floor_ns": pl.Int64,
+    "t_launch_ns": pl.Int64, "margin": pl.Float64, "host_bound_gap_ns": pl.Int64,
+    "predicted_graph_step_time_ns": pl.Int64,
+    "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String, "untraced_measured_ns": pl.Int64,
+    "untraced_estimated_ns": pl.Int64, "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
+    "untraced_verdict": pl.String, "untraced_predicted_graph_step_time_ns": pl.Int64,
+}
+
+
+def verdict_expr(cpu: str | pl.Expr = "cpu_floor_ns", dev: str | pl.Expr = "device_floor_ns") -> pl.Expr:
+    """The one definition of the verdict: launch-bound when the CPU floor is the larger."""
+    cpu, dev = (pl.col(x) if isinstance(x, str) else x for x in (cpu, dev))
+    return pl.when(cpu > dev).then(pl.lit(LAUNCH_BOUND)).otherwise(pl.lit(DEVICE_BOUND))
+
+
+def verdicts(floors: pl.DataFrame, graph_prediction: pl.DataFrame,
+             untraced: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per step, SCHEMA: the floors with their verdict, the what-if graph step and the
+    untraced figures (null columns when there are none)."""
+    v = floors.join(graph_prediction, on="step", how="left")
+    if untraced is not None and untraced.height:
+        v = v.join(untraced, on="step", how="left").with_columns(
+            pl.when(pl.col("predicted_graph_step_time_ns").is_null()).then(None)
+            .otherwise(pl.col("untraced_predicted_graph_step_time_ns"))
+            .alias("untraced_predicted_graph_step_time_ns"))
+    v = v.with_columns([pl.lit(None, t).alias(c) for c, t in SCHEMA.items() if c not in v.columns])
+    return v.select([pl.col(c).cast(t) for c, t in SCHEMA.items()]).sort("step")

@@ -1,0 +1,91 @@
+"""The Typer app, the options the commands share, and how a command reports bad input.
+
+A leaf module: the command modules import it and register on `app`, cli.py imports them all;
+nothing here imports a command or cli.py. Heavy imports (polars, the analyses) wait inside the
+commands so `stepscope --help` stays fast.
+
+One error idiom: a command (or the library under it) raises StepscopeError; the app's group
+turns it into one line and its exit code (`error_exit`), so a test runner invoking `app` sees
+what the shell sees, and cli.main() gives anything else one line and exit 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from stepscope.selection import STEPS_HELP
+
+NO_CACHE_HELP = "read the export itself, not its Parquet cache (and write none)"
+
+
+def error_exit(e) -> NoReturn:
+    """A StepscopeError as the user sees it: one line on stderr (after the progress line is
+    erased, which it must not be drawn over), and its exit code."""
+    from stepscope.render import progress
+
+    progress.stop()
+    typer.echo(f"stepscope: error: {e}", err=True)
+    raise typer.Exit(e.exit_code)
+
+
+class _Commands(TyperGroup):
+    def invoke(self, ctx):
+        from stepscope.errors import StepscopeError
+
+        try:
+            return super().invoke(ctx)
+        except StepscopeError as e:
+            error_exit(e)
+
+
+app = typer.Typer(
+    cls=_Commands,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Explains where the time and the bytes of one LLM inference engine step go.",
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the command: `message` is bad input, one line and exit 2 (see error_exit)."""
+    from stepscope.errors import InputError
+
+    raise InputError(message)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from stepscope import __version__
+
+        typer.echo(f"stepscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print stepscope's version and exit"),
+) -> None:
+    """Explains where the time and the bytes of one LLM inference engine step go."""
+
+
+def steps_option(note: str = "", old_name: bool = False):
+    """The --steps option (stepscope.selection's grammar), `note` saying what it selects here;
+    `old_name`: --step still works (report, budget)."""
+    names = ("--steps", "--step") if old_name else ("--steps",)
+    return typer.Option(*names, metavar="S", help=STEPS_HELP + note)
+
+
+# the options several commands share (the JSON flag's parameter is `as_json` everywhere)
+AsJson = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+Steps = Annotated[str, steps_option()]
+StepRegex = Annotated[Optional[str], typer.Option("--step-regex", help="regex for NVTX / annotation step range names")]
+Rules = Annotated[Optional[Path], typer.Option("--rules", help="TOML file of extra classification rules")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)]
+TraceArg = Annotated[Path, typer.Argument(help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)")]
+Output = Annotated[Path, typer.Option("-o", "--output", help="the file to write; its extension picks the format")]

@@ -1,0 +1,95 @@
+"""The diagnosis sections of a step in `analyze --json` (gaps, launch, floors, tp, untraced,
+engine), written as JSON text by polars from the Diagnosis frames: a million-kernel trace's
+2,400 steps are encoded column-wise and joined, never built as Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from stepscope import jsontext
+from stepscope.analysis.gaps import KINDS
+
+SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
+FLOOR_FIELDS = ("cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
+                "predicted_graph_step_time_ns")
+ENGINE_FIELDS = ("forward_ns", "sample_ns", "gpu_tail_ns", "schedule_ns", "schedule_ranges", "get_output_ns",
+                 "process_outputs_ns", "engine_ranges", "note")
+# the untraced section of a step (its JSON field: the verdict frame's column); its step_time_ns
+# is also the step's top-level untraced_step_time_ns, beside the traced step_time_ns
+UNTRACED_FIELDS = {"step_time_ns": "untraced_step_time_ns", "source": "untraced_source",
+                   "measured_ns": "untraced_measured_ns", "estimated_ns": "untraced_estimated_ns",
+                   "t_launch_ns": "untraced_t_launch_ns", "cpu_floor_ns": "untraced_cpu_floor_ns",
+                   "verdict": "untraced_verdict",
+                   "predicted_graph_step_time_ns": "untraced_predicted_graph_step_time_ns"}
+# the tp section of a step (its JSON field: the frame's column)
+TP_FIELDS = {"rank": "rank", "ranks": "ranks", "group": "group", "collectives": "collectives",
+             "collective_ns": "collective_ns", "collective_transfer_ns": "collective_transfer_ns",
+             "collective_wait_ns": "collective_wait_ns", "split": "split", "split_note": "split_note",
+             "rank_skew_ns": "rank_skew_ns", "binding_rank": "binding_rank", "verdict": "tp_verdict"}
+
+
+def has_untraced(d) -> bool:
+    return d.untraced is not None and d.untraced.height > 0
+
+
+def margin_as_written(margin: pl.Series) -> pl.Series:
+    """margin rounded as Python rounds (the figure the document has always carried)."""
+    return pl.Series("margin", [None if m is None else round(m, 3) for m in margin.to_list()], dtype=pl.Float64)
+
+
+def sections_text(d) -> pl.DataFrame:
+    """(step, gaps, launch, floors[, tp][, untraced, untraced_step_time_ns][, engine]): every step's
+    sections of a Diagnosis `d` as JSON text."""
+    steps = d.verdicts.select("step")
+    totals = d.gap_totals.sort("step", pl.col("kind").to_physical())
+    kinds = jsontext.members(totals, "step", "kind", ["count", "time_ns"], "kinds", "", "")
+    top = d.top_gaps()
+    top = jsontext.arrays(top, "step", [c for c in top.columns if c != "step"], "top")
+    hist = jsontext.arrays(d.histogram, "step", [c for c in d.histogram.columns if c != "step"], "hist")
+    by_api = jsontext.arrays(d.launch_by_api, "step", [c for c in d.launch_by_api.columns if c != "step"], "by_api")
+    launch = d.launch.select("step", jsontext.open_records(
+        d.launch, [c for c in d.launch.columns if c != "step"]).alias("launch_head"))
+    trace = d.inv.trace
+    overhead = json.dumps({"count": trace.profiler_overhead_count, "time_ns": trace.profiler_overhead_ns},
+                          separators=(",", ":"))
+    v = d.verdicts.with_columns(margin_as_written(d.verdicts["margin"]))
+    floors = v.select("step", jsontext.records(v, list(FLOOR_FIELDS)).alias("floors"))
+    empty = ",".join(f'"{k}":{{"count":0,"time_ns":0}}' for k in KINDS)
+    t = (steps.join(kinds, on="step", how="left").join(top, on="step", how="left")
+         .join(hist, on="step", how="left").join(launch, on="step", how="left")
+         .join(by_api, on="step", how="left").join(floors, on="step", how="left"))
+    lead = pl.col("launch_head").fill_null("{")
+    extra = []
+    if d.tp is not None and d.tp.height:
+        x = d.tp.select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
+        t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
+        extra.append("tp")
+    if has_untraced(d):
+        x = v.join(d.untraced.select("step"), on="step", how="semi").select(
+            "step", *[pl.col(c).alias(k) for k, c in UNTRACED_FIELDS.items()])
+        t = t.join(x.select("step", jsontext.records(x, list(UNTRACED_FIELDS)).alias("untraced"),
+                            pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")
+        extra += ["untraced", "untraced_step_time_ns"]
+    if d.engine is not None and d.engine.height:
+        e = d.engine
+        t = t.join(e.select("step", jsontext.records(e, list(ENGINE_FIELDS)).alias("engine")), on="step", how="left")
+        extra.append("engine")
+    return t.select(
+        "step",
+        pl.concat_str(pl.lit("{"), pl.col("kinds").fill_null(empty), pl.lit(',"top":'),
+                      pl.col("top").fill_null("[]"), pl.lit(',"histogram":'), pl.col("hist").fill_null("[]"),
+                      pl.lit("}")).alias("gaps"),
+        pl.concat_str(lead, pl.when(lead == "{").then(pl.lit("")).otherwise(pl.lit(",")),
+                      pl.lit('"by_api":'), pl.col("by_api").fill_null("[]"),
+                      pl.lit(f',"profiler_overhead":{overhead}}}')).alias("launch"),
+        "floors", *extra,
+    ).sort("step")
+
+
+def step_sections(d, step: int) -> dict:
+    """One step's sections as the document holds them (the JSON text read back)."""
+    row = sections_text(d).filter(pl.col("step") == step).row(0, named=True)
+    return {k: json.loads(row[k]) for k in SECTIONS if k in row and row[k] is not None}
