@@ -1,0 +1,115 @@
+"""The layers of the package (issue 22): analyses below renderers below commands, no import
+cycle. Read from the source with ast, so a lazy import inside a function counts too where the
+rule is about layers."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "stepscope"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    """The stepscope modules a file imports (`from stepscope.x import y` counts y when it is a
+    module); top_level_only: only the statements run when the module is imported."""
+    tree = ast.parse(path.read_text())
+    nodes = []
+    if top_level_only:
+        todo = list(tree.body)
+        while todo:  # module level, including the bodies of if/try at module level
+            n = todo.pop()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            nodes.append(n)
+            todo.extend(c for c in ast.iter_child_nodes(n) if isinstance(c, ast.stmt))
+    else:
+        nodes = list(ast.walk(tree))
+    me = _module(path)
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names if a.name.startswith("stepscope")}
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:  # relative
+                base = me.split(".")[: len(me.split(".")) - n.level + (path.name == "__init__.py")]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            if not mod.startswith("stepscope"):
+                continue
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in n.names if f"{mod}.{a.name}" in MODULES}
+    return {m for m in out if m in MODULES and m != me}
+
+
+def test_the_reader_sees_the_package():
+    assert {"stepscope.cli", "stepscope.commands.app", "stepscope.analysis.verdict", "stepscope.library"} <= set(MODULES)
+    assert "stepscope.analysis.verdict" in _imports(MODULES["stepscope.analysis.diagnosis"], True)
+
+
+def test_no_import_cycle():
+    graph = {m: _imports(p, True) for m, p in MODULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("stepscope.analysis", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
+                            "stepscope.api")),
+    ("stepscope.ingest", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
+                          "stepscope.api", "stepscope.analysis")),
+    ("stepscope.render", ("stepscope.commands", "stepscope.cli", "stepscope.library")),
+    ("stepscope.library", ("stepscope.commands", "stepscope.cli")),
+    ("stepscope.api", ("stepscope.commands", "stepscope.cli")),
+    ("stepscope.commands", ("stepscope.cli",)),
+])
+def test_a_layer_imports_nothing_above_it(layer, forbidden):
+    bad = [(m, i) for m, p in MODULES.items() if m == layer or m.startswith(layer + ".")
+           for i in _imports(p, False) if any(i == f or i.startswith(f + ".") for f in forbidden)]
+    assert not bad
+
+
+def test_the_app_module_is_a_leaf():
+    """commands/app.py holds the app and the shared options; the command modules register on it
+    and cli.py imports them: app imports no command module."""
+    assert not {i for i in _imports(MODULES["stepscope.commands.app"], False) if i.startswith("stepscope.commands")}
+    cli = _imports(MODULES["stepscope.cli"], True)
+    assert {"stepscope.commands.analyze", "stepscope.commands.verdicts", "stepscope.commands.report",
+            "stepscope.commands.app"} <= cli
+
+
+def test_analyses_write_no_json_or_text_documents():
+    """JSON is built in render/ only: no analysis imports json or stepscope.jsontext."""
+    bad = []
+    for m, p in MODULES.items():
+        if m.startswith("stepscope.analysis"):
+            tree = ast.parse(p.read_text())
+            for n in ast.walk(tree):
+                names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
+                         [n.module or ""] + [f"{n.module}.{a.name}" for a in n.names] if isinstance(n, ast.ImportFrom)
+                         else [])
+                bad += [(m, x) for x in names if x in ("json", "stepscope.jsontext", "stepscope.jsontext.jsontext")]
+    assert not bad
