@@ -88,4 +88,8 @@ StepRegex = Annotated[Optional[str], typer.Option("--step-regex", help="regex fo
 Rules = Annotated[Optional[Path], typer.Option("--rules", help="TOML file of extra classification rules")]
 NoCache = Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)]
 TraceArg = Annotated[Path, typer.Argument(help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)")]
-Output = Annotated[Path, typer.Option("-o", "--output", help="the file to write; its extension picks the format")]
+
+
+def output_option(what: str):
+    """-o/--output, the file a command writes (its extension picks the format); `what`: its help."""
+    return typer.Option("-o", "--output", help=what)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -48,54 +47,12 @@ def show_cmd(
     gpus = gpus_of(df)
     peak = peak_hbm_bps(gpus[0]) if len(gpus) == 1 else None
     led = ledger(df, peak)
+    from stepscope.render.bytes import cells_json, render_cells
+
     if as_json:
-        typer.echo(json.dumps(_json(led, gpus, peak), indent=1))
+        typer.echo(cells_json(led, gpus, peak))
     else:
-        _render(led, gpus, peak)
-
-
-def _json(led, gpus, peak) -> dict:
-    keep = ["cell", "op", "proj", "tokens", "launch", "kernel", "grid", "block",
-            "dram_read_bytes", "dram_write_bytes", "dram_bytes", "duration_ns", "l2_hit_pct",
-            "achieved_bps", "cell_min_bytes", "amplification", "matched", "error", "gpu"]
-    rows = led.select([c for c in keep if c in led.columns]).to_dicts()
-    return {"gpus": gpus, "peak_hbm_bps": peak, "cells": rows}
-
-
-def _render(led, gpus, peak) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from stepscope.render.names import term
-    from stepscope.render.units import MISSING, nbytes, us
-
-    con = Console()
-    t = Table(title=f"byte cells — {term(', '.join(gpus)) or 'GPU unknown'}"
-              + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
-    for col, just in (("cell", "left"), ("#", "right"), ("kernel", "left"), ("grid", "left"),
-                      ("read", "right"), ("write", "right"), ("min (cell)", "right"),
-                      ("ampl.", "right"), ("L2 hit", "right"), ("time", "right"),
-                      ("GB/s", "right")):
-        t.add_column(col, justify=just, overflow="fold")
-    for r in led.iter_rows(named=True):
-        if r.get("error"):
-            t.add_row(term(r.get("cell") or "?"), "", f"[red]error: {term(r['error'], 2000)}[/]", "", "", "", "",
-                      "", "", "", "")
-            continue
-        kern = term((r.get("kernel") or "")[:60])
-        if r.get("matched") is False:
-            kern = f"[dim]{kern} (not the op's regex)[/]"
-        amp = r.get("amplification")
-        t.add_row(
-            term(r.get("cell") or ""), "" if r.get("launch") is None else str(r["launch"]), kern,
-            term(r.get("grid") or ""), nbytes(r.get("dram_read_bytes")),
-            nbytes(r.get("dram_write_bytes")), nbytes(r.get("cell_min_bytes")),
-            f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
-            f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else MISSING,
-            us(r.get("duration_ns")),
-            f"{r['achieved_bps'] / 1e9:.0f}" if r.get("achieved_bps") is not None else MISSING,
-        )
-    con.print(t)
+        render_cells(led, gpus, peak)
 
 
 @cells_app.command("run")

@@ -7,13 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import Output, Rules, StepRegex, Steps, TraceArg, app, steps_option
+from stepscope.commands.app import Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
 
 
 @app.command()
 def report(
     trace: TraceArg,
-    output: Output,
+    output: Annotated[Path, output_option("report.html (self-contained, offline) or report.md")],
     compare: Annotated[Optional[Path], typer.Option(help="a second trace: its step is drawn beside the first")] = None,
     cells: Annotated[Optional[Path], typer.Option(help="cells table (stepscope cells): adds the byte budget")] = None,
     steps: Annotated[Optional[str], steps_option(
@@ -34,7 +34,10 @@ def report(
 
 
 @app.command()
-def export(trace: TraceArg, output: Output, steps: Steps = "all", step_regex: StepRegex = None,
+def export(trace: TraceArg,
+           output: Annotated[Path, output_option("Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz "
+                                                 "for gzip)")],
+           steps: Steps = "all", step_regex: StepRegex = None,
            rules: Rules = None) -> None:
     """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream
     (overlapping kernels on lanes of their own), host launch calls, and flow arrows from each
