@@ -242,3 +242,16 @@ def test_vllm_failure_is_one_line(tmp_path):
     msg = str(e.value)
     assert "the eager capture failed (exit 2): vLLM failed: OutOfMemoryError" in msg and str(cap_log) in msg
     assert "\n" not in msg
+
+
+def test_vllm_step_under_ncu_runs_with_async_scheduling_off():
+    from stepscope.bytes.stepcells import engine_command
+
+    cmd = engine_command("vllm", "llama-3.1-8b", phase="decode", batch=1, context=2048, mode="eager",
+                         layers=None)
+    assert cmd[-1] == "--sync-scheduling" and cmd[cmd.index("--untraced-steps") + 1] == "0"
+    kw = vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048, mode="eager", tp=1,
+                                sync_scheduling=True)
+    assert kw["async_scheduling"] is False
+    assert "async_scheduling" not in vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048,
+                                                            mode="eager", tp=1)

@@ -22,6 +22,12 @@ again). With the four default metrics every kernel takes one pass, so kernel rep
 re-runs a kernel whose L2 state ncu has just disturbed (the log says how many passes each
 took). vLLM runs in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the engine core, whose
 worker opens the profiler range, is then the process ncu follows from the start.
+
+On the H200 (vLLM 0.26.0, async scheduling on) this run hung after vLLM started its profiler:
+ncu profiled no kernel, in one process and in the engine-core process alike
+(fixtures/ncu/step_vllm_hung/). vLLM's step is therefore run with async scheduling off
+(`--sync-scheduling`: one step at a time, as ncu serializes every kernel anyway); whether that
+cures the hang has not been tried on a GPU yet.
 """
 
 from __future__ import annotations
@@ -75,8 +81,10 @@ def engine_command(engine: str, model: str, *, phase: str, batch: int, context: 
     if engine == "vllm":
         from stepscope.capture.engines import vllm_engine
 
+        # async scheduling off under ncu: the suspect of the hang of the H200 run (module docstring)
         return vllm_engine.command(model, phase=phase, batch=batch, context=context, mode=mode,
-                                   tp=1, layers=layers, python=python, untraced_steps=0)
+                                   tp=1, layers=layers, python=python, untraced_steps=0,
+                                   sync_scheduling=True)
     if engine == "torch":
         cmd = [python, "-m", "stepscope.capture.engines.torch_engine", "--model", model,
                "--phase", phase, "--batch", str(batch), "--context", str(context),
