@@ -406,47 +406,44 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(f2)
                 print(f"   floor2    {f2.wall:.3f} s", file=sys.stderr)
 
-                # stepscope
-                srow = Row(trace, label, kernels, "stepscope")
+                # stepscope, cold (--no-cache), then warm (the Parquet cache a first run wrote)
                 out_json = tmpdir / "out.json"
-                for i in range(args.reps):
-                    r, tail = run_child(ss_analyze + [path] + ss_extra, env_base, out_json,
-                                        timeout_s=args.timeout)
-                    srow.runs.append(r)
-                    if r.rc != 0:
-                        problems.append(f"stepscope rc={r.rc} on {Path(path).name}: {tail.strip()[-400:]}")
-                        break
-                    if i == 0 and base_steps is not None:
-                        d = json.loads(out_json.read_text())
-                        got_steps = len(d["steps"])
-                        got_k = sum(s["n_kernels"] for s in d["steps"])
-                        if got_steps != inf.copies * base_steps or got_k != inf.copies * base_kernels_in_steps:
-                            problems.append(
-                                f"stepscope on {Path(path).name}: {got_steps} steps / {got_k} kernels in steps, "
-                                f"expected {inf.copies * base_steps} / {inf.copies * base_kernels_in_steps}")
-                        del d
-                    out_json.unlink(missing_ok=True)
-                rows.append(srow)
-                print(f"   stepscope {fmt_s(srow.wall)} s, {fmt_mib(srow.rss)} MiB", file=sys.stderr)
 
-                # stepscope, warm: the Parquet cache written by a first run, then timed
+                def timed(row: Row, extra: list[str], check) -> Row:
+                    for i in range(args.reps):
+                        r, tail = run_child(ss_analyze + [path] + extra, env_base, out_json,
+                                            timeout_s=args.timeout)
+                        row.runs.append(r)
+                        if r.rc != 0:
+                            problems.append(f"{row.tool}{f' ({row.note})' if row.note else ''} rc={r.rc} on "
+                                            f"{Path(path).name}: {tail.strip()[-400:]}")
+                            break
+                        if i == 0 and check:
+                            check()
+                        out_json.unlink(missing_ok=True)
+                    rows.append(row)
+                    print(f"   {row.note or row.tool:<9} {fmt_s(row.wall)} s, {fmt_mib(row.rss)} MiB", file=sys.stderr)
+                    return row
+
+                def check_steps() -> None:
+                    if base_steps is None:
+                        return
+                    d = json.loads(out_json.read_text())
+                    got_steps = len(d["steps"])
+                    got_k = sum(s["n_kernels"] for s in d["steps"])
+                    if got_steps != inf.copies * base_steps or got_k != inf.copies * base_kernels_in_steps:
+                        problems.append(
+                            f"stepscope on {Path(path).name}: {got_steps} steps / {got_k} kernels in steps, "
+                            f"expected {inf.copies * base_steps} / {inf.copies * base_kernels_in_steps}")
+
+                timed(Row(trace, label, kernels, "stepscope"), ss_extra, check_steps)
                 if has_no_cache and not args.no_warm:
                     warm_extra = [a for a in ss_extra if a != "--no-cache"]
                     cache_dir = Path(path).parent / ".stepscope-cache"
                     shutil.rmtree(cache_dir, ignore_errors=True)
                     run_child(ss_analyze + [path] + warm_extra, env_base, out_json, timeout_s=args.timeout)
-                    wrow = Row(trace, label, kernels, "stepscope", note="warm")
-                    for i in range(args.reps):
-                        r, tail = run_child(ss_analyze + [path] + warm_extra, env_base, out_json,
-                                            timeout_s=args.timeout)
-                        wrow.runs.append(r)
-                        if r.rc != 0:
-                            problems.append(f"stepscope (warm) rc={r.rc} on {Path(path).name}: {tail.strip()[-400:]}")
-                            break
-                    out_json.unlink(missing_ok=True)
+                    timed(Row(trace, label, kernels, "stepscope", note="warm"), warm_extra, None)
                     shutil.rmtree(cache_dir, ignore_errors=True)
-                    rows.append(wrow)
-                    print(f"   warm      {fmt_s(wrow.wall)} s, {fmt_mib(wrow.rss)} MiB", file=sys.stderr)
 
                 # nsys-ai
                 if nsys_exe:
