@@ -7,8 +7,13 @@ up to date) and three things are timed in the same run:
 * floor    - Python sqlite3, fresh read-only connection:
              SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k
              JOIN StringIds s ON s.id = k.shortName
+* floor2   - the floor of what the job reads (issue 19): the same kernel scan plus
+             SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_RUNTIME
+             on the same connection (the launch calls are the job's other table)
 * stepscope - `python -m stepscope analyze FILE --json --steps all` (plus `--no-cache` when the
              CLI has that option), a fresh process per repetition, stdout to a file
+* stepscope (warm) - the same command without --no-cache, after one run that wrote the
+             Parquet cache beside the export (the cache is removed afterwards)
 * nsys-ai  - `nsys-ai summary FILE` with NSYS_AI_CACHE_MODE=direct, a fresh process per
              repetition, when nsys-ai is installed (its Parquet cache dir is removed first)
 
@@ -49,6 +54,7 @@ FLOOR_SQL = (
     "SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
     "JOIN StringIds s ON s.id = k.shortName"
 )
+RUNTIME_FLOOR_SQL = "SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_RUNTIME"
 TP2_SOURCE = REPO / "fixtures" / "llama8b_decode_b1_eager_tp2.sqlite"
 
 
@@ -146,11 +152,14 @@ def run_child(cmd: list[str], env: dict | None = None, stdout_path: Path | None 
         err.close()
 
 
-def floor_scan(path: str) -> tuple[float, tuple]:
+def floor_scan(path: str, both: bool = False) -> tuple[float, tuple]:
+    """The raw scan of the kernel table (with `both`, and of the runtime table) in seconds."""
     t0 = time.perf_counter()
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         res = con.execute(FLOOR_SQL).fetchone()
+        if both:
+            res = res + con.execute(RUNTIME_FLOOR_SQL).fetchone()
     finally:
         con.close()
     return time.perf_counter() - t0, res
@@ -265,14 +274,15 @@ def fmt_mib(b: int | None) -> str:
 
 def table(rows: list[Row], baseline_rss: dict[tuple[str, str], int]) -> str:
     head = ("| trace | kernels | tool | median wall (s) | min–max (s) | peak RSS (MiB) | "
-            "ΔRSS B/kernel | kernels/s | × floor | nsys-ai ÷ tool |")
-    sep = "|" + "---|" * 10
+            "ΔRSS B/kernel | kernels/s | × floor | × floor2 | nsys-ai ÷ tool |")
+    sep = "|" + "---|" * 11
     lines = [head, sep]
     groups: dict[tuple[str, int], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.trace, r.kernels), []).append(r)
     for (trace, kernels), grp in groups.items():
         floor = next((g.wall for g in grp if g.tool == "floor"), None)
+        floor2 = next((g.wall for g in grp if g.tool == "floor2"), None)
         nsys = next((g.wall for g in grp if g.tool == "nsys-ai"), None)
         for g in grp:
             w = g.wall
@@ -283,10 +293,11 @@ def table(rows: list[Row], baseline_rss: dict[tuple[str, str], int]) -> str:
             per_k = "—" if rss is None or base is None else f"{(rss - base) / kernels:,.0f}"
             kps = "—" if not w else f"{kernels / w:,.0f}"
             xf = "—" if not (w and floor) or g.tool == "floor" else f"{w / floor:.1f}×"
+            xf2 = "—" if not (w and floor2) or g.tool.startswith("floor") else f"{w / floor2:.1f}×"
             vs = "—" if not (w and nsys) or g.tool in ("floor", "nsys-ai") else f"{nsys / w:.2f}×"
             tool = g.tool + (f" ({g.note})" if g.note else "")
             lines.append(f"| {trace} | {kernels:,} | {tool} | {fmt_s(w)} | {rng} | {fmt_mib(rss)} | "
-                         f"{per_k} | {kps} | {xf} | {vs} |")
+                         f"{per_k} | {kps} | {xf} | {xf2} | {vs} |")
     return "\n".join(lines)
 
 
@@ -303,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the TP=2 fixture (2 processes / 2 GPUs): llama8b_decode_b1_eager_tp2")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of stepscope and nsys-ai")
     ap.add_argument("--floor-reps", type=int, default=5, help="repetitions of the raw scan")
+    ap.add_argument("--no-warm", action="store_true", help="skip the warm (Parquet cache) runs")
     ap.add_argument("--startup-reps", type=int, default=10, help="repetitions of `stepscope --help`")
     ap.add_argument("--no-nsys-ai", action="store_true", help="skip nsys-ai even when installed")
     ap.add_argument("--out", type=Path, default=_inflate.DEFAULT_OUT, help="inflated traces folder")
@@ -387,29 +399,51 @@ def main(argv: list[str] | None = None) -> int:
                     problems.append(f"floor counted {res[0]} kernels in {path}, expected {kernels}")
                 rows.append(frow)
                 print(f"   floor     {frow.wall:.3f} s", file=sys.stderr)
+                f2 = Row(trace, label, kernels, "floor2")
+                for _ in range(args.floor_reps):
+                    w, _res = floor_scan(path, both=True)
+                    f2.runs.append(Run(w, 0, 0))
+                rows.append(f2)
+                print(f"   floor2    {f2.wall:.3f} s", file=sys.stderr)
 
-                # stepscope
-                srow = Row(trace, label, kernels, "stepscope")
+                # stepscope, cold (--no-cache), then warm (the Parquet cache a first run wrote)
                 out_json = tmpdir / "out.json"
-                for i in range(args.reps):
-                    r, tail = run_child(ss_analyze + [path] + ss_extra, env_base, out_json,
-                                        timeout_s=args.timeout)
-                    srow.runs.append(r)
-                    if r.rc != 0:
-                        problems.append(f"stepscope rc={r.rc} on {Path(path).name}: {tail.strip()[-400:]}")
-                        break
-                    if i == 0 and base_steps is not None:
-                        d = json.loads(out_json.read_text())
-                        got_steps = len(d["steps"])
-                        got_k = sum(s["n_kernels"] for s in d["steps"])
-                        if got_steps != inf.copies * base_steps or got_k != inf.copies * base_kernels_in_steps:
-                            problems.append(
-                                f"stepscope on {Path(path).name}: {got_steps} steps / {got_k} kernels in steps, "
-                                f"expected {inf.copies * base_steps} / {inf.copies * base_kernels_in_steps}")
-                        del d
-                    out_json.unlink(missing_ok=True)
-                rows.append(srow)
-                print(f"   stepscope {fmt_s(srow.wall)} s, {fmt_mib(srow.rss)} MiB", file=sys.stderr)
+
+                def timed(row: Row, extra: list[str], check) -> Row:
+                    for i in range(args.reps):
+                        r, tail = run_child(ss_analyze + [path] + extra, env_base, out_json,
+                                            timeout_s=args.timeout)
+                        row.runs.append(r)
+                        if r.rc != 0:
+                            problems.append(f"{row.tool}{f' ({row.note})' if row.note else ''} rc={r.rc} on "
+                                            f"{Path(path).name}: {tail.strip()[-400:]}")
+                            break
+                        if i == 0 and check:
+                            check()
+                        out_json.unlink(missing_ok=True)
+                    rows.append(row)
+                    print(f"   {row.note or row.tool:<9} {fmt_s(row.wall)} s, {fmt_mib(row.rss)} MiB", file=sys.stderr)
+                    return row
+
+                def check_steps() -> None:
+                    if base_steps is None:
+                        return
+                    d = json.loads(out_json.read_text())
+                    got_steps = len(d["steps"])
+                    got_k = sum(s["n_kernels"] for s in d["steps"])
+                    if got_steps != inf.copies * base_steps or got_k != inf.copies * base_kernels_in_steps:
+                        problems.append(
+                            f"stepscope on {Path(path).name}: {got_steps} steps / {got_k} kernels in steps, "
+                            f"expected {inf.copies * base_steps} / {inf.copies * base_kernels_in_steps}")
+
+                timed(Row(trace, label, kernels, "stepscope"), ss_extra, check_steps)
+                if has_no_cache and not args.no_warm:
+                    warm_extra = [a for a in ss_extra if a != "--no-cache"]
+                    cache_dir = Path(path).parent / ".stepscope-cache"
+                    shutil.rmtree(cache_dir, ignore_errors=True)
+                    run_child(ss_analyze + [path] + warm_extra, env_base, out_json, timeout_s=args.timeout)
+                    timed(Row(trace, label, kernels, "stepscope", note="warm"), warm_extra, None)
+                    shutil.rmtree(cache_dir, ignore_errors=True)
 
                 # nsys-ai
                 if nsys_exe:

@@ -242,3 +242,75 @@ def test_vllm_failure_is_one_line(tmp_path):
     msg = str(e.value)
     assert "the eager capture failed (exit 2): vLLM failed: OutOfMemoryError" in msg and str(cap_log) in msg
     assert "\n" not in msg
+
+
+def test_vllm_step_under_ncu_runs_with_async_scheduling_off():
+    from stepscope.bytes.stepcells import engine_command
+
+    cmd = engine_command("vllm", "llama-3.1-8b", phase="decode", batch=1, context=2048, mode="eager",
+                         layers=None)
+    assert cmd[-1] == "--sync-scheduling" and cmd[cmd.index("--untraced-steps") + 1] == "0"
+    kw = vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048, mode="eager", tp=1,
+                                sync_scheduling=True)
+    assert kw["async_scheduling"] is False
+    assert "async_scheduling" not in vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048,
+                                                            mode="eager", tp=1)
+
+
+def test_vllm_step_under_ncu_can_take_a_small_kv_cache():
+    from stepscope.bytes.stepcells import engine_command
+
+    cmd = engine_command("vllm", "llama-3.1-8b", phase="decode", batch=1, context=2048, mode="eager",
+                         layers=4, kv_cache_gib=2.5)
+    assert cmd[cmd.index("--kv-cache-gib") + 1] == "2.5"
+    kw = vllm_engine.llm_kwargs("/m", phase="decode", batch=1, context=2048, mode="eager", tp=1,
+                                kv_cache_gib=2.5)
+    assert kw["kv_cache_memory_bytes"] == 2_684_354_560
+    assert "kv_cache_memory_bytes" not in vllm_engine.llm_kwargs("/m", phase="decode", batch=1,
+                                                                 context=2048, mode="eager", tp=1)
+
+
+def test_trace_takes_the_ncu_steps_vllm_settings():
+    cmd = run.engine_command(req(engine="vllm", sync_scheduling=True, kv_cache_gib=4), "vllm",
+                             "eager", python=PY)
+    assert "--sync-scheduling" in cmd and cmd[cmd.index("--kv-cache-gib") + 1] == "4"
+    with pytest.raises(run.InputError, match="vLLM engine only"):
+        run.validate(req(engine="torch", sync_scheduling=True))
+
+
+FAKE_NCU = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "NVIDIA (R) Nsight Compute Command Line Profiler"; echo "Version 2025.3.1.0"; exit 0; fi
+echo "==PROF== Connected to process $$"
+"{python}" -c '
+import time
+print("==PROF== Profiling \\"rms_norm_kernel\\" - 0: 0%....50%....100% - 1 pass", flush=True)
+def hang_here():
+    time.sleep(600)
+hang_here()
+'
+"""
+
+
+def test_a_step_that_stalls_under_ncu_is_stopped_with_its_stacks(tmp_path):
+    """The vLLM run that hung on the H200 printed nothing for minutes; the stall watch stops such
+    a run after stall_s quiet seconds and leaves every Python thread's stack in the log."""
+    import sys
+    import time
+
+    from stepscope.bytes import stepcells
+
+    ncu = tmp_path / "ncu"
+    ncu.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    ncu.chmod(0o755)
+    t0 = time.monotonic()
+    with pytest.raises(run.EnvironmentProblem) as e:
+        stepcells.run_step_cells("torch", "llama-3.1-8b", phase="decode", batch=1, context=2048,
+                                 mode="eager", layers=1, out=tmp_path / "o", ncu=str(ncu),
+                                 timeout_s=120, stall_s=3)
+    took = time.monotonic() - t0
+    msg = str(e.value)
+    assert "stalled under ncu: 1 kernel(s) profiled, then no output for 3 s" in msg, msg
+    assert "rms_norm_kernel" in msg and "\n" not in msg
+    assert took < 30  # stopped by the stall watch, not by the 120 s watchdog
+    log = (tmp_path / "o" / "ncu.log").read_text()
+    assert "Fatal Python error: Aborted" in log and "in hang_here" in log

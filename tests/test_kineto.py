@@ -37,7 +37,8 @@ def test_handmade_trace_reads_into_the_model(tmp_path, suffix):
     assert t.format == "kineto-json"
     assert t.kernels.height == 12 and t.memops.height == 3
     assert t.api.height == 3 * 5 + 1
-    assert t.nvtx["name"].to_list() == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    # the step annotations, and the cpu_op events as op ranges (one aten::mm per step)
+    assert t.nvtx["name"].to_list() == ["ProfilerStep#0", "aten::mm", "ProfilerStep#1", "aten::mm", "ProfilerStep#2", "aten::mm"]
     # GPU rows carry the launching process, not Kineto's device-as-pid
     assert t.kernels["pid"].unique().to_list() == [kineto_fake.PID]
     assert t.kernels["device"].unique().to_list() == [0] and t.kernels["stream"].unique().to_list() == [7]
@@ -132,9 +133,6 @@ def test_torch_profiler_and_nsys_agree_on_the_same_step():
     """The same torch-engine decode step on the same 2×H200 machine, once under nsys and once
     under torch.profiler: identical kernel counts per class; the raw kernel counts per step
     are read independently (json for Kineto, SQL for nsys)."""
-    import gzip
-    import json
-
     from stepscope.api import open_trace
     from tests.conftest import need, ro
 
@@ -148,3 +146,33 @@ def test_torch_profiler_and_nsys_agree_on_the_same_step():
     want = dict(zip(nsys.steps[0].classes["class"], nsys.steps[0].classes["count"]))
     for step in kin.steps:
         assert dict(zip(step.classes["class"], step.classes["count"])) == want
+
+
+def test_cpu_ops_attribute_framework_kernels_to_their_aten_op(tmp_path):
+    """torch.profiler's cpu_op events are the aten:: ops around each launch (what emit_nvtx
+    writes under nsys): a framework kernel is attributed to the outermost op that launched it.
+    A real trace with one GEMM renamed to an elementwise add: its op is the aten::linear whose
+    CPU span holds its launching call."""
+    from stepscope.api import open_trace
+
+    src = FIXTURES / "torch_profiler" / "llama8b_decode_b1_eager.torch.json.gz"
+    if not src.exists():
+        pytest.skip(f"{src} not present")
+    doc = json.load(gzip.open(src))
+    ev = doc["traceEvents"]
+    ops = [e for e in ev if e.get("cat") == "cpu_op" and e.get("ph") == "X"]
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+             and isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+    linear = [o for o in ops if o["name"] == "aten::linear"]
+    kernel = next(k for k in ev if k.get("cat") == "kernel" and k["args"].get("correlation") in calls
+                  and any(o["tid"] == calls[k["args"]["correlation"]]["tid"]
+                          and float(o["ts"]) <= float(calls[k["args"]["correlation"]]["ts"])
+                          <= float(o["ts"]) + float(o["dur"]) for o in linear))
+    kernel["name"] = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)"
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump(doc, f)
+    inv = open_trace(p).inventory
+    assert inv.trace.nvtx.filter(pl.col("name").str.starts_with("aten::")).height > 1000
+    fw = inv.framework_ops
+    assert fw.filter(pl.col("op") == "aten::linear")["count"].sum() == 1

@@ -22,6 +22,12 @@ again). With the four default metrics every kernel takes one pass, so kernel rep
 re-runs a kernel whose L2 state ncu has just disturbed (the log says how many passes each
 took). vLLM runs in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the engine core, whose
 worker opens the profiler range, is then the process ncu follows from the start.
+
+On the H200 (vLLM 0.26.0, async scheduling on) this run hung after vLLM started its profiler:
+ncu profiled no kernel, in one process and in the engine-core process alike
+(fixtures/ncu/step_vllm_hung/). vLLM's step is therefore run with async scheduling off
+(`--sync-scheduling`: one step at a time, as ncu serializes every kernel anyway); whether that
+cures the hang has not been tried on a GPU yet.
 """
 
 from __future__ import annotations
@@ -68,15 +74,33 @@ def is_step_cells(cells) -> bool:
     return len(sweeps) == 1 and str(sweeps[0]).startswith(SWEEP_PREFIX)
 
 
+def group_pythons(pgid: int) -> list[int]:
+    """Python processes of a process group (the engine under ncu; not ncu itself)."""
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and comm.startswith("python"):
+            found.append(int(d.name))
+    return found
+
+
 def engine_command(engine: str, model: str, *, phase: str, batch: int, context: int,
-                   mode: str, layers: int | None, python: str = sys.executable) -> list[str]:
+                   mode: str, layers: int | None, python: str = sys.executable,
+                   kv_cache_gib: float | None = None) -> list[str]:
     """The engine's own command line for the step (no untraced timing: only the step runs
     inside the profiler range, and ncu would slow the timing anyway)."""
     if engine == "vllm":
         from stepscope.capture.engines import vllm_engine
 
+        # async scheduling off under ncu: the suspect of the hang of the H200 run (module docstring)
         return vllm_engine.command(model, phase=phase, batch=batch, context=context, mode=mode,
-                                   tp=1, layers=layers, python=python, untraced_steps=0)
+                                   tp=1, layers=layers, python=python, untraced_steps=0,
+                                   sync_scheduling=True, kv_cache_gib=kv_cache_gib)
     if engine == "torch":
         cmd = [python, "-m", "stepscope.capture.engines.torch_engine", "--model", model,
                "--phase", phase, "--batch", str(batch), "--context", str(context),
@@ -105,6 +129,7 @@ def engine_env(engine: str) -> dict[str, str]:
     if engine == "vllm":
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("CUBLASLT_LOG_LEVEL", "0")
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # the stall watch asks for stacks with SIGABRT
     return env
 
 
@@ -133,8 +158,14 @@ def step_rows(launches: list[dict], *, engine: str, model: str, phase: str, batc
 def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: int,
                    mode: str, layers: int | None, out: Path, ncu: str | None = None,
                    timeout_s: float = 540.0, cache_control: str = "none",
-                   clock_control: str = "none", on_progress=None) -> StepCellsRun:
-    """Profile one engine step under ncu; write OUT/ncu_raw.csv and OUT/ncu.log."""
+                   clock_control: str = "none", on_progress=None,
+                   stall_s: float | None = 120.0, kv_cache_gib: float | None = None
+                   ) -> StepCellsRun:
+    """Profile one engine step under ncu; write OUT/ncu_raw.csv and OUT/ncu.log.
+
+    stall_s: a run that prints nothing for this long (no ncu line, no engine line) is stopped,
+    after its Python processes were asked for their stacks (faulthandler, into the log), so a
+    hang says where it hangs instead of only that it did."""
     from stepscope.bytes.sweep import find_ncu, ncu_version
 
     if engine not in ENGINES:
@@ -152,7 +183,7 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
     out.mkdir(parents=True, exist_ok=True)
     raw_path, log_path = out / "ncu_raw.csv", out / "ncu.log"
     app = engine_command(engine, model, phase=phase, batch=batch, context=context, mode=mode,
-                         layers=layers)
+                         layers=layers, kv_cache_gib=kv_cache_gib)
     cmd = ncu_command(ncu_path, app, cache_control=cache_control, clock_control=clock_control)
     t0 = time.perf_counter()
     passes: dict[int, int] = {}
@@ -171,15 +202,36 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
         import signal
         import threading
 
+        ended = threading.Event()
+        stalled: list[str] = []
+        last = [time.monotonic(), ""]
+
         def stop() -> None:  # a hung engine must not hold the device call
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
+        def watch_stall() -> None:
+            while not ended.wait(1.0):
+                quiet = time.monotonic() - last[0]
+                if stall_s is not None and quiet >= stall_s:
+                    stalled.append(last[1])
+                    # SIGABRT: faulthandler prints every thread's stack, then the process dies
+                    for pid in group_pythons(proc.pid):
+                        try:
+                            os.kill(pid, signal.SIGABRT)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                    ended.wait(5.0)
+                    stop()
+                    return
+
         watchdog = threading.Timer(timeout_s, stop)
         watchdog.start()
+        threading.Thread(target=watch_stall, daemon=True).start()
         for line in proc.stdout:  # ncu's log lines, the engine's output, then the CSV
+            last[0], last[1] = time.monotonic(), line
             raw.write(line)
             if line.startswith("==PROF== Profiling"):
                 profiled += 1
@@ -191,8 +243,14 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
             elif not line.startswith('"'):
                 log.write(line)
         rc = proc.wait()
+        ended.set()
         watchdog.cancel()
     seconds = time.perf_counter() - t0
+    if stalled:
+        what = " ".join(stalled[0].split())[:200]
+        raise EnvironmentProblem(
+            f"the step stalled under ncu: {profiled} kernel(s) profiled, then no output for "
+            f"{stall_s:.0f} s after {what!r}; the engine's Python stacks are in {log_path}")
     text = raw_path.read_text(errors="replace")
     if "ERR_NVGPUCTRPERM" in text:
         raise EnvironmentProblem(ncu_csv.PERM_HELP)
@@ -212,6 +270,9 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
             "kernels": len(rows), "passes": {str(k): v for k, v in sorted(passes.items())},
             "ncu_version": ver, "gpu": gpu, "engine": engine, "model": model, "phase": phase,
             "batch": batch, "context": context, "mode": mode, "layers": layers,
-            "cache_control": cache_control, "clock_control": clock_control}
+            "cache_control": cache_control, "clock_control": clock_control,
+            "kv_cache_gib": kv_cache_gib,
+            "env": {k: v for k, v in sorted(engine_env(engine).items())
+                    if k.startswith(("VLLM_", "CUDA_", "NCCL_", "TORCH"))}}
     (out / "step_cells.json").write_text(json.dumps(meta, indent=1) + "\n")
     return StepCellsRun(rows, cmd, raw_path, log_path, seconds, rc, ver, passes, gpu)

@@ -57,6 +57,8 @@ class TraceRequest:
     emit_nvtx: bool = False       # an aten:: NVTX range per op
     # vLLM engine only: Inductor's triton.descriptive_names in graph mode
     inductor_names: str | None = None
+    sync_scheduling: bool = False        # async scheduling off (the ncu step's twin)
+    kv_cache_gib: float | None = None    # KV cache size instead of 85 % of the GPU
 
     @property
     def modes(self) -> list[str]:
@@ -180,7 +182,9 @@ def engine_command(req: TraceRequest, engine: str, mode: str,
                                mode=mode, tp=req.tp, layers=req.layers, python=python,
                                model_arg=model_arg(req.model),
                                untraced_steps=req.untraced_steps,
-                               inductor_names=req.inductor_names)
+                               inductor_names=req.inductor_names,
+                               sync_scheduling=req.sync_scheduling,
+                               kv_cache_gib=req.kv_cache_gib)
 
 
 def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -251,6 +255,8 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
                              "vLLM's graph mode already runs torch.compile")
     elif req.inductor_names:
         raise InputError("--inductor-names applies to the vLLM engine's graph mode only")
+    if engine != "vllm" and (req.sync_scheduling or req.kv_cache_gib):
+        raise InputError("--sync-scheduling and --kv-cache-gib apply to the vLLM engine only")
     if engine == "vllm" and not vllm_available():
         raise EnvironmentProblem("--engine vllm needs vLLM, which is not installed here "
                                  "(pip install vllm), or use --engine torch")

@@ -46,6 +46,11 @@ def trace(
         None, "--inductor-names",
         help="vLLM graph mode: Inductor's triton.descriptive_names (original_aten|torch|"
              "inductor_node)"),
+    sync_scheduling: bool = typer.Option(
+        False, "--sync-scheduling", help="vLLM: async scheduling off (the step `cells run "
+        "--engine vllm` measures under ncu)"),
+    kv_cache_gib: Optional[float] = typer.Option(
+        None, "--kv-cache-gib", help="vLLM: a KV cache of this many GiB instead of 85%% of the GPU"),
     as_json: AsJson = False,
 ) -> None:
     """Run one engine step under Nsight Systems and explain where its time goes."""
@@ -57,11 +62,13 @@ def trace(
     opt.at_most(context, "--context", opt.MAX_CONTEXT)
     opt.at_most(tp, "--tp", 1024)
     opt.at_most(layers, "--layers", 10_000)
+    opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
     req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
                        context=context, tp=tp, layers=layers, out=out, json=as_json,
                        warmup=warmup, untraced_steps=untraced_steps, steps=steps,
                        step_name=step_name, nvtx=not no_nvtx, ops=ops, emit_nvtx=emit_nvtx,
-                       inductor_names=inductor_names)
+                       inductor_names=inductor_names, sync_scheduling=sync_scheduling,
+                       kv_cache_gib=kv_cache_gib)
     captures = run_trace(req)
     failed = [c for c in captures if c.analysis_rc not in (0, None)]
     comparison = _compare_modes(captures)

@@ -78,6 +78,11 @@ def run_cmd(
     cache_control: str = typer.Option("none", "--cache-control",
                                       help="--engine: ncu's L2 policy between kernels: none "
                                       "(the step's own L2 state) or all (flush: cold L2)"),
+    stall: float = typer.Option(120.0, "--stall", help="--engine: stop a run that prints nothing "
+                                "for this many seconds (its Python stacks go to OUT/ncu.log)"),
+    kv_cache_gib: Optional[float] = typer.Option(
+        None, "--kv-cache-gib", help="--engine vllm: a KV cache of this many GiB instead of 85%% "
+        "of the GPU (the step's kernels are the same; ncu keeps the rest)"),
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
     with --engine, every kernel of one real engine step."""
@@ -86,7 +91,7 @@ def run_cmd(
 
     if engine is not None:
         _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode, layers, out, ncu,
-                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands)
+                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands, stall, kv_cache_gib)
         return
 
     opt.number(timeout, "--timeout", 1, 7 * 86_400)
@@ -119,7 +124,7 @@ def run_cmd(
 
 
 def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,
-              cache_control, print_commands) -> None:
+              cache_control, print_commands, stall=120.0, kv_cache_gib=None) -> None:
     from stepscope.bytes import stepcells
     from stepscope.capture.models import load_card
     from stepscope.errors import InputError
@@ -131,10 +136,14 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
     for name, v in (("batch", batch), ("context", context)):
         if v < 1:
             raise InputError(f"--{name} must be at least 1 (got {v})")
+    from stepscope import options as opt
+
+    opt.number(stall, "--stall", 1, 86_400)
+    opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
     card = load_card(model)
     if print_commands:
         app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
-                                       mode=mode, layers=layers)
+                                       mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)
         typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control)))
         return
     from rich.console import Console
@@ -150,7 +159,8 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
         res = stepcells.run_step_cells(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, out=out, ncu=ncu,
                                        timeout_s=timeout, cache_control=cache_control,
-                                       on_progress=progress)
+                                       on_progress=progress, stall_s=stall,
+                                       kv_cache_gib=kv_cache_gib)
     paths = write_cells(frame(res.rows), out / "cells")
     passes = ", ".join(f"{n} kernel(s) in {p} pass(es)" for p, n in sorted(res.passes.items()))
     typer.echo(f"{len(res.rows)} kernels of one {phase} step measured on {res.gpu or 'unknown GPU'} "

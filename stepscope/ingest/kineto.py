@@ -43,7 +43,8 @@ from stepscope.model import (
 KERNEL_CATS = {"kernel"}
 MEMOP_CATS = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 API_CATS = {"cuda_runtime", "cuda_driver"}
-ANNOTATION_CATS = {"user_annotation"}
+# cpu_op: the aten:: op around each launch, as emit_nvtx writes it under nsys (framework ops)
+ANNOTATION_CATS = {"user_annotation", "cpu_op"}
 
 
 # |ns| below 2^62, the bound every reader keeps (ingest/sanity.py); ids of the model's widths

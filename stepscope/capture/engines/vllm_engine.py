@@ -71,7 +71,8 @@ def env() -> dict[str, str]:
 def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
             layers: int | None, python: str = sys.executable,
             model_arg: str | None = None, untraced_steps: int | None = None,
-            inductor_names: str | None = None) -> list[str]:
+            inductor_names: str | None = None, sync_scheduling: bool = False,
+            kv_cache_gib: float | None = None) -> list[str]:
     """`python -m stepscope.capture.engines.vllm_engine ...` (vLLM starts its own workers)."""
     cmd = [python, "-m", MODULE,
            "--model", model_arg or model,
@@ -86,6 +87,10 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
         cmd += ["--untraced-steps", str(untraced_steps)]
     if inductor_names:
         cmd += ["--inductor-names", inductor_names]
+    if sync_scheduling:
+        cmd += ["--sync-scheduling"]
+    if kv_cache_gib:
+        cmd += ["--kv-cache-gib", f"{kv_cache_gib:g}"]
     return cmd
 
 
@@ -110,7 +115,8 @@ def graph_sizes(batch: int) -> list[int]:
 
 def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
                profiler_config: Any | None = None, timer: bool = False,
-               inductor_names: str | None = None) -> dict[str, Any]:
+               inductor_names: str | None = None, sync_scheduling: bool = False,
+               kv_cache_gib: float | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM`."""
     plen = prompt_len(phase, context)
     # room for the prompt, the generated tokens and the untraced decode run, whatever the phase
@@ -135,6 +141,15 @@ def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: st
         if inductor_names:
             comp["inductor_compile_config"] = {"triton.descriptive_names": inductor_names}
         kw["compilation_config"] = comp
+    if sync_scheduling:
+        # one step at a time: under ncu, which serializes every kernel, vLLM 0.26's async
+        # scheduling (the next step prepared while this one runs) is the first suspect of the
+        # hang seen on the H200 (fixtures/ncu/step_vllm_hung/); not yet run on a GPU
+        kw["async_scheduling"] = False
+    if kv_cache_gib:
+        # a KV cache of this size instead of 85 % of the GPU: the step's kernels are the same
+        # (its blocks are few either way) and ncu keeps the rest of the memory for itself
+        kw["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
     if timer:
         from stepscope.capture.engines.vllm_timer import QUALNAME
 
@@ -256,7 +271,8 @@ def measure_untraced(llm, SamplingParams, *, phase: str, batch: int, plen: int, 
 
 def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         layers: int | None, untraced_steps: int = DECODE_UNTRACED,
-        inductor_names: str | None = None) -> dict:
+        inductor_names: str | None = None, sync_scheduling: bool = False,
+        kv_cache_gib: float | None = None) -> dict:
     from stepscope.capture.models import load_card
 
     card = load_card(model)
@@ -276,7 +292,8 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         timer = untraced_steps > 0
         llm = LLM(**llm_kwargs(str(model_dir), phase=phase, batch=batch, context=context,
                                mode=mode, tp=tp, profiler_config=pconf, timer=timer,
-                               inductor_names=inductor_names))
+                               inductor_names=inductor_names, sync_scheduling=sync_scheduling,
+                               kv_cache_gib=kv_cache_gib))
         init_s = time.perf_counter() - t0
         plen = prompt_len(phase, context)
         prompts = token_prompts(batch, plen, card.vocab_size)
@@ -311,7 +328,9 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
             "prompt_len": plen,
             "profiler": "profiler_config" if pconf is not None else "VLLM_TORCH_CUDA_PROFILE",
             "graph_sizes": graph_sizes(max(batch, 8)) if mode != "eager" else None,
-            "inductor_names": inductor_names,
+            "inductor_names": inductor_names, "sync_scheduling": sync_scheduling,
+            "kv_cache_gib": kv_cache_gib,
+            "model_runner": "v1" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0" else None,
             "next_tokens": [list(o.outputs[0].token_ids)[:4] for o in outs][:8],
             "init_s": round(init_s, 3),
             "capture_generate_s": round(time.perf_counter() - t_cap, 3),
@@ -340,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                    choices=["original_aten", "torch", "inductor_node"],
                    help="graph mode: Inductor's triton.descriptive_names (kernel names that say "
                         "which ops a fused Triton kernel holds); default: vLLM's own setting")
+    p.add_argument("--sync-scheduling", action="store_true",
+                   help="turn vLLM's async scheduling off (one step at a time; for ncu)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache of this many GiB instead of 85%% of the GPU (for ncu)")
     p.set_defaults(untraced_steps=DECODE_UNTRACED)
     a = p.parse_args(argv)
     if a.mode == "compiled":
@@ -352,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode, tp=a.tp,
-            layers=a.layers, untraced_steps=a.untraced_steps, inductor_names=a.inductor_names)
+            layers=a.layers, untraced_steps=a.untraced_steps, inductor_names=a.inductor_names,
+            sync_scheduling=a.sync_scheduling, kv_cache_gib=a.kv_cache_gib)
     except Exception as e:
         # one line the orchestrator can quote (out of memory, unsupported card, ...); the
         # traceback above it stays in the engine log
