@@ -23,6 +23,7 @@ import polars as pl
 
 from stepscope.analysis.collectives import summary_rank
 from stepscope.analysis.representative import representative
+from stepscope.analysis.verdict import LAUNCH_BOUND, verdict_of
 
 SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode")
 # Two all-reduces per layer (after O and after down). Default cost of one when no TP trace is
@@ -57,10 +58,10 @@ def project(
             "cpu_floor_ns": int(round(cpu)),
             "device_floor_ns": int(round(device)),
             "step_time_ns": int(round(max(cpu, device))),
-            "bound": "launch-bound" if cpu > device else "device-bound",
+            "bound": verdict_of(cpu, device),
             "measured_step_time_ns": None,
         })
-    bound_at = [r["tp"] for r in rows if r["bound"] == "launch-bound"]
+    bound_at = [r["tp"] for r in rows if r["bound"] == LAUNCH_BOUND]
     return Projection(rows, min(bound_at) if bound_at else None, {
         "n_launch": n_launch, "t_launch_ns": t_launch_ns, "sharded_ns": sharded_ns,
         "unsharded_ns": unsharded_ns, "base_tp": base_tp, "layers": layers,

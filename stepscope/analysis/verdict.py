@@ -32,6 +32,11 @@ def verdict_expr(cpu: str | pl.Expr = "cpu_floor_ns", dev: str | pl.Expr = "devi
     return pl.when(cpu > dev).then(pl.lit(LAUNCH_BOUND)).otherwise(pl.lit(DEVICE_BOUND))
 
 
+def verdict_of(cpu_floor_ns: float, device_floor_ns: float) -> str:
+    """verdict_expr for one pair of numbers (tp's projected widths)."""
+    return LAUNCH_BOUND if cpu_floor_ns > device_floor_ns else DEVICE_BOUND
+
+
 def verdicts(floors: pl.DataFrame, graph_prediction: pl.DataFrame,
              untraced: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per step, SCHEMA: the floors with their verdict, the what-if graph step and the
