@@ -314,3 +314,7 @@ def test_a_step_that_stalls_under_ncu_is_stopped_with_its_stacks(tmp_path):
     assert took < 30  # stopped by the stall watch, not by the 120 s watchdog
     log = (tmp_path / "o" / "ncu.log").read_text()
     assert "Fatal Python error: Aborted" in log and "in hang_here" in log
+    # the stall report: the fake ncu (sh) and its python child, each with its CPU use
+    report = [ln for ln in log.splitlines() if ln.startswith("#   pid ")]
+    assert any(" sh " in ln or " ncu " in ln for ln in report), report
+    assert any(" python" in ln and " cpu 0%" in ln for ln in report), report

@@ -78,15 +78,64 @@ def group_pythons(pgid: int) -> list[int]:
     """Python processes of a process group (the engine under ncu; not ncu itself)."""
     found = []
     for d in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.find("(") + 1:stat.rfind(")")]
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and comm.startswith("python"):
-            found.append(int(d.name))
+        pid = int(d.name)
+        info = _cpu_ticks(pid) if _pgid(pid) == pgid else None
+        if info and info[0].startswith("python"):
+            found.append(pid)
     return found
+
+
+def _cpu_ticks(pid: int) -> tuple[str, str, int, int] | None:
+    """(comm, state, utime+stime ticks, threads) of a process, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    comm = stat[stat.find("(") + 1:stat.rfind(")")]
+    f = stat[stat.rfind(")") + 2:].split()
+    return comm, f[0], int(f[11]) + int(f[12]), int(f[17])
+
+
+def stall_report(pgid: int, sample_s: float = 2.0) -> str:
+    """What a stalled run's processes are doing: each one's state and CPU use over sample_s
+    (a busy ncu is working, an idle one waits), then the native stacks of every thread where
+    eu-stack or gdb exists (ncu's injection and the CUDA driver show there, not in Python's)."""
+    import shutil
+
+    pids = [int(d.name) for d in Path("/proc").glob("[0-9]*")
+            if (_pgid(int(d.name)) == pgid)]
+    before = {p: _cpu_ticks(p) for p in pids}
+    time.sleep(sample_s)
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    lines = [f"# stall report: processes of group {pgid}, CPU over {sample_s:g} s"]
+    for p in pids:
+        a, b = before.get(p), _cpu_ticks(p)
+        if a is None or b is None:
+            continue
+        pct = 100.0 * (b[2] - a[2]) / hz / sample_s
+        lines.append(f"#   pid {p} {b[0]} state {b[1]} threads {b[3]} cpu {pct:.0f}%")
+    tool = shutil.which("eu-stack") or shutil.which("gdb")
+    for p in pids if tool else []:
+        cmd = ([tool, "-p", str(p)] if tool.endswith("eu-stack")
+               else [tool, "-batch", "-p", str(p), "-ex", "thread apply all bt"])
+        try:
+            cp = subprocess.run(cmd, capture_output=True, text=True, timeout=45)
+            text = (cp.stdout + cp.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"{type(e).__name__}: {e}"
+        lines.append(f"# native stacks of pid {p} ({' '.join(cmd)}):")
+        lines.extend("#   " + ln for ln in text.splitlines()[:400])
+    if not tool:
+        lines.append("# (no eu-stack or gdb here: native stacks not taken)")
+    return "\n".join(lines) + "\n"
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2:].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def engine_command(engine: str, model: str, *, phase: str, batch: int, context: int,
@@ -115,8 +164,8 @@ STEP_METRICS = (*ncu_csv.DEFAULT_METRICS, "device__attribute_display_name")
 
 def ncu_command(ncu: str, app: list[str], *, metrics: tuple[str, ...] = STEP_METRICS,
                 clock_control: str = "none", cache_control: str = "none",
-                replay_mode: str = "kernel") -> list[str]:
-    return [ncu, "--target-processes", "all", "--profile-from-start", "off",
+                replay_mode: str = "kernel", target_processes: str = "all") -> list[str]:
+    return [ncu, "--target-processes", target_processes, "--profile-from-start", "off",
             "--clock-control", clock_control, "--cache-control", cache_control,
             "--replay-mode", replay_mode, "--metrics", ",".join(metrics),
             "--csv", "--page", "raw", "--print-units", "base", *app]
@@ -159,7 +208,8 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                    mode: str, layers: int | None, out: Path, ncu: str | None = None,
                    timeout_s: float = 540.0, cache_control: str = "none",
                    clock_control: str = "none", on_progress=None,
-                   stall_s: float | None = 120.0, kv_cache_gib: float | None = None
+                   stall_s: float | None = 120.0, kv_cache_gib: float | None = None,
+                   replay_mode: str = "kernel", target_processes: str = "all"
                    ) -> StepCellsRun:
     """Profile one engine step under ncu; write OUT/ncu_raw.csv and OUT/ncu.log.
 
@@ -178,13 +228,18 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                                      "(pip install vllm), or use --engine torch")
     if mode not in ("eager", "graph"):
         raise InputError(f"--mode {mode!r}: step cells are measured in eager or graph mode")
+    if replay_mode not in ("kernel", "application"):
+        raise InputError(f"--replay-mode {replay_mode!r}: kernel or application")
+    if target_processes not in ("all", "application-only"):
+        raise InputError(f"--target-processes {target_processes!r}: all or application-only")
     ncu_path = find_ncu(ncu)
     ver = ncu_version(ncu_path)
     out.mkdir(parents=True, exist_ok=True)
     raw_path, log_path = out / "ncu_raw.csv", out / "ncu.log"
     app = engine_command(engine, model, phase=phase, batch=batch, context=context, mode=mode,
                          layers=layers, kv_cache_gib=kv_cache_gib)
-    cmd = ncu_command(ncu_path, app, cache_control=cache_control, clock_control=clock_control)
+    cmd = ncu_command(ncu_path, app, cache_control=cache_control, clock_control=clock_control,
+                      replay_mode=replay_mode, target_processes=target_processes)
     t0 = time.perf_counter()
     passes: dict[int, int] = {}
     profiled = 0
@@ -217,6 +272,11 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                 quiet = time.monotonic() - last[0]
                 if stall_s is not None and quiet >= stall_s:
                     stalled.append(last[1])
+                    try:
+                        log.write(stall_report(proc.pid))
+                        log.flush()
+                    except Exception as e:  # the report helps; stopping the run matters
+                        log.write(f"# stall report failed: {type(e).__name__}: {e}\n")
                     # SIGABRT: faulthandler prints every thread's stack, then the process dies
                     for pid in group_pythons(proc.pid):
                         try:
@@ -271,7 +331,8 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
             "ncu_version": ver, "gpu": gpu, "engine": engine, "model": model, "phase": phase,
             "batch": batch, "context": context, "mode": mode, "layers": layers,
             "cache_control": cache_control, "clock_control": clock_control,
-            "kv_cache_gib": kv_cache_gib,
+            "kv_cache_gib": kv_cache_gib, "replay_mode": replay_mode,
+            "target_processes": target_processes,
             "env": {k: v for k, v in sorted(engine_env(engine).items())
                     if k.startswith(("VLLM_", "CUDA_", "NCCL_", "TORCH"))}}
     (out / "step_cells.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -83,6 +83,10 @@ def run_cmd(
     kv_cache_gib: Optional[float] = typer.Option(
         None, "--kv-cache-gib", help="--engine vllm: a KV cache of this many GiB instead of 85%% "
         "of the GPU (the step's kernels are the same; ncu keeps the rest)"),
+    replay_mode: str = typer.Option("kernel", "--replay-mode", help="--engine: ncu's replay "
+                                    "mode, kernel or application (one pass each either way)"),
+    target_processes: str = typer.Option("all", "--target-processes",
+                                         help="--engine: all or application-only"),
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
     with --engine, every kernel of one real engine step."""
@@ -91,7 +95,8 @@ def run_cmd(
 
     if engine is not None:
         _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode, layers, out, ncu,
-                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands, stall, kv_cache_gib)
+                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands, stall, kv_cache_gib,
+                  replay_mode, target_processes)
         return
 
     opt.number(timeout, "--timeout", 1, 7 * 86_400)
@@ -124,7 +129,8 @@ def run_cmd(
 
 
 def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,
-              cache_control, print_commands, stall=120.0, kv_cache_gib=None) -> None:
+              cache_control, print_commands, stall=120.0, kv_cache_gib=None,
+              replay_mode="kernel", target_processes="all") -> None:
     from stepscope.bytes import stepcells
     from stepscope.capture.models import load_card
     from stepscope.errors import InputError
@@ -144,7 +150,9 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
     if print_commands:
         app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)
-        typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control)))
+        typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control,
+                                                  replay_mode=replay_mode,
+                                                  target_processes=target_processes)))
         return
     from rich.console import Console
 
@@ -160,7 +168,8 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
                                        mode=mode, layers=layers, out=out, ncu=ncu,
                                        timeout_s=timeout, cache_control=cache_control,
                                        on_progress=progress, stall_s=stall,
-                                       kv_cache_gib=kv_cache_gib)
+                                       kv_cache_gib=kv_cache_gib, replay_mode=replay_mode,
+                                       target_processes=target_processes)
     paths = write_cells(frame(res.rows), out / "cells")
     passes = ", ".join(f"{n} kernel(s) in {p} pass(es)" for p, n in sorted(res.passes.items()))
     typer.echo(f"{len(res.rows)} kernels of one {phase} step measured on {res.gpu or 'unknown GPU'} "
