@@ -275,3 +275,83 @@ def test_imported_cells_are_named_after_their_file():
     rows = csv_rows(SMOKE)  # in file order: three ncu runs, each numbering its launches from 0
     assert df["cell"].to_list() == [f"smoke_ncu_raw#{n}" for n in range(len(rows))]
     assert df["id"].to_list() == [int(r["ID"]) for r in rows]
+
+
+VLLM = FIXTURES / "vllm"
+
+
+@pytest.mark.parametrize("trace,cells_dir,batch", [
+    ("llama8b_decode_b1_eager_sync.sqlite", "step_vllm_llama8b_decode_b1", 1),
+    ("llama8b_decode_b8_eager_sync.sqlite", "step_vllm_llama8b_decode_b8", 8),
+    # the fifth round's capture (async scheduling on, full KV cache): the same 436 kernels
+    ("llama8b_decode_b1_eager.sqlite", "step_vllm_llama8b_decode_b1", 1),
+], ids=["b1", "b8", "b1-async-capture"])
+def test_budget_by_launch_order_on_the_real_vllm_step(trace, cells_dir, batch):
+    """`cells run --engine vllm` measured every kernel of a real vLLM 0.26 decode step under ncu
+    (application replay, fixtures/round6/); budget joins them to the nsys capture of that step by
+    launch order. Independent figures: the raw ncu CSV (csv module) and plain SQL."""
+    import csv
+    import sqlite3
+
+    from stepscope.bytes.cells import read_cells
+    from stepscope.cli import app
+
+    path, cdir = VLLM / trace, NCU / cells_dir
+    r = CliRunner().invoke(app, ["budget", str(path), "--cells", str(cdir / "cells.parquet"), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    rows = [x for x in csv.reader(ln for ln in open(cdir / "ncu_raw.csv") if ln.startswith('"'))]
+    head, data = rows[0], rows[2:]
+    ir, iw = head.index("dram__bytes_read.sum"), head.index("dram__bytes_write.sum")
+    ncu_bytes = sum(num(x[ir]) + num(x[iw]) for x in data)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    n_kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    memops = sum(con.execute(f"SELECT coalesce(sum(bytes), 0) FROM {t}").fetchone()[0]
+                 for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"))
+    st = doc["step"]
+    assert len(data) == n_kernels == 436
+    assert st["order"] == {"step_kernels": 436, "profiled_kernels": 436, "joined": 436}
+    # every kernel joined: the step's bytes are the profiled kernels' DRAM bytes plus its memops
+    # (a device-to-host copy counts its bytes once; these traces have no device-to-device copy)
+    assert st["measured_bytes"] == ncu_bytes + memops
+    assert st["measured_bytes"] >= st["min_bytes"] and st["unjoined_ops"] == []
+    # the LM head: its own op, the step's last GEMM, ≈ the seed's 1.05 GB (128256 x 4096 bf16)
+    lm = [x for x in doc["rows"] if x["op"] == "gemm:lm_head"]
+    last = [x for x in data if x[head.index("Kernel Name")].startswith("nvjet")][-1]
+    assert len(lm) == 1 and lm[0]["calls"] == 1
+    assert lm[0]["measured_bytes"] == num(last[ir]) + num(last[iw])
+    assert abs(lm[0]["measured_bytes"] / (128256 * 4096 * 2) - 1) < 0.005
+    # FA3's decode attention (device_kernel) and its prepare_varlen_num_blocks_kernel are measured
+    attn = [x for x in doc["rows"] if x["class"] == "attention_decode"]
+    assert sum(x["calls"] for x in attn) == 65 and all(x["measured_bytes"] > 0 for x in attn)
+    # bytes from the seed's arithmetic: batch 1's step minimum is the torch step's 15,289,851,408 B
+    if batch == 1:
+        assert st["min_bytes"] == 15_289_851_408
+    meta = json.loads((cdir / "step_cells.json").read_text())
+    assert meta["replay_mode"] == "application" and meta["target_processes"] == "application-only"
+    # application replay: ncu ran the engine once per pass (3 runs), each kernel took 3 passes
+    raw = (cdir / "ncu_raw.csv").read_text().splitlines()
+    assert sum(ln.startswith("==PROF== Connected to process") for ln in raw) == 3
+    cells = read_cells(cdir / "cells.parquet")
+    assert set(cells["profiler__replayer_passes"].to_list()) == {3.0}
+
+
+def test_kernel_base_reads_names_whose_return_type_holds_parentheses():
+    """nsys demangles vLLM's fused_add_rms_norm_kernel with '(int)0' in its enable_if return
+    type, ncu without; read left to right, the nsys name was 'enable_if' and 64 kernels of the
+    vLLM step joined no profiled kernel."""
+    from stepscope.bytes.budget import kernel_base
+
+    nsys = ("std::enable_if<T2>(int)0&&vllm::_typeConvert<T1>::exists, void>::type "
+            "vllm::fused_add_rms_norm_kernel<c10::BFloat16, (int)8, (bool)1>(T1 *, long, T1 *, "
+            "const T1 *, float, int, int)")
+    ncu_name = ("std::enable_if<T2>0&&vllm::_typeConvert<T1>::exists, void>::type "
+                "vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8, 1>(T1 *, long, T1 *, const T1 *, "
+                "float, int, int)")
+    assert kernel_base(nsys) == kernel_base(ncu_name) == "fused_add_rms_norm_kernel"
+    assert kernel_base("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, "
+                       "long, unsigned int, 2, 2, -2>(cuda::detail::TensorInfo<T1, T3>, int)") \
+        == "indexSelectSmallIndex"
+    assert kernel_base("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>("
+                       "at::native::ReduceOp<float>)") == "reduce_kernel"
+    assert kernel_base("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT") == "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"

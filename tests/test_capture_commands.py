@@ -318,3 +318,23 @@ def test_a_step_that_stalls_under_ncu_is_stopped_with_its_stacks(tmp_path):
     report = [ln for ln in log.splitlines() if ln.startswith("#   pid ")]
     assert any(" sh " in ln or " ncu " in ln for ln in report), report
     assert any(" python" in ln and " cpu 0%" in ln for ln in report), report
+
+
+@pytest.mark.parametrize("engine,replay,target", [("vllm", "application", "application-only"),
+                                                  ("torch", "kernel", "all")])
+def test_cells_run_picks_the_replay_each_engine_was_measured_with(engine, replay, target):
+    """vLLM's step gave no result under kernel replay on the H200 and all 436 kernels under
+    application replay (fixtures/round6/); the torch step's 388 kernels ran under kernel replay."""
+    from typer.testing import CliRunner
+
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, ["cells", "run", "--engine", engine, "--print-commands"])
+    assert r.exit_code == 0, r.output
+    cmd = r.output.split()
+    assert cmd[cmd.index("--replay-mode") + 1] == replay
+    assert cmd[cmd.index("--target-processes") + 1] == target
+    r = CliRunner().invoke(app, ["cells", "run", "--engine", engine, "--print-commands",
+                                 "--replay-mode", "kernel", "--target-processes", "all"])
+    cmd = r.output.split()
+    assert cmd[cmd.index("--replay-mode") + 1] == "kernel" and cmd[cmd.index("--target-processes") + 1] == "all"

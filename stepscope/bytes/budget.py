@@ -58,11 +58,45 @@ CLASS_TO_OP = {
 DIMS = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 
 
+def _base_from_right(s: str) -> str | None:
+    """The function name before the outermost parameter list, read from the right: a return
+    type may hold '(int)0' or 'T2>0' (nsys: 'std::enable_if<T2>(int)0&&…, void>::type
+    vllm::fused_add_rms_norm_kernel<c10::BFloat16, (int)8, (bool)1>(T1 *, …)'), which a
+    left-to-right reading takes for the parameters."""
+    if not s.endswith(")"):
+        return None
+    depth, i = 0, len(s) - 1
+    while i >= 0:  # the '(' that opens the last parameter list
+        depth += {")": 1, "(": -1}.get(s[i], 0)
+        if depth == 0:
+            break
+        i -= 1
+    j = i - 1
+    while j >= 0 and s[j] == " ":
+        j -= 1
+    if j >= 0 and s[j] == ">":  # the function's template arguments
+        depth = 0
+        while j >= 0:
+            depth += {">": 1, "<": -1}.get(s[j], 0)
+            if depth == 0:
+                break
+            j -= 1
+        j -= 1
+    end = j + 1
+    while j >= 0 and (s[j].isalnum() or s[j] in "_~"):
+        j -= 1
+    base = s[j + 1:end]
+    return base if base and not base[0].isdigit() else None
+
+
 def kernel_base(name: str | None) -> str | None:
     """'void at::native::reduce_kernel<512, 1, …>(…)' -> 'reduce_kernel'; short names as-is."""
     if not name:
         return None
     s = name.strip()
+    right = _base_from_right(s)
+    if right:
+        return right
     if s.startswith("void "):
         s = s[5:]
     out, depth = [], 0

@@ -6,8 +6,8 @@ Triton input preparation, a differently dispatched LM head). This runs the engin
 same step `stepscope trace` captures (same arguments, its own cudaProfilerStart/Stop range
 around exactly that step), under
 
-    ncu --target-processes all --profile-from-start off --clock-control none
-        --cache-control none --replay-mode kernel --metrics <the sweep's> --csv --page raw
+    ncu --target-processes T --profile-from-start off --clock-control none
+        --cache-control none --replay-mode R --metrics <the sweep's> --csv --page raw
         --print-units base  python -m stepscope.capture.engines.<engine> ...
 
 and keeps one cells row per profiled launch, numbered in launch order (`launch`), so that
@@ -18,16 +18,24 @@ Why these settings: `--clock-control none` leaves the GPU's clocks as the engine
 (ncu would lock them to base); `--cache-control none` does not flush L2 before each kernel,
 so a kernel finds what the one before it left in L2, as it does in the real step (activations
 written by a norm are read from L2 by the next GEMM; a cold L2 would charge them to DRAM
-again). With the four default metrics every kernel takes one pass, so kernel replay never
-re-runs a kernel whose L2 state ncu has just disturbed (the log says how many passes each
-took). vLLM runs in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the engine core, whose
-worker opens the profiler range, is then the process ncu follows from the start.
+again). vLLM runs in one process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, async scheduling off):
+the engine core, whose worker opens the profiler range, is then the process ncu follows.
 
-On the H200 (vLLM 0.26.0, async scheduling on) this run hung after vLLM started its profiler:
-ncu profiled no kernel, in one process and in the engine-core process alike
-(fixtures/ncu/step_vllm_hung/). vLLM's step is therefore run with async scheduling off
-(`--sync-scheduling`: one step at a time, as ncu serializes every kernel anyway); whether that
-cures the hang has not been tried on a GPU yet.
+Replay (ENGINE_NCU): ncu takes 3 passes per kernel for these metrics on the H200 (its own
+`profiler__replayer_passes` column). Under kernel replay it backs up the memory a kernel can
+reach before the first pass and restores it for the others (49.5 GB per kernel of the torch
+step, `profiler__replayer_bytes_mem_backed_up`), and with --csv it prints nothing until the
+end: the torch engine's 388 kernels took 103 s so, silent. vLLM's step under kernel replay gave
+no result: the fifth round's runs were killed 220 s and 365 s after the start (the in-process
+one 340 s after vLLM started its profiler, where the torch step's whole run takes 103 s); this
+round's four (async scheduling on or off, V1 or V2 model runner, a 4 GiB KV cache, only the
+application targeted; fixtures/ncu/step_vllm_hung/) were stopped by the stall watch after
+60-75 quiet seconds, too soon to tell slow from stuck, with the engine's thread busy (100 %
+CPU) inside ncu's interception of cudaLaunchKernel. Under application replay (ncu runs the
+engine once per pass, backs up nothing, and says so between runs) the 436 kernels of the same
+step took 132 s: that is vLLM's default. The stall watch (stall_s: on by default under
+application replay only, where silence is not normal) ends a run with the state of its
+processes and their native and Python stacks in the log.
 """
 
 from __future__ import annotations
@@ -158,6 +166,11 @@ def engine_command(engine: str, model: str, *, phase: str, batch: int, context: 
     raise InputError(f"unknown engine {engine!r}: choose vllm or torch")
 
 
+# ncu's replay mode and target processes per engine, as measured on the H200 (module docstring):
+# vLLM's step only under application replay, the torch engine's under kernel replay too
+ENGINE_NCU = {"vllm": ("application", "application-only"), "torch": ("kernel", "all")}
+STALL_S = 180.0  # application replay: the longest quiet stretch seen was one engine run (~45 s)
+
 # the GPU's name rides along as a device attribute (no extra pass)
 STEP_METRICS = (*ncu_csv.DEFAULT_METRICS, "device__attribute_display_name")
 
@@ -208,14 +221,15 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                    mode: str, layers: int | None, out: Path, ncu: str | None = None,
                    timeout_s: float = 540.0, cache_control: str = "none",
                    clock_control: str = "none", on_progress=None,
-                   stall_s: float | None = 120.0, kv_cache_gib: float | None = None,
-                   replay_mode: str = "kernel", target_processes: str = "all"
+                   stall_s: float | None = None, kv_cache_gib: float | None = None,
+                   replay_mode: str | None = None, target_processes: str | None = None
                    ) -> StepCellsRun:
     """Profile one engine step under ncu; write OUT/ncu_raw.csv and OUT/ncu.log.
 
     stall_s: a run that prints nothing for this long (no ncu line, no engine line) is stopped,
     after its Python processes were asked for their stacks (faulthandler, into the log), so a
-    hang says where it hangs instead of only that it did."""
+    hang says where it hangs instead of only that it did. None: STALL_S under application
+    replay, no stall watch under kernel replay (ncu is silent while it profiles)."""
     from stepscope.bytes.sweep import find_ncu, ncu_version
 
     if engine not in ENGINES:
@@ -228,6 +242,10 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                                      "(pip install vllm), or use --engine torch")
     if mode not in ("eager", "graph"):
         raise InputError(f"--mode {mode!r}: step cells are measured in eager or graph mode")
+    replay_mode = replay_mode or ENGINE_NCU[engine][0]
+    target_processes = target_processes or ENGINE_NCU[engine][1]
+    if stall_s is None and replay_mode == "application":
+        stall_s = STALL_S
     if replay_mode not in ("kernel", "application"):
         raise InputError(f"--replay-mode {replay_mode!r}: kernel or application")
     if target_processes not in ("all", "application-only"):
@@ -242,7 +260,7 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                       replay_mode=replay_mode, target_processes=target_processes)
     t0 = time.perf_counter()
     passes: dict[int, int] = {}
-    profiled = 0
+    profiled = runs = 0
     rc = None
     with open(raw_path, "w") as raw, open(log_path, "w") as log:
         log.write("# " + " ".join(cmd) + "\n")
@@ -299,7 +317,12 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                 if m:
                     passes[int(m["passes"])] = passes.get(int(m["passes"]), 0) + 1
                 if on_progress:
-                    on_progress(profiled, time.perf_counter() - t0)
+                    on_progress(profiled, time.perf_counter() - t0, "kernels profiled")
+            elif line.startswith("==PROF== Connected to process"):
+                runs += 1  # application replay: one run of the engine per pass
+                if on_progress and replay_mode == "application":
+                    on_progress(runs, time.perf_counter() - t0,
+                                "engine run(s) of application replay")
             elif not line.startswith('"'):
                 log.write(line)
         rc = proc.wait()
@@ -326,12 +349,19 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                      context=context, mode=mode, gpu=gpu, ncu_version=ver,
                      cache_control=cache_control, clock_control=clock_control)
     gpu = next((r["gpu"] for r in rows if r.get("gpu")), None)
+    # ncu's own count of the passes of each kernel (no per-kernel log line with --csv)
+    counted = [r.get("profiler__replayer_passes") for r in rows]
+    if counted and all(isinstance(v, (int, float)) for v in counted):
+        passes = {}
+        for v in counted:
+            passes[int(v)] = passes.get(int(v), 0) + 1
     meta = {"command": cmd, "seconds": round(seconds, 1), "returncode": rc,
             "kernels": len(rows), "passes": {str(k): v for k, v in sorted(passes.items())},
             "ncu_version": ver, "gpu": gpu, "engine": engine, "model": model, "phase": phase,
             "batch": batch, "context": context, "mode": mode, "layers": layers,
             "cache_control": cache_control, "clock_control": clock_control,
             "kv_cache_gib": kv_cache_gib, "replay_mode": replay_mode,
+            "application_runs": runs if replay_mode == "application" else None,
             "target_processes": target_processes,
             "env": {k: v for k, v in sorted(engine_env(engine).items())
                     if k.startswith(("VLLM_", "CUDA_", "NCCL_", "TORCH"))}}

@@ -78,15 +78,20 @@ def run_cmd(
     cache_control: str = typer.Option("none", "--cache-control",
                                       help="--engine: ncu's L2 policy between kernels: none "
                                       "(the step's own L2 state) or all (flush: cold L2)"),
-    stall: float = typer.Option(120.0, "--stall", help="--engine: stop a run that prints nothing "
-                                "for this many seconds (its Python stacks go to OUT/ncu.log)"),
+    stall: Optional[float] = typer.Option(
+        None, "--stall", help="--engine: stop a run that prints nothing for this many seconds "
+        "(its stacks go to OUT/ncu.log); default 180 under application replay, off under kernel "
+        "replay (ncu prints nothing while it profiles)"),
     kv_cache_gib: Optional[float] = typer.Option(
         None, "--kv-cache-gib", help="--engine vllm: a KV cache of this many GiB instead of 85%% "
         "of the GPU (the step's kernels are the same; ncu keeps the rest)"),
-    replay_mode: str = typer.Option("kernel", "--replay-mode", help="--engine: ncu's replay "
-                                    "mode, kernel or application (one pass each either way)"),
-    target_processes: str = typer.Option("all", "--target-processes",
-                                         help="--engine: all or application-only"),
+    replay_mode: Optional[str] = typer.Option(
+        None, "--replay-mode", help="--engine: ncu's replay mode, kernel or application "
+        "(default: application for vllm, whose step gave no result under kernel replay; kernel "
+        "for torch)"),
+    target_processes: Optional[str] = typer.Option(
+        None, "--target-processes", help="--engine: all or application-only (default: "
+        "application-only for vllm, all for torch)"),
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
     with --engine, every kernel of one real engine step."""
@@ -129,8 +134,8 @@ def run_cmd(
 
 
 def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,
-              cache_control, print_commands, stall=120.0, kv_cache_gib=None,
-              replay_mode="kernel", target_processes="all") -> None:
+              cache_control, print_commands, stall=None, kv_cache_gib=None,
+              replay_mode=None, target_processes=None) -> None:
     from stepscope.bytes import stepcells
     from stepscope.capture.models import load_card
     from stepscope.errors import InputError
@@ -150,9 +155,10 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
     if print_commands:
         app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)
+        rm, tp = stepcells.ENGINE_NCU.get(engine, ("kernel", "all"))
         typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control,
-                                                  replay_mode=replay_mode,
-                                                  target_processes=target_processes)))
+                                                  replay_mode=replay_mode or rm,
+                                                  target_processes=target_processes or tp)))
         return
     from rich.console import Console
 
@@ -161,8 +167,8 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
     con = Console(stderr=True)
     label = f"{card.name} {phase} b={batch} {mode} ({engine}) under ncu"
     with con.status(f"{label}: starting the engine") as status:
-        def progress(n: int, s: float) -> None:
-            status.update(f"{label}: {n} kernels profiled, {s:.0f} s")
+        def progress(n: int, s: float, what: str = "kernels profiled") -> None:
+            status.update(f"{label}: {n} {what}, {s:.0f} s")
 
         res = stepcells.run_step_cells(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, out=out, ncu=ncu,
