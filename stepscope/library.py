@@ -9,6 +9,7 @@ way (render/progress.py: shown only on a terminal, while a command displays them
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -223,12 +224,33 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
 @dataclass(frozen=True)
 class Written:
     """What report() or export() made: the file's content, where it went (None: nowhere), the
-    steps it shows, and (export) the document."""
+    steps it shows, and (export) the number of GPU activities and the document.
 
-    content: str | bytes
+    An export written to a file is streamed there and not kept: `content` and `document` read
+    the file back when asked (an export of a million kernels is hundreds of MB of JSON)."""
+
+    _content: str | bytes | None
     path: Path | None
     steps: tuple[int, ...]
-    document: dict | None = None
+    activities: int | None = None
+    is_export: bool = False
+
+    @functools.cached_property
+    def content(self) -> str | bytes:
+        if self._content is not None or self.path is None:
+            return self._content
+        raw = self.path.read_bytes()
+        return raw if raw[:2] == b"\x1f\x8b" else raw.decode("utf-8")
+
+    @functools.cached_property
+    def document(self) -> dict | None:
+        if not self.is_export:
+            return None
+        import gzip
+        import json
+
+        c = self.content
+        return json.loads(gzip.decompress(c) if isinstance(c, bytes) else c)
 
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
@@ -271,9 +293,11 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
            rules: str | Path | None = None) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
     `output` ends in .gz; written to `output` (all or nothing) when given."""
+    import polars as pl
+
     from stepscope.paths import refuse_overwrite
-    from stepscope.render.output import write_atomic
-    from stepscope.render.perfetto import encode, export_document
+    from stepscope.render.output import write_atomic_with
+    from stepscope.render.perfetto import export_chunks, write_export
 
     if output is not None:
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
@@ -281,8 +305,9 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     inv = load(trace, step_regex, rules, launch_config=True)
     ids = parse_steps(steps, inv.step_ids())
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
-    doc = export_document(inv, ids)
-    content = encode(doc, gzipped=output is not None and Path(output).suffix.lower() == ".gz")
-    if output is not None:
-        write_atomic(Path(output), content)
-    return Written(content, None if output is None else Path(output), tuple(ids), doc)
+    n = inv.acts.filter(pl.col("step").is_in([int(i) for i in ids])).height
+    if output is None:
+        return Written("".join(export_chunks(inv, ids)), None, tuple(ids), n, True)
+    gz = Path(output).suffix.lower() == ".gz"
+    write_atomic_with(Path(output), lambda tmp: write_export(inv, ids, tmp, gz))
+    return Written(None, Path(output), tuple(ids), n, True)

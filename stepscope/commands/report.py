@@ -47,5 +47,5 @@ def export(trace: TraceArg,
 
     with progress.shown():
         done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules)
-    n = sum(1 for e in done.document["traceEvents"] if e["ph"] == "X" and e.get("cat") not in ("launch", "step"))
-    typer.echo(f"wrote {output}: {len(done.steps)} step(s), {n:,} GPU activities; open it at https://ui.perfetto.dev")
+    typer.echo(f"wrote {output}: {len(done.steps)} step(s), {done.activities:,} GPU activities; "
+               "open it at https://ui.perfetto.dev")

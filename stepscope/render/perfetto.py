@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import json
+from collections.abc import Iterable, Iterator
 
 import polars as pl
 
@@ -62,14 +63,97 @@ def _lane_tid(tid: int | None, lane: int) -> int:
     return (tid or 0) + lane * LANE_TID_STRIDE
 
 
-def export_document(inv: Inventory, step_ids: list[int]) -> dict:
+def _run_lanes(frame: pl.DataFrame, keys: list[str], start: str, end: str) -> pl.Series:
+    """lanes() per track (`keys`) of a frame sorted by start, without a Python step per slice:
+    a slice that starts at or after every earlier slice of its track has ended begins a run that
+    takes lane 0 (lanes() gives the lowest free lane, and all are free then); a run of two slices
+    takes lanes 0 and 1 (a split-K GEMM and its reduce); only longer runs go through lanes()."""
+    if frame.height == 0:
+        return pl.Series("_lane", [], pl.Int64)
+    # tracks made contiguous (start order kept within each), so runs are contiguous too
+    f = frame.select(*keys, start, end).with_row_index("_i").sort([*keys, "_i"])
+    pos = pl.int_range(pl.len(), dtype=pl.Int64)
+    new = (pl.col("_prev").is_null() | (pl.col(start) >= pl.col("_prev")))
+    f = f.with_columns(pl.col(end).cum_max().shift(1).over(keys).alias("_prev")).with_columns(new.alias("_new"))
+    f = f.with_columns(pl.when(pl.col("_new")).then(pos).forward_fill().alias("_first"),
+                       pl.when(pl.col("_new").shift(-1, fill_value=True)).then(pos).backward_fill().alias("_last"))
+    f = f.with_columns((pos - pl.col("_first")).alias("_k"), (pl.col("_last") - pl.col("_first") + 1).alias("_n"))
+    lane = f.select("_i", pl.when(pl.col("_n") <= 2).then(pl.col("_k")).otherwise(None).alias("_lane"))
+    long = f.filter(pl.col("_n") > 2)
+    out = lane.sort("_i")["_lane"]
+    if long.height:
+        out = out.to_list()
+        for _, g in long.group_by("_first", maintain_order=True):
+            for i, ln in zip(g["_i"].to_list(), lanes(g[start].to_list(), g[end].to_list())):
+                out[i] = ln
+        out = pl.Series("_lane", out, pl.Int64)
+    return out.cast(pl.Int64).alias("_lane")
+
+
+def _us_text(ns: pl.Expr) -> pl.Expr:
+    """repr(ns / 1000.0) as text, from the integer: the exact decimal of a whole number of ns
+    in µs is the shortest that round-trips (below 2^53 ns/1000), and polars divides by a
+    constant as a multiplication by its reciprocal (1706.7450000000001 for 1706745 ns)."""
+    a = ns.abs()
+    frac = (a % 1000).cast(pl.String).str.zfill(3).str.strip_chars_end("0")
+    return pl.concat_str(pl.when(ns < 0).then(pl.lit("-")).otherwise(pl.lit("")),
+                         (a // 1000).cast(pl.String), pl.lit("."),
+                         pl.when(frac == "").then(pl.lit("0")).otherwise(frac))
+
+
+def _ts_text(col: str, t0: int) -> pl.Expr:
+    """_ts over a column, as JSON text (the integer difference first: a float of a trace
+    timestamp loses its nanoseconds)."""
+    return _us_text(pl.col(col).cast(pl.Int64) - pl.lit(t0, pl.Int64))
+
+
+def _int_text(e: pl.Expr) -> pl.Expr:
+    return e.cast(pl.Int64).cast(pl.String).fill_null("null")
+
+
+def _lane_tid_expr(tid: pl.Expr, lane: pl.Expr) -> pl.Expr:
+    return tid.fill_null(0).cast(pl.Int64) + lane * LANE_TID_STRIDE
+
+
+def _json_text(frame: pl.DataFrame, col: str, *, cut_to: int | None = None,
+               null: str = "null") -> pl.Expr:
+    """A text column as JSON strings (json.dumps, cut like names.cut): each distinct value
+    encoded once in Python (names repeat: a few hundred per million kernels)."""
+    values = [v for v in frame[col].cast(pl.String).unique().to_list() if v is not None]
+    mapping = {v: json.dumps(cut(v, cut_to) if cut_to else v) for v in values}
+    c = pl.col(col).cast(pl.String)
+    if not mapping:
+        return pl.lit(null)
+    return c.replace_strict(mapping, default=None, return_dtype=pl.String).fill_null(null)
+
+
+def _lit(text: str) -> pl.Expr:
+    return pl.lit(text, pl.String)
+
+
+CHUNK_ROWS = 50_000  # activities encoded per polars pass: bounds the text held at once (~28 MB)
+
+
+def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -> Iterator[str | bytes]:
+    """The Chrome-trace JSON of the chosen steps, in pieces whose concatenation is the document
+    (the events export_document's dict holds, in the same order); built a column at a time.
+    `as_bytes`: UTF-8 pieces, the large ones straight from polars (no Python str between)."""
+    def piece(text_col: pl.DataFrame):
+        col = text_col.to_series()
+        return col.cast(pl.Binary).item() if as_bytes else col.item()
+
+    def small(text: str):
+        return text.encode("utf-8") if as_bytes else text
+
     sel = [int(i) for i in step_ids]
-    acts = inv.acts.filter(pl.col("step").is_in(sel)).sort("start")
+    acts = inv.acts.filter(pl.col("step").is_in(sel)).sort("start", maintain_order=True)
     steps = inv.steps.filter(pl.col("step").is_in(sel))
+    # the launch call of each activity is on its row already (the inventory joined it)
     calls = (
-        acts.filter(pl.col("launch_start").is_not_null()).select("pid", "corr").unique()
-        .join(inv.api.select("pid", "tid", "corr", "start", "end", "api_name"), on=["pid", "corr"])
-        .unique(["pid", "corr"], keep="first").sort("start")
+        acts.filter(pl.col("launch_start").is_not_null())
+        .select("pid", "tid", "corr", pl.col("launch_start").alias("start"), pl.col("launch_end").alias("end"),
+                pl.col("launch_api").alias("api_name"))
+        .unique(["pid", "corr"], keep="first", maintain_order=True).sort("start", maintain_order=True)
     )
     times = [acts["start"].min()]
     if calls.height:
@@ -78,17 +162,8 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
     t0 = int(min(t for t in times if t is not None)) if acts.height else 0
 
     # lanes: per GPU stream, per host thread and per host process's steps track
-    acts = acts.with_columns(pl.lit(0).alias("_lane"))
-    if acts.height:
-        parts = []
-        for _, a in acts.group_by("device", "stream", maintain_order=True):
-            parts.append(a.with_columns(pl.Series("_lane", lanes(a["start"].to_list(), a["end"].to_list()))))
-        acts = pl.concat(parts).sort("start", maintain_order=True)
-    if calls.height:
-        parts = []
-        for _, c in calls.group_by("pid", "tid", maintain_order=True):
-            parts.append(c.with_columns(pl.Series("_lane", lanes(c["start"].to_list(), c["end"].to_list()))))
-        calls = pl.concat(parts).sort("start", maintain_order=True)
+    acts = acts.with_columns(_run_lanes(acts, ["device", "stream"], "start", "end"))
+    calls = calls.with_columns(_run_lanes(calls, ["pid", "tid"], "start", "end"))
     ranges = steps.filter(pl.col("w_start").is_not_null() & pl.col("tid").is_not_null()).sort("w_start")
     range_lane = {}
     for _, r in ranges.group_by("pid", maintain_order=True):
@@ -112,7 +187,7 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         tracks = acts.filter(pl.col("device") == d).select("stream", "_lane").unique().drop_nulls("stream")
         for i, (s, lane) in enumerate(sorted(tracks.iter_rows())):
             thread(pid, _lane_tid(s, lane), f"stream {s}" + (f" (overlap {lane})" if lane else ""), i)
-    host = set(zip(calls["pid"].to_list(), calls["tid"].to_list(), calls["_lane"].to_list()))
+    host = set(calls.select("pid", "tid", "_lane").unique().iter_rows())
     for pid in sorted({p for p, _, _ in host} | set(ranges["pid"].to_list())):
         ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
                    "args": {"name": f"host pid {pid}"}})
@@ -126,61 +201,93 @@ def export_document(inv: Inventory, step_ids: list[int]) -> dict:
         thread(pid, _lane_tid(tid, lane), f"host thread {tid} (launch calls)" + (f" (overlap {lane})" if lane else ""),
                order)
         order += 1
-
-    # the step ranges, on their process's steps track
+    # the step ranges, on their process's steps track (one per step: few)
     for r in ranges.iter_rows(named=True):
         ev.append({"ph": "X", "cat": "step", "name": f"step {r['step']}: {cut(r['name'], DOCUMENT)}", "pid": r["pid"],
                    "tid": _lane_tid(STEPS_TID, range_lane[r["step"]]), "ts": _ts(r["w_start"], t0),
                    "dur": (r["w_end"] - r["w_start"]) / 1000.0,
                    "args": {"step": r["step"], "device": r["device"], "delimiter": r["delimiter"],
                             "thread": r["tid"]}})
+    yield small('{"traceEvents":[' + ",".join(json.dumps(e, separators=(",", ":")) for e in ev))
+    first = not ev
+    comma = small(",")
+
     # launch calls
-    for r in calls.iter_rows(named=True):
-        ev.append({"ph": "X", "cat": "launch", "name": r["api_name"] or "api call", "pid": r["pid"],
-                   "tid": _lane_tid(r["tid"], r["_lane"]), "ts": _ts(r["start"], t0),
-                   "dur": (r["end"] - r["start"]) / 1000.0, "args": {"correlation": r["corr"]}})
-    call_at = {(p, c): (_lane_tid(t, lane), s) for p, c, t, lane, s in zip(
-        calls["pid"].to_list(), calls["corr"].to_list(), calls["tid"].to_list(), calls["_lane"].to_list(),
-        calls["start"].to_list())}
-    # GPU activities and their flows
-    flow_id = 0
-    for r in acts.iter_rows(named=True):
-        pid = DEVICE_PID_BASE + (r["device"] or 0)
-        tid = _lane_tid(r["stream"], r["_lane"])
-        ts = _ts(r["start"], t0)
-        args = {"step": r["step"], "correlation": r["corr"], "class": r["class"]}
-        if r["is_kernel"]:
-            args.update(demangled=cut(r["demangled"], DOCUMENT), grid=[r["grid_x"], r["grid_y"], r["grid_z"]],
-                        block=[r["block_x"], r["block_y"], r["block_z"]])
-            if r["graph_node_id"] is not None:
-                args["graph_node_id"] = r["graph_node_id"]
-        else:
-            args["bytes"] = r["bytes"]
-        ev.append({"ph": "X", "cat": r["class"] or "other", "name": cut(r["name"], DOCUMENT) or "?", "pid": pid,
-                   "tid": tid, "ts": ts, "dur": (r["end"] - r["start"]) / 1000.0, "args": args})
-        src = call_at.get((r["pid"], r["corr"]))
-        if src is not None:
-            flow_id += 1
-            ev.append({"ph": "s", "cat": "launch", "name": "launch", "id": flow_id, "pid": r["pid"],
-                       "tid": src[0], "ts": _ts(src[1], t0)})
-            ev.append({"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": flow_id, "pid": pid,
-                       "tid": tid, "ts": ts})
-    return {
-        "traceEvents": ev,
-        "displayTimeUnit": "ns",
-        "otherData": {
-            "producer": "stepscope export", "trace": shown(inv.trace.path), "format": inv.trace.format,
-            "steps": step_ids, "t0_ns": t0,
-        },
-    }
+    api_json = _json_text(calls, "api_name", null='"api call"')
+    for off in range(0, calls.height, CHUNK_ROWS):
+        part = calls.slice(off, CHUNK_ROWS)
+        text = piece(part.select(pl.concat_str(
+            _lit('{"ph":"X","cat":"launch","name":'), api_json, _lit(',"pid":'), _int_text(pl.col("pid")),
+            _lit(',"tid":'), _int_text(_lane_tid_expr(pl.col("tid"), pl.col("_lane"))),
+            _lit(',"ts":'), _ts_text("start", t0), _lit(',"dur":'), _us_text(pl.col("end") - pl.col("start")),
+            _lit(',"args":{"correlation":'), _int_text(pl.col("corr")), _lit("}}")).str.join(",")))
+        if text:
+            if not first:
+                yield comma
+            yield text
+            first = False
+
+    # GPU activities, each followed by the flow from its launch call (s) to it (f)
+    src = calls.select("pid", "corr", _lane_tid_expr(pl.col("tid"), pl.col("_lane")).alias("_src_tid"),
+                       pl.col("start").alias("_src_start"))
+    acts = acts.join(src, on=["pid", "corr"], how="left", maintain_order="left")
+    acts = acts.with_columns(
+        pl.when(pl.col("_src_tid").is_not_null())
+        .then(pl.col("_src_tid").is_not_null().cum_sum()).otherwise(None).alias("_flow"))
+    name_json = _json_text(acts, "name", cut_to=DOCUMENT, null='"?"')
+    dem_json = _json_text(acts, "demangled", cut_to=DOCUMENT)
+    cls = pl.col("class").cast(pl.String)
+    cat_json = pl.concat_str(_lit('"'), cls.fill_null("other"), _lit('"'))
+    cls_json = pl.concat_str(_lit('"'), cls, _lit('"')).fill_null("null")
+    gpid = _int_text(pl.col("device").fill_null(0).cast(pl.Int64) + DEVICE_PID_BASE)
+    tid = _int_text(_lane_tid_expr(pl.col("stream"), pl.col("_lane")))
+    ts = _ts_text("start", t0)
+    kernel_args = pl.concat_str(
+        _lit(',"demangled":'), dem_json,
+        _lit(',"grid":['), _int_text(pl.col("grid_x")), _lit(","), _int_text(pl.col("grid_y")), _lit(","),
+        _int_text(pl.col("grid_z")), _lit('],"block":['), _int_text(pl.col("block_x")), _lit(","),
+        _int_text(pl.col("block_y")), _lit(","), _int_text(pl.col("block_z")), _lit("]"),
+        pl.when(pl.col("graph_node_id").is_not_null())
+        .then(pl.concat_str(_lit(',"graph_node_id":'), _int_text(pl.col("graph_node_id"))))
+        .otherwise(_lit("")))
+    args = pl.when(pl.col("is_kernel")).then(kernel_args).otherwise(
+        pl.concat_str(_lit(',"bytes":'), _int_text(pl.col("bytes"))))
+    x_event = pl.concat_str(
+        _lit('{"ph":"X","cat":'), cat_json, _lit(',"name":'), name_json, _lit(',"pid":'), gpid,
+        _lit(',"tid":'), tid, _lit(',"ts":'), ts, _lit(',"dur":'), _us_text(pl.col("end") - pl.col("start")),
+        _lit(',"args":{"step":'), _int_text(pl.col("step")), _lit(',"correlation":'), _int_text(pl.col("corr")),
+        _lit(',"class":'), cls_json, args, _lit("}}"))
+    flow_id = _int_text(pl.col("_flow"))
+    flow_events = pl.when(pl.col("_flow").is_not_null()).then(pl.concat_str(
+        _lit(',{"ph":"s","cat":"launch","name":"launch","id":'), flow_id, _lit(',"pid":'),
+        _int_text(pl.col("pid")), _lit(',"tid":'), _int_text(pl.col("_src_tid")), _lit(',"ts":'),
+        _ts_text("_src_start", t0), _lit('},{"ph":"f","bp":"e","cat":"launch","name":"launch","id":'),
+        flow_id, _lit(',"pid":'), gpid, _lit(',"tid":'), tid, _lit(',"ts":'), ts, _lit("}"))).otherwise(_lit(""))
+    for off in range(0, acts.height, CHUNK_ROWS):
+        # the event and its flows as two columns: polars builds them in parallel
+        text = piece(acts.slice(off, CHUNK_ROWS).select(x_event.alias("x"), flow_events.alias("f"))
+                     .select(pl.concat_str("x", "f").str.join(",")))
+        if text:
+            if not first:
+                yield comma
+            yield text
+            first = False
+    other = {"producer": "stepscope export", "trace": shown(inv.trace.path), "format": inv.trace.format,
+             "steps": step_ids, "t0_ns": t0}
+    yield small('],"displayTimeUnit":"ns","otherData":' + json.dumps(other, separators=(",", ":")) + "}")
 
 
-def dumps(doc: dict) -> str:
-    return json.dumps(doc, separators=(",", ":"))
+def export_document(inv: Inventory, step_ids: list[int]) -> dict:
+    """The export as a dict (for notebooks and tests): export_chunks' document, parsed."""
+    return json.loads("".join(export_chunks(inv, step_ids)))
 
 
-def encode(doc: dict, gzipped: bool) -> str | bytes:
-    """The file's content: JSON text, or its gzip (Perfetto and chrome://tracing open both).
-    mtime 0, so one trace exported twice gives the same bytes."""
-    text = dumps(doc)
-    return gzip.compress(text.encode(), compresslevel=6, mtime=0) if gzipped else text
+def write_export(inv: Inventory, step_ids: list[int], path, gzipped: bool) -> None:
+    """Stream the export to `path` (gzip with mtime 0 when `gzipped`, so one trace exported
+    twice gives the same bytes), never holding the whole document."""
+    with open(path, "wb") as raw:
+        out = gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=raw, mtime=0) if gzipped else raw
+        for c in export_chunks(inv, step_ids, as_bytes=True):
+            out.write(c)
+        if gzipped:
+            out.close()
