@@ -125,6 +125,7 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     alone (kernels, launch_us, device_ms): the `tp --json` document."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
+    from stepscope.render.sentences import tp_sentence
 
     check_steps(steps)
     ws = parse_widths(widths)
@@ -155,7 +156,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     ranks = tpm.rank_rows(d)
     if ranks:
         doc["ranks"] = ranks
-    groups = tpm.tp_steps(d)
+    # each TP step as the document gives it: its figures, then its verdict in words
+    groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
         doc["tp_steps"] = groups
         skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]

@@ -14,6 +14,7 @@ from stepscope.analysis.representative import representative
 from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.names import cut
+from stepscope.render.sentences import tp_sentence
 from stepscope.render.views import step_diagnosis
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
@@ -275,6 +276,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     f = floors.filter(pl.col("step") == step).row(0, named=True)  # diagnose() floors every step
     tp_rows = d.tp.filter(pl.col("step") == step) if d.tp is not None else None
     tp = tp_rows.row(0, named=True) if tp_rows is not None and tp_rows.height else None
+    if tp is not None:
+        tp["tp_verdict"] = tp_sentence(tp)
     waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
     view = StepView(
         inv=inv, step=step, figures=fig,
