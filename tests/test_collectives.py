@@ -10,7 +10,7 @@ import sqlite3
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.analysis.collectives import collectives, op_name
 from stepscope.analysis.diagnosis import diagnose
