@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import CliRunner as _TyperRunner
+from typer.testing import CliRunner as _TyperRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
