@@ -255,11 +255,11 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         inv = load(path, step_regex, rules, launch_config=True)  # grid/block: budget, export args
         progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
 
-    first = view(trace, steps)
-    other = view(compare, compare_steps) if compare is not None else None
-    budget_rows, note = budget_for(first, cells)
+    inv, first = view(trace, steps)
+    other = view(compare, compare_steps)[1] if compare is not None else None
+    budget_rows, note = budget_for(inv, first, cells)
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
     text = render(ReportView(first, other, budget_rows, note))

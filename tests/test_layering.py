@@ -136,3 +136,20 @@ def test_analyses_build_no_sentences():
                     if unit.search(text) and not any(m == k and w in text for k, w in known):
                         bad.append((m, n.lineno, text))
     assert not bad
+
+
+def test_report_renderers_read_only_the_view():
+    """The HTML and Markdown reports read their StepView (frozen, built once by
+    report_data.step_view), never the Inventory behind it: no `.inv` anywhere in them."""
+    import dataclasses
+
+    from stepscope.render.report_data import ReportView, StepView
+
+    for m in ("stepscope.render.html", "stepscope.render.markdown"):
+        tree = ast.parse(MODULES[m].read_text())
+        touched = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "inv"]
+        assert not touched, (m, touched)
+        assert "stepscope.analysis.inventory" not in _imports(MODULES[m], False)
+    for cls in (StepView, ReportView):
+        assert cls.__dataclass_params__.frozen
+    assert "inv" not in {f.name for f in dataclasses.fields(StepView)}

@@ -395,24 +395,23 @@ def _classes(views: list[StepView]) -> str:
 def _framework(views: list[StepView]) -> str:
     """The framework class of each view by op family (and by launching op, with NVTX op ranges)."""
     from stepscope.analysis.classify import FAMILY_LABELS
-    from stepscope.render.report_data import framework_lines
 
     parts = []
     for i, v in enumerate(views):
-        fam = v.inv.framework.filter(pl.col("step") == v.step)
-        if fam.is_empty():
+        fam = v.framework
+        if not fam:
             continue
         rows = "".join(f"<tr><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td><td>{r['count']}</td>"
-                       f"<td>{us(r['time_ns'])}</td></tr>" for r in fam.iter_rows(named=True))
-        ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
+                       f"<td>{us(r['time_ns'])}</td></tr>" for r in fam)
+        ops = v.framework_ops
         op_rows = "".join(f"<tr><td>{escape(r['op'])}</td><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td>"
-                          f"<td>{r['count']}</td><td>{us(r['time_ns'])}</td></tr>" for r in ops.head(10).iter_rows(named=True))
-        advice = framework_lines(v.inv, v.step)[-1] if ops.height else ""
+                          f"<td>{r['count']}</td><td>{us(r['time_ns'])}</td></tr>" for r in ops[:10])
+        advice = v.framework_advice
         parts.append(f'<div><div class="sub">{escape(_panel_name(v, i, len(views)))}: framework glue by op family</div>'
                      f'<table class="framework" id="framework-{i}"><tr><th>op family</th><th>count</th><th>time</th></tr>'
                      f"{rows}</table>"
                      + (f'<table class="framework-ops"><tr><th>launching op</th><th>op family</th><th>launches</th>'
-                        f"<th>time</th></tr>{op_rows}</table><p class=\"note\">{escape(advice)}</p>" if ops.height else "")
+                        f"<th>time</th></tr>{op_rows}</table><p class=\"note\">{escape(advice)}</p>" if ops else "")
                      + "</div>")
     return f'<div class="row">{"".join(parts)}</div>' if parts else ""
 
@@ -518,8 +517,8 @@ def _floors(views: list[StepView]) -> str:
                   "waiting for the slowest rank" if wait else "of GPU busy time")
         expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
                 f"vs {ms(dev)} {device}")
-        overhead = v.inv.trace.profiler_overhead_ns
-        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {ms(overhead)}"
+        overhead = v.profiler_overhead_ns
+        oh = (f"; nsys's own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")
         u = v.untraced
         untr = ""
@@ -620,14 +619,13 @@ def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
 def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFrame | None = None,
                 budget_note: str | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
-    t = view.inv.trace
-    gpu = t.gpus["name"][0] if t.gpus.height else None
-    src = f"{t.format}" + (f" · nsys {t.nsys_version}" if t.nsys_version else "") + (f" · {gpu}" if gpu else "")
-    notes = sorted({n for v in views for n in v.notes} | {w for v in views for w in v.inv.warnings})
+    gpu = view.gpu_name
+    src = f"{view.trace_format}" + (f" · nsys {view.nsys_version}" if view.nsys_version else "") + (f" · {gpu}" if gpu else "")
+    notes = sorted({n for v in views for n in v.notes} | {w for v in views for w in v.warnings})
     title = f"stepscope · {view.label}" + (f" vs {other.label}" if other else "")
     body = [
         f"<h1>{escape(title)}</h1>",
-        f'<div class="sub">{escape(src)} · {len(view.inv.step_ids())} step(s) in the trace'
+        f'<div class="sub">{escape(src)} · {view.n_steps} step(s) in the trace'
         + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(v.chosen)}; delimited by {escape(v.delimiter)}"
                   + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
                             for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)
