@@ -15,7 +15,7 @@ from html import escape
 import polars as pl
 
 from stepscope.render.names import DOCUMENT, cut
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
@@ -367,18 +367,17 @@ def _legend(gaps: bool, waits: bool = False) -> str:
 
 def _classes(views: list[StepView]) -> str:
     frames = [v.classes for v in views]
-    order = (pl.concat([f.select("class", "time_ns") for f in frames]).group_by("class")
-             .agg(pl.col("time_ns").max()).sort("time_ns", descending=True)["class"].to_list())
-    vmax = max((f["time_ns"].max() or 1) for f in frames)
+    order = class_order(views)
+    vmax = max((max((r["time_ns"] for r in f), default=None) or 1) for f in frames)
     bar_w = 700
     rows = []
     y = 4
     for c in order:
         rows.append(f'<text x="0" y="{y + 12}">{escape(c)}</text>')
         for i, f in enumerate(frames):
-            r = f.filter(pl.col("class") == c)
-            t = int(r["time_ns"][0]) if r.height else 0
-            n = int(r["count"][0]) if r.height else 0
+            r = next((x for x in f if x["class"] == c), None)
+            t = int(r["time_ns"]) if r else 0
+            n = int(r["count"]) if r else 0
             w = max(t / vmax * bar_w, 0.5 if t else 0)
             op = "1" if i == 0 else "0.55"
             tag = ("A " if i == 0 else "B ") if len(frames) > 1 else ""
@@ -582,12 +581,12 @@ def _summary(views: list[StepView]) -> str:
 
 
 def _top_kernels(v: StepView, n: int = 15) -> str:
-    total = v.kernels["time_ns"].sum() or 1
+    total = sum(r["time_ns"] for r in v.kernels) or 1
     rows = "".join(
         f"<tr><td><code title='{escape(str(cut(r['demangled'], DOCUMENT)))}'>{escape(_short(r['name'], 90))}</code></td>"
         f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
-        for r in v.kernels.head(n).iter_rows(named=True))
+        for r in v.kernels[:n])
     return (f'<table class="top-kernels"><tr><th>kernel</th><th>class</th><th>count</th><th>time</th><th>share</th></tr>'
             f"{rows}</table>")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import FAMILY_LABELS
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
@@ -98,8 +98,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             out += [f"Rank skew of this TP step: {ms(v.tp['rank_skew_ns'])}.", ""]
 
     out += ["### Classes", ""]
-    order = (pl.concat([v.classes.select("class", "time_ns") for v in views]).group_by("class")
-             .agg(pl.col("time_ns").max()).sort("time_ns", descending=True)["class"].to_list())
+    order = class_order(views)
     head = ["class"]
     for i in range(n):
         t = "" if n == 1 else f"{_tag(i, n)} "
@@ -156,9 +155,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
 
     out += ["### Top kernels", ""]
     for i, v in enumerate(views):
-        total = v.kernels["time_ns"].sum() or 1
+        total = sum(r["time_ns"] for r in v.kernels) or 1
         rows = [[f"`{_short(r['name'], 80)}`", r["class"], r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
-                for r in v.kernels.head(10).iter_rows(named=True)]
+                for r in v.kernels[:10]]
         if n > 1:
             out += [f"{_tag(i, n)}:", ""]
         out += [_table(["kernel", "class", "count", "time", "share"], rows, "llrrr"), ""]

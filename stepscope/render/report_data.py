@@ -15,7 +15,7 @@ from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.names import cut
 from stepscope.render.sentences import tp_sentence
-from stepscope.render.views import step_diagnosis
+from stepscope.render.views import _plain, step_diagnosis
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
@@ -34,18 +34,20 @@ def phase_line(fig: dict) -> str | None:
     return f"phase {fig['phase']} from {PHASE_BY.get(by, by)}: {fig.get('phase_detail')}"
 
 
-def class_by_lines(kernels: pl.DataFrame, limit: int = 4) -> list[str]:
+def class_by_lines(kernels, limit: int = 4) -> list[str]:
     """One line per reason a step's kernels were classed by something other than their name:
-    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)"."""
-    if "class_by" not in kernels.columns:
-        return []
-    k = kernels.filter(pl.col("class_by").is_not_null())
+    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)".
+    `kernels`: the step's kernel rows (dicts: name, class, count, class_by)."""
+    groups: dict[tuple, dict] = {}  # (class, class_by) -> name -> count, in order of appearance
+    for r in kernels:
+        if r.get("class_by") is not None:
+            names = groups.setdefault((r["class"], r["class_by"]), {})
+            names[r["name"]] = names.get(r["name"], 0) + r["count"]
     out = []
-    for (cls, why), g in k.group_by("class", "class_by", maintain_order=True):
-        g = g.group_by("name", maintain_order=True).agg(pl.col("count").sum()).sort("count", "name",
-                                                                                   descending=[True, False])
-        names = ", ".join(f"{n} ×{c}" for n, c in g.head(limit).iter_rows())
-        more = f" and {g.height - limit} more" if g.height > limit else ""
+    for (cls, why), counts in groups.items():
+        g = sorted(counts.items(), key=lambda nc: (-nc[1], nc[0] is not None, nc[0] or ""))
+        names = ", ".join(f"{n} ×{c}" for n, c in g[:limit])
+        more = f" and {len(g) - limit} more" if len(g) > limit else ""
         out.append(f"classed by evidence, not by name: {names}{more} → {cls} ({why})")
     return out
 
@@ -135,8 +137,8 @@ class StepView:
 
     step: int
     figures: dict
-    classes: pl.DataFrame          # class, count, time_ns
-    kernels: pl.DataFrame          # name, demangled, class, count, time_ns
+    classes: tuple                 # {class, count, time_ns} per class
+    kernels: tuple                 # {name, demangled, class, count, time_ns, class_by} per kernel, longest first
     acts: pl.DataFrame             # the step's activities (start, end, stream, class, name, ...)
     launches: pl.DataFrame         # the host calls that launched them (pid, tid, corr, start, end, api_name, is_graph_launch)
     gaps: pl.DataFrame             # find_gaps rows of this step
@@ -249,6 +251,15 @@ def renderer(suffix: str, output=None):
     return import_module(f"stepscope.render.{name}").render
 
 
+def class_order(views: list["StepView"]) -> list[str]:
+    """Every class of the views, by its largest time in any of them (longest first)."""
+    most: dict[str, int] = {}
+    for v in views:
+        for r in v.classes:
+            most[r["class"]] = max(most.get(r["class"], r["time_ns"]), r["time_ns"])
+    return sorted(most, key=lambda c: -most[c])
+
+
 def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, list[tuple[int, int, float]]]]:
     """Per class, per view: (count, time_ns, share of the step's GPU time) — for the HTML and
     Markdown class tables alike."""
@@ -256,10 +267,10 @@ def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, lis
     for c in order:
         cells = []
         for v in views:
-            r = v.classes.filter(pl.col("class") == c)
-            total = v.classes["time_ns"].sum() or 1
-            n = int(r["count"][0]) if r.height else 0
-            t = int(r["time_ns"][0]) if r.height else 0
+            r = next((x for x in v.classes if x["class"] == c), None)
+            total = sum(x["time_ns"] for x in v.classes) or 1
+            n = int(r["count"]) if r else 0
+            t = int(r["time_ns"]) if r else 0
             cells.append((n, t, 100 * t / total))
         out.append((c, cells))
     return out
@@ -315,8 +326,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     ops = tuple(inv.framework_ops.filter(pl.col("step") == step).drop("step").to_dicts())
     return StepView(
         step=step, figures=fig,
-        classes=inv.classes.filter(pl.col("step") == step).drop("step"),
-        kernels=inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step"),
+        classes=_plain(inv.classes.filter(pl.col("step") == step).drop("step")),
+        kernels=_plain(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step")),
         acts=acts, launches=calls, gaps=g, floors=f,
         trace_name=shown(trace.path.name), trace_format=trace.format, nsys_version=trace.nsys_version,
         gpu_name=trace.gpus["name"][0] if trace.gpus.height else None,
