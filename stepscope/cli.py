@@ -20,7 +20,7 @@ from stepscope.commands import cells as _cells  # noqa: F401  isort: skip  (and 
 from stepscope.commands import report as _report  # noqa: F401  isort: skip
 from stepscope.commands.app import app, error_exit
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "run"]
 
 
 def _click_exception() -> type:
@@ -32,51 +32,33 @@ def _click_exception() -> type:
     return _click.exceptions.ClickException
 
 
-def main() -> None:
-    """The process's one error boundary: bad input (StepscopeError) is one line and its exit code
-    (commands.app.error_exit: the app's commands already end so), a usage error one line and
-    click's code, a bug one line and exit 3 (STEPSCOPE_DEBUG=1: the traceback)."""
+def run(args=None, prog_name: str | None = None, app=app) -> int:
+    """The one error boundary: runs the command line `args` (None: sys.argv's) on `app` and
+    returns its exit code. Bad input (StepscopeError, from a command, the library under it or an
+    option callback) is one line on stderr and its exit code (commands.app.error_exit), a usage
+    error one line and click's code, a bug one line and exit 3 (STEPSCOPE_DEBUG=1: the traceback),
+    an interrupt one line and 130. A SystemExit passes through (main() ends on it)."""
     from stepscope.errors import StepscopeError
 
-    # A run allocates its objects once and exits: the cyclic collector would only rescan the
-    # hundreds of thousands of objects a big JSON document is made of (reference counting
-    # still frees everything that is not a cycle).
-    gc.disable()
-    # before polars, numpy and the SQLite reader load (see stepscope/native.py)
-    from stepscope import native
-
-    native.setup()
-    usage_error = _click_exception()
     try:
         # standalone_mode=False: click hands a usage error (an option value of the wrong type,
         # an unknown option) back instead of printing a usage block in a box, so it gets one
         # line like any other bad input; the exit code comes back as the return value
-        code = app(standalone_mode=False)
-        if code not in (0, None):
-            sys.exit(code)
-        sys.exit(0)
-    except usage_error as e:
+        code = app(args=args, prog_name=prog_name, standalone_mode=False)
+        return 0 if code is None else code
+    except _click_exception() as e:
         message = " ".join(e.format_message().split())
         if message:  # empty: no arguments at all, and the help it stands for is printed
             where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "stepscope"
             typer.echo(f"stepscope: error: {message} (see {where} --help)", err=True)
-        sys.exit(e.exit_code)
-    except SystemExit as e:
-        if e.code in (0, None):
-            # Done: skip the interpreter's teardown, which frees a million-kernel trace's
-            # objects one by one (a quarter of a second); the OS takes the memory back at once.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        return e.exit_code
+    except SystemExit:
         raise
-    except StepscopeError as e:  # raised outside a command (an option callback)
-        try:
-            error_exit(e)
-        except typer.Exit as done:
-            sys.exit(done.exit_code)
+    except StepscopeError as e:
+        return error_exit(e)
     except KeyboardInterrupt:
         typer.echo("stepscope: interrupted", err=True)
-        sys.exit(130)
+        return 130
     except BaseException as e:  # a bug, not bad input: still one line unless asked for the traceback
         # Rust code under polars and ADBC panics with pyo3's PanicException, a BaseException
         # (so that `except Exception` in libraries lets it through): it is a bug like any other
@@ -87,4 +69,29 @@ def main() -> None:
         first = (str(e).strip().splitlines() or [""])[0]  # polars appends the failing plan
         typer.echo(f"stepscope: internal error: {type(e).__name__}: {first} "
                    "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
-        sys.exit(3)
+        return 3
+
+
+def main() -> None:
+    """The process: run() (the one error boundary) on sys.argv, its code the exit status."""
+    # A run allocates its objects once and exits: the cyclic collector would only rescan the
+    # hundreds of thousands of objects a big JSON document is made of (reference counting
+    # still frees everything that is not a cycle).
+    gc.disable()
+    # before polars, numpy and the SQLite reader load (see stepscope/native.py)
+    from stepscope import native
+
+    native.setup()
+    try:
+        code = run()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+        code = 0
+    if code != 0:
+        sys.exit(code)
+    # Done: skip the interpreter's teardown, which frees a million-kernel trace's objects one by
+    # one (a quarter of a second); the OS takes the memory back at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -126,6 +126,7 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     alone (kernels, launch_us, device_ms): the `tp --json` document."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
+    from stepscope.render.sentences import tp_sentence
 
     check_steps(steps)
     ws = parse_widths(widths)
@@ -156,7 +157,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     ranks = tpm.rank_rows(d)
     if ranks:
         doc["ranks"] = ranks
-    groups = tpm.tp_steps(d)
+    # each TP step as the document gives it: its figures, then its verdict in words
+    groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
         doc["tp_steps"] = groups
         skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]
@@ -275,11 +277,11 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         inv = load(path, step_regex, rules, launch_config=True)  # grid/block: budget, export args
         progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
 
-    first = view(trace, steps)
-    other = view(compare, compare_steps) if compare is not None else None
-    budget_rows, note = budget_for(first, cells)
+    inv, first = view(trace, steps)
+    other = view(compare, compare_steps)[1] if compare is not None else None
+    budget_rows, note = budget_for(inv, first, cells)
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
     text = render(ReportView(first, other, budget_rows, note))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner as _TyperRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -38,3 +40,33 @@ def sha256(path: Path) -> str:
 @pytest.fixture(params=EXTERNAL_FILES, ids=[p.name for p in EXTERNAL_FILES])
 def external(request) -> Path:
     return request.param
+
+
+class _Boundary:
+    """What CliRunner.invoke runs in place of `app`'s click command: the command line through
+    stepscope.cli.run, main()'s one error boundary, so a test sees what the shell sees (bad input
+    one line on stderr and its exit code, a usage error one line, a bug one line and exit 3)."""
+
+    name = "stepscope"
+
+    def __init__(self, app):
+        self.app = app
+
+    def main(self, args=(), prog_name=None, **extra):
+        from stepscope.cli import run
+
+        sys.exit(run(list(args), prog_name=prog_name, app=self.app))
+
+
+class CliRunner(_TyperRunner):
+    """typer's CliRunner, invoking `app` through stepscope.cli.run (see _Boundary)."""
+
+    def invoke(self, app, args=None, **kwargs):
+        from typer import testing
+
+        real = testing._get_command
+        testing._get_command = _Boundary
+        try:
+            return super().invoke(app, args, **kwargs)
+        finally:
+            testing._get_command = real

@@ -4,7 +4,7 @@ import json
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.bytes.budget import budget, kernel_base
 from stepscope.bytes.minbytes import step_min_bytes

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 

@@ -10,7 +10,7 @@ import json
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from conftest import FIXTURES, need, ro
 from stepscope.bytes import ncu

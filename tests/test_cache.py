@@ -76,7 +76,7 @@ def test_small_exports_and_no_cache_write_nothing(tmp_path):
 
 
 def test_analyze_no_cache_flag(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
+    from tests.conftest import CliRunner
 
     from stepscope.cli import app
 

@@ -325,7 +325,7 @@ def test_a_step_that_stalls_under_ncu_is_stopped_with_its_stacks(tmp_path):
 def test_cells_run_picks_the_replay_each_engine_was_measured_with(engine, replay, target):
     """vLLM's step gave no result under kernel replay on the H200 and all 436 kernels under
     application replay (fixtures/round6/); the torch step's 388 kernels ran under kernel replay."""
-    from typer.testing import CliRunner
+    from tests.conftest import CliRunner
 
     from stepscope.cli import app
 

@@ -93,7 +93,7 @@ def test_bad_local_cards(tmp_path):
 
 
 def test_models_command_json():
-    from typer.testing import CliRunner
+    from tests.conftest import CliRunner
 
     from stepscope.cli import app
 

@@ -23,7 +23,7 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 
 import pytest  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from tests.conftest import CliRunner  # noqa: E402
 
 from stepscope.cli import app  # noqa: E402
 from tests.conftest import EXTERNAL, FIXTURES, need  # noqa: E402

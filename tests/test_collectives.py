@@ -10,7 +10,7 @@ import sqlite3
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.analysis.collectives import collectives, op_name
 from stepscope.analysis.diagnosis import diagnose
@@ -264,3 +264,37 @@ def test_device_floor_is_the_union_with_collectives_cut_to_transfer(tmp_path):
     s = next(x for x in doc["steps"] if x["device"] == 0)
     assert s["floors"]["device_floor_ns"] == want
     assert want > s["gpu_busy_ns"] - s["tp"]["collective_wait_ns"]  # the moved kernel overlaps a wait
+
+
+def test_analysis_gives_the_tp_verdicts_fields_and_render_says_them():
+    """The tp frame holds what binds a TP step (binding rank, bound, its floors, the others' waits);
+    the sentence is render/sentences.py's, the same in analyze --json and the tp frame's row."""
+    from stepscope.render.sentences import tp_sentence
+
+    d = diagnose(open_trace(need(EAGER_TP2)).inventory)
+    assert "tp_verdict" not in d.tp.columns
+    rows = d.tp.sort("rank").to_dicts()
+    b = rows[0]["binding_rank"]
+    mine = next(r for r in rows if r["rank"] == b)
+    f = d.floors.filter(pl.col("step") == mine["step"]).row(0, named=True)
+    for r in rows:
+        assert (r["bound"], r["binding_cpu_floor_ns"], r["binding_device_floor_ns"]) == (
+            f["verdict"], f["cpu_floor_ns"], f["device_floor_ns"])
+        assert r["waits"] == [{"rank": o["rank"], "collective_wait_ns": o["collective_wait_ns"], "wait_op": o["wait_op"]}
+                              for o in rows if o["rank"] != b]
+    doc = analyze_doc(EAGER_TP2)
+    assert [s["tp"]["verdict"] for s in doc["steps"]] == [tp_sentence(r) for r in d.tp.sort("step").to_dicts()]
+
+
+def test_tp_sentence_wording():
+    from stepscope.render.sentences import tp_sentence
+
+    row = {"binding_rank": 1, "bound": "launch-bound", "binding_cpu_floor_ns": 28_820_000,
+           "binding_device_floor_ns": 4_070_000,
+           "waits": [{"rank": 0, "collective_wait_ns": 13_800_000, "wait_op": "all-reduce"},
+                     {"rank": 2, "collective_wait_ns": None, "wait_op": None}]}
+    assert tp_sentence(row) == ("launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); "
+                                "rank 0 waits 13.80 ms in all-reduce, rank 2 waits 0.00 ms in collectives")
+    assert tp_sentence({**row, "bound": "device-bound", "waits": []}) == (
+        "device-bound: rank 1's GPU (device floor 4.07 ms vs CPU floor 28.82 ms)")
+    assert tp_sentence({**row, "binding_rank": None}) is None

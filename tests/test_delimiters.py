@@ -7,7 +7,7 @@ import shutil
 import sqlite3
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.api import open_trace
 from stepscope.cli import app

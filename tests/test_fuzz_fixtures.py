@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite

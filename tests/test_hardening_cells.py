@@ -7,7 +7,7 @@ import shutil
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.bytes.cells import import_ncu, read_cells
 from stepscope.cli import app

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from tests.conftest import FIXTURES, need

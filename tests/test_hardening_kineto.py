@@ -8,7 +8,7 @@ import gzip
 import json
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest.kineto import read_kineto

@@ -9,7 +9,7 @@ import sqlite3
 import time
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope import apinames, patterns
 from stepscope.analysis import steps

@@ -10,7 +10,7 @@ import shutil
 import sqlite3
 
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite as ns

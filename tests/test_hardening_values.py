@@ -10,7 +10,7 @@ import time
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.analysis.inventory import impossible_figures
 from stepscope.cli import app

@@ -7,7 +7,7 @@ import json
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.analysis.inventory import analyze_trace
 from stepscope.cli import app

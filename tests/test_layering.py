@@ -113,3 +113,43 @@ def test_analyses_write_no_json_or_text_documents():
                          else [])
                 bad += [(m, x) for x in names if x in ("json", "stepscope.jsontext")]
     assert not bad
+
+
+def test_analyses_build_no_sentences():
+    """Words are render/'s: no analysis formats a figure with its unit (an f-string holding
+    `ms`, `µs` or `GB` after a formatted value), as the TP verdict once did.
+
+    Not yet moved (each a note the documents carry as it is): the TP projection's notes and the
+    untraced estimate's source; listed so that no new one comes in unseen."""
+    import re
+
+    known = {("stepscope.analysis.tp", "collective cost estimated"), ("stepscope.analysis.tp", "collective cost given"),
+             ("stepscope.analysis.tp", "graph mode: CPU floor"), ("stepscope.analysis.untraced", "estimated: the step")}
+
+    unit = re.compile(r"\{[^{}]*\}\s*(ms|µs|us|GB|MB|KiB)\b")
+    bad = []
+    for m, p in MODULES.items():
+        if m.startswith("stepscope.analysis"):
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, ast.JoinedStr):
+                    text = ast.unparse(n)
+                    if unit.search(text) and not any(m == k and w in text for k, w in known):
+                        bad.append((m, n.lineno, text))
+    assert not bad
+
+
+def test_report_renderers_read_only_the_view():
+    """The HTML and Markdown reports read their StepView (frozen, built once by
+    report_data.step_view), never the Inventory behind it: no `.inv` anywhere in them."""
+    import dataclasses
+
+    from stepscope.render.report_data import ReportView, StepView
+
+    for m in ("stepscope.render.html", "stepscope.render.markdown"):
+        tree = ast.parse(MODULES[m].read_text())
+        touched = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "inv"]
+        assert not touched, (m, touched)
+        assert "stepscope.analysis.inventory" not in _imports(MODULES[m], False)
+    for cls in (StepView, ReportView):
+        assert cls.__dataclass_params__.frozen
+    assert "inv" not in {f.name for f in dataclasses.fields(StepView)}

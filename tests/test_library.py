@@ -9,7 +9,7 @@ import sys
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 import stepscope
 from stepscope.analysis.gaps import KINDS

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.analysis.inventory import analyze_trace
 from stepscope.cli import app

@@ -273,7 +273,7 @@ def test_one_representative_step_everywhere(tmp_path):
     every figure compare gives is that step's own, not a per-figure median."""
     import re
 
-    from typer.testing import CliRunner
+    from tests.conftest import CliRunner
 
     from stepscope.analysis.compare import compare
     from stepscope.analysis.diagnosis import diagnose

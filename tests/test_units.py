@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.render.units import ms, ms_num, nbytes, tick, us, us_num

@@ -141,7 +141,7 @@ def test_verdict_line_gives_the_untraced_figure_first():
 
 
 def test_reports_carry_the_untraced_figures(tmp_path):
-    from typer.testing import CliRunner
+    from tests.conftest import CliRunner
 
     from stepscope.cli import app
 

@@ -6,7 +6,7 @@ import json
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from tests.conftest import CliRunner
 
 import stepscope
 from stepscope.analysis import tp as tpm

@@ -190,14 +190,21 @@ def device_work(inv: Inventory, kernels: pl.DataFrame, steps: pl.DataFrame) -> p
 
 
 def group_verdicts(coll: Collectives, steps: pl.DataFrame, floors: pl.DataFrame) -> pl.DataFrame:
-    """Per step of a multi-rank trace: its group's rank skew, binding rank and verdict sentence.
+    """Per step of a multi-rank trace: its group's rank skew, binding rank and what binds it
+    (render/sentences.py's tp_sentence says it in words).
 
     rank skew     max - min of the step times of the group's ranks
     binding rank  the rank that waits least in collectives (the others wait for it), when
                   every rank's step of the group has collectives and was split; else none
                   (ranks that never meet in a collective do not wait for one another)
+    bound         the binding rank's verdict (launch-bound: its host; device-bound: its GPU),
+                  with its floors binding_cpu_floor_ns and binding_device_floor_ns
+    waits         the other ranks of the group, by rank: rank, collective_wait_ns and wait_op
+                  (the operation it waits in most); null without a binding rank
     """
-    schema = {"step": pl.Int64, "rank_skew_ns": pl.Int64, "binding_rank": pl.Int64, "tp_verdict": pl.String}
+    schema = {"step": pl.Int64, "rank_skew_ns": pl.Int64, "binding_rank": pl.Int64, "bound": pl.String,
+              "binding_cpu_floor_ns": pl.Int64, "binding_device_floor_ns": pl.Int64,
+              "waits": pl.List(pl.Struct({"rank": pl.Int64, "collective_wait_ns": pl.Int64, "wait_op": pl.String}))}
     if coll.steps.is_empty():
         return pl.DataFrame(schema=schema)
     s = (coll.steps.select("step", "rank", "group", "split", "collectives", "collective_wait_ns", "wait_op")
@@ -213,34 +220,17 @@ def group_verdicts(coll: Collectives, steps: pl.DataFrame, floors: pl.DataFrame)
         binding_rank=pl.when(pl.col("all_split") & (pl.col("n") > 1)).then(pl.col("binding_rank")),
     )
     s = s.join(g.select("group", "rank_skew_ns", "binding_rank"), on="group")
-    # one sentence per TP step: a pass over the rows (a few per step), not a filter per step
-    sentences: dict[int, str] = {}
-    members: list[dict] = []
-    rows = s.filter(pl.col("binding_rank").is_not_null()).sort("group", "rank").to_dicts()
-    for i, r in enumerate(rows):
-        members.append(r)
-        if i + 1 == len(rows) or rows[i + 1]["group"] != r["group"]:
-            sentences[r["group"]] = verdict_sentence(members, r["binding_rank"])
-            members = []
-    text = pl.DataFrame({"group": list(sentences), "tp_verdict": list(sentences.values())},
-                        schema={"group": pl.Int64, "tp_verdict": pl.String})
-    return s.join(text, on="group", how="left").select(list(schema)).sort("step")
-
-
-def verdict_sentence(members: list[dict], binding: int) -> str:
-    """e.g. "launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); rank 0
-    waits 13.80 ms in all-reduce". `members`: the TP step's rows by rank."""
-    ms = lambda ns: f"{ns / 1e6:.2f} ms"  # noqa: E731
-    b = next(r for r in members if r["rank"] == binding)
-    if b["verdict"] == "launch-bound":
-        out = (f"launch-bound: rank {binding}'s host (CPU floor {ms(b['cpu_floor_ns'])} vs device floor "
-               f"{ms(b['device_floor_ns'])})")
-    else:
-        out = (f"device-bound: rank {binding}'s GPU (device floor {ms(b['device_floor_ns'])} vs CPU floor "
-               f"{ms(b['cpu_floor_ns'])})")
-    waits = [f"rank {r['rank']} waits {ms(r['collective_wait_ns'] or 0)} in {r['wait_op'] or 'collectives'}"
-             for r in members if r["rank"] != binding]
-    return out + ("; " + ", ".join(waits) if waits else "")
+    bound = s.filter(pl.col("rank") == pl.col("binding_rank")).select(
+        "group", pl.col("verdict").alias("bound"), pl.col("cpu_floor_ns").alias("binding_cpu_floor_ns"),
+        pl.col("device_floor_ns").alias("binding_device_floor_ns"))
+    waits = (s.filter(pl.col("binding_rank").is_not_null() & (pl.col("rank") != pl.col("binding_rank")))
+             .sort("group", "rank")
+             .group_by("group", maintain_order=True)
+             .agg(waits=pl.struct("rank", "collective_wait_ns", "wait_op")))
+    s = s.join(bound, on="group", how="left").join(waits, on="group", how="left").with_columns(
+        # a binding rank with no other rank waiting (cannot happen with n > 1, kept total): no waits
+        waits=pl.when(pl.col("binding_rank").is_not_null()).then(pl.col("waits").fill_null([])))
+    return s.select([pl.col(c).cast(t) for c, t in schema.items()]).sort("step")
 
 
 def summary_rank(ranks: pl.DataFrame, tp: pl.DataFrame | None) -> dict:

@@ -192,11 +192,13 @@ def rank_rows(d) -> list[dict]:
 
 def tp_steps(d) -> list[dict]:
     """One row per step group of a multi-rank trace: its ranks, the slowest rank's step time,
-    the rank skew, the binding rank and the verdict sentence."""
+    the rank skew, the binding rank and what binds it (bound, the binding rank's floors, the
+    others' waits: render/sentences.py's tp_sentence says it)."""
     if d.tp is None or d.tp.is_empty() or d.collectives.ranks.height < 2:
         return []
     s = d.tp.join(d.inv.steps.select("step", "step_time_ns"), on="step")
     g = s.group_by("group").agg(
         ranks=pl.len(), step_time_ns=pl.col("step_time_ns").max(), rank_skew_ns=pl.col("rank_skew_ns").first(),
-        binding_rank=pl.col("binding_rank").first(), verdict=pl.col("tp_verdict").first())
+        binding_rank=pl.col("binding_rank").first(),
+        *[pl.col(c).first() for c in ("bound", "binding_cpu_floor_ns", "binding_device_floor_ns", "waits")])
     return g.sort("group").to_dicts()

@@ -4,9 +4,10 @@ A leaf module: the command modules import it and register on `app`, cli.py impor
 nothing here imports a command or cli.py. Heavy imports (polars, the analyses) wait inside the
 commands so `stepscope --help` stays fast.
 
-One error idiom: a command (or the library under it) raises StepscopeError; the app's group
-turns it into one line and its exit code (`error_exit`), so a test runner invoking `app` sees
-what the shell sees, and cli.main() gives anything else one line and exit 3.
+One error idiom: a command (or the library under it) raises StepscopeError (`fail` here); the
+one boundary, cli.run (what cli.main() runs), turns it into one line and its exit code
+(`error_exit`) and anything else into one line and exit 3. The app itself catches nothing: tests
+invoke it through the same boundary (tests/conftest.py's CliRunner).
 """
 
 from __future__ import annotations
@@ -15,35 +16,23 @@ from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
 import typer
-from typer.core import TyperGroup
 
 from stepscope.selection import STEPS_HELP
 
 NO_CACHE_HELP = "read the export itself, not its Parquet cache (and write none)"
 
 
-def error_exit(e) -> NoReturn:
+def error_exit(e) -> int:
     """A StepscopeError as the user sees it: one line on stderr (after the progress line is
-    erased, which it must not be drawn over), and its exit code."""
+    erased, which it must not be drawn over); returns its exit code."""
     from stepscope.render import progress
 
     progress.stop()
     typer.echo(f"stepscope: error: {e}", err=True)
-    raise typer.Exit(e.exit_code)
-
-
-class _Commands(TyperGroup):
-    def invoke(self, ctx):
-        from stepscope.errors import StepscopeError
-
-        try:
-            return super().invoke(ctx)
-        except StepscopeError as e:
-            error_exit(e)
+    return e.exit_code
 
 
 app = typer.Typer(
-    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     help="Explains where the time and the bytes of one LLM inference engine step go.",

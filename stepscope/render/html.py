@@ -15,7 +15,7 @@ from html import escape
 import polars as pl
 
 from stepscope.render.names import DOCUMENT, cut
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
@@ -367,18 +367,17 @@ def _legend(gaps: bool, waits: bool = False) -> str:
 
 def _classes(views: list[StepView]) -> str:
     frames = [v.classes for v in views]
-    order = (pl.concat([f.select("class", "time_ns") for f in frames]).group_by("class")
-             .agg(pl.col("time_ns").max()).sort("time_ns", descending=True)["class"].to_list())
-    vmax = max((f["time_ns"].max() or 1) for f in frames)
+    order = class_order(views)
+    vmax = max((max((r["time_ns"] for r in f), default=None) or 1) for f in frames)
     bar_w = 700
     rows = []
     y = 4
     for c in order:
         rows.append(f'<text x="0" y="{y + 12}">{escape(c)}</text>')
         for i, f in enumerate(frames):
-            r = f.filter(pl.col("class") == c)
-            t = int(r["time_ns"][0]) if r.height else 0
-            n = int(r["count"][0]) if r.height else 0
+            r = next((x for x in f if x["class"] == c), None)
+            t = int(r["time_ns"]) if r else 0
+            n = int(r["count"]) if r else 0
             w = max(t / vmax * bar_w, 0.5 if t else 0)
             op = "1" if i == 0 else "0.55"
             tag = ("A " if i == 0 else "B ") if len(frames) > 1 else ""
@@ -395,24 +394,23 @@ def _classes(views: list[StepView]) -> str:
 def _framework(views: list[StepView]) -> str:
     """The framework class of each view by op family (and by launching op, with NVTX op ranges)."""
     from stepscope.analysis.classify import FAMILY_LABELS
-    from stepscope.render.report_data import framework_lines
 
     parts = []
     for i, v in enumerate(views):
-        fam = v.inv.framework.filter(pl.col("step") == v.step)
-        if fam.is_empty():
+        fam = v.framework
+        if not fam:
             continue
         rows = "".join(f"<tr><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td><td>{r['count']}</td>"
-                       f"<td>{us(r['time_ns'])}</td></tr>" for r in fam.iter_rows(named=True))
-        ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
+                       f"<td>{us(r['time_ns'])}</td></tr>" for r in fam)
+        ops = v.framework_ops
         op_rows = "".join(f"<tr><td>{escape(r['op'])}</td><td>{escape(FAMILY_LABELS.get(r['family'], r['family']))}</td>"
-                          f"<td>{r['count']}</td><td>{us(r['time_ns'])}</td></tr>" for r in ops.head(10).iter_rows(named=True))
-        advice = framework_lines(v.inv, v.step)[-1] if ops.height else ""
+                          f"<td>{r['count']}</td><td>{us(r['time_ns'])}</td></tr>" for r in ops[:10])
+        advice = v.framework_advice
         parts.append(f'<div><div class="sub">{escape(_panel_name(v, i, len(views)))}: framework glue by op family</div>'
                      f'<table class="framework" id="framework-{i}"><tr><th>op family</th><th>count</th><th>time</th></tr>'
                      f"{rows}</table>"
                      + (f'<table class="framework-ops"><tr><th>launching op</th><th>op family</th><th>launches</th>'
-                        f"<th>time</th></tr>{op_rows}</table><p class=\"note\">{escape(advice)}</p>" if ops.height else "")
+                        f"<th>time</th></tr>{op_rows}</table><p class=\"note\">{escape(advice)}</p>" if ops else "")
                      + "</div>")
     return f'<div class="row">{"".join(parts)}</div>' if parts else ""
 
@@ -518,8 +516,8 @@ def _floors(views: list[StepView]) -> str:
                   "waiting for the slowest rank" if wait else "of GPU busy time")
         expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
                 f"vs {ms(dev)} {device}")
-        overhead = v.inv.trace.profiler_overhead_ns
-        oh = (f"; nsys's own overhead in this trace: {v.inv.trace.profiler_overhead_count:,} rows, {ms(overhead)}"
+        overhead = v.profiler_overhead_ns
+        oh = (f"; nsys's own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")
         u = v.untraced
         untr = ""
@@ -583,12 +581,12 @@ def _summary(views: list[StepView]) -> str:
 
 
 def _top_kernels(v: StepView, n: int = 15) -> str:
-    total = v.kernels["time_ns"].sum() or 1
+    total = sum(r["time_ns"] for r in v.kernels) or 1
     rows = "".join(
         f"<tr><td><code title='{escape(str(cut(r['demangled'], DOCUMENT)))}'>{escape(_short(r['name'], 90))}</code></td>"
         f"<td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
         f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>"
-        for r in v.kernels.head(n).iter_rows(named=True))
+        for r in v.kernels[:n])
     return (f'<table class="top-kernels"><tr><th>kernel</th><th>class</th><th>count</th><th>time</th><th>share</th></tr>'
             f"{rows}</table>")
 
@@ -620,14 +618,13 @@ def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
 def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFrame | None = None,
                 budget_note: str | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
-    t = view.inv.trace
-    gpu = t.gpus["name"][0] if t.gpus.height else None
-    src = f"{t.format}" + (f" · nsys {t.nsys_version}" if t.nsys_version else "") + (f" · {gpu}" if gpu else "")
-    notes = sorted({n for v in views for n in v.notes} | {w for v in views for w in v.inv.warnings})
+    gpu = view.gpu_name
+    src = f"{view.trace_format}" + (f" · nsys {view.nsys_version}" if view.nsys_version else "") + (f" · {gpu}" if gpu else "")
+    notes = sorted({n for v in views for n in v.notes} | {w for v in views for w in v.warnings})
     title = f"stepscope · {view.label}" + (f" vs {other.label}" if other else "")
     body = [
         f"<h1>{escape(title)}</h1>",
-        f'<div class="sub">{escape(src)} · {len(view.inv.step_ids())} step(s) in the trace'
+        f'<div class="sub">{escape(src)} · {view.n_steps} step(s) in the trace'
         + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(v.chosen)}; delimited by {escape(v.delimiter)}"
                   + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
                             for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import FAMILY_LABELS
-from stepscope.paths import shown
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_rows, footer, framework_lines, phase_line
+from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
 from stepscope.render.units import ms, nbytes, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
@@ -34,10 +33,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     n = len(views)
     out = [f"## stepscope: {view.label}" + (f" vs {other.label}" if other else ""), ""]
     for i, v in enumerate(views):
-        t = v.inv.trace
-        gpu = f", {t.gpus['name'][0]}" if t.gpus.height and t.gpus["name"][0] else ""
+        gpu = f", {v.gpu_name}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
-        out.append(f"- {prefix}`{shown(t.path.name)}` ({t.format}{gpu}), step {v.step} of {len(v.inv.step_ids())} "
+        out.append(f"- {prefix}`{v.trace_name}` ({v.trace_format}{gpu}), step {v.step} of {v.n_steps} "
                    f"({v.chosen}); delimited by {v.delimiter}")
     for i, v in enumerate(views):
         for line in [phase_line(v.figures)] + class_by_lines(v.kernels):
@@ -100,8 +98,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
             out += [f"Rank skew of this TP step: {ms(v.tp['rank_skew_ns'])}.", ""]
 
     out += ["### Classes", ""]
-    order = (pl.concat([v.classes.select("class", "time_ns") for v in views]).group_by("class")
-             .agg(pl.col("time_ns").max()).sort("time_ns", descending=True)["class"].to_list())
+    order = class_order(views)
     head = ["class"]
     for i in range(n):
         t = "" if n == 1 else f"{_tag(i, n)} "
@@ -119,21 +116,21 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     out += [_table(head, rows), ""]
 
     for i, v in enumerate(views):
-        fam = v.inv.framework.filter(pl.col("step") == v.step)
-        if fam.is_empty():
+        fam = v.framework
+        if not fam:
             continue
-        total = fam["time_ns"].sum() or 1
+        total = sum(r["time_ns"] for r in fam) or 1
         rows = [[FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
-                for r in fam.iter_rows(named=True)]
+                for r in fam]
         tag = f" ({_tag(i, n)})" if n > 1 else ""
         out += [f"### Framework glue by op family{tag}", "", _table(["op family", "count", "time", "share"], rows), ""]
-        ops = v.inv.framework_ops.filter(pl.col("step") == v.step)
-        if ops.height:
+        ops = v.framework_ops
+        if ops:
             rows = [[f"`{r['op']}`", FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"])]
-                    for r in ops.head(10).iter_rows(named=True)]
+                    for r in ops[:10]]
             out += ["By the op that launched them (NVTX ranges):", "",
                     _table(["op", "op family", "launches", "time"], rows, "llrr"), ""]
-            out += [framework_lines(v.inv, v.step)[-1] + ".", ""]
+            out += [v.framework_advice + ".", ""]
     out += ["### Gaps", ""]
     rows = []
     for k in GAP_KINDS:
@@ -158,9 +155,9 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
 
     out += ["### Top kernels", ""]
     for i, v in enumerate(views):
-        total = v.kernels["time_ns"].sum() or 1
+        total = sum(r["time_ns"] for r in v.kernels) or 1
         rows = [[f"`{_short(r['name'], 80)}`", r["class"], r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
-                for r in v.kernels.head(10).iter_rows(named=True)]
+                for r in v.kernels[:10]]
         if n > 1:
             out += [f"{_tag(i, n)}:", ""]
         out += [_table(["kernel", "class", "count", "time", "share"], rows, "llrrr"), ""]

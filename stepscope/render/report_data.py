@@ -5,7 +5,7 @@ Gaps and floors come from diagnose(), the analyses `analyze` itself reports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -14,7 +14,8 @@ from stepscope.analysis.representative import representative
 from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.names import cut
-from stepscope.render.views import step_diagnosis
+from stepscope.render.sentences import tp_sentence
+from stepscope.render.views import _plain, step_diagnosis
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
 GAP_KINDS = ("host_bound", "sync", "device_side")
@@ -33,18 +34,20 @@ def phase_line(fig: dict) -> str | None:
     return f"phase {fig['phase']} from {PHASE_BY.get(by, by)}: {fig.get('phase_detail')}"
 
 
-def class_by_lines(kernels: pl.DataFrame, limit: int = 4) -> list[str]:
+def class_by_lines(kernels, limit: int = 4) -> list[str]:
     """One line per reason a step's kernels were classed by something other than their name:
-    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)"."""
-    if "class_by" not in kernels.columns:
-        return []
-    k = kernels.filter(pl.col("class_by").is_not_null())
+    "classed by evidence, not by name: triton_poi_fused_3 ×31, … → rope (between gemm and …)".
+    `kernels`: the step's kernel rows (dicts: name, class, count, class_by)."""
+    groups: dict[tuple, dict] = {}  # (class, class_by) -> name -> count, in order of appearance
+    for r in kernels:
+        if r.get("class_by") is not None:
+            names = groups.setdefault((r["class"], r["class_by"]), {})
+            names[r["name"]] = names.get(r["name"], 0) + r["count"]
     out = []
-    for (cls, why), g in k.group_by("class", "class_by", maintain_order=True):
-        g = g.group_by("name", maintain_order=True).agg(pl.col("count").sum()).sort("count", "name",
-                                                                                   descending=[True, False])
-        names = ", ".join(f"{n} ×{c}" for n, c in g.head(limit).iter_rows())
-        more = f" and {g.height - limit} more" if g.height > limit else ""
+    for (cls, why), counts in groups.items():
+        g = sorted(counts.items(), key=lambda nc: (-nc[1], nc[0] is not None, nc[0] or ""))
+        names = ", ".join(f"{n} ×{c}" for n, c in g[:limit])
+        more = f" and {len(g) - limit} more" if len(g) > limit else ""
         out.append(f"classed by evidence, not by name: {names}{more} → {cls} ({why})")
     return out
 
@@ -127,24 +130,35 @@ def chosen(inv: Inventory, which: str | None) -> str | None:
             "those of the most common kind")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepView:
-    """One step of one trace, with everything a report draws."""
+    """One step of one trace, with everything a report draws: built once by step_view(), read
+    by the renderers (which see no Inventory and no Diagnosis, only what is here)."""
 
-    inv: Inventory
     step: int
     figures: dict
-    classes: pl.DataFrame          # class, count, time_ns
-    kernels: pl.DataFrame          # name, demangled, class, count, time_ns
+    classes: tuple                 # {class, count, time_ns} per class
+    kernels: tuple                 # {name, demangled, class, count, time_ns, class_by} per kernel, longest first
     acts: pl.DataFrame             # the step's activities (start, end, stream, class, name, ...)
     launches: pl.DataFrame         # the host calls that launched them (pid, tid, corr, start, end, api_name, is_graph_launch)
     gaps: pl.DataFrame             # find_gaps rows of this step
     floors: dict                   # the step's floors row
-    notes: list[str] = field(default_factory=list)
+    trace_name: str                # the trace's file name as reports show it (paths.shown)
+    trace_format: str              # nsys-sqlite, kineto, ...
+    nsys_version: str | None = None
+    gpu_name: str | None = None    # the trace's first GPU, when it names one
+    n_steps: int = 0               # steps in the trace
+    warnings: tuple = ()           # the inventory's warnings (str)
+    profiler_overhead_count: int = 0  # nsys's own overhead rows in the trace, and their time
+    profiler_overhead_ns: int = 0
+    framework: tuple = ()          # the step's framework class by op family: {family, count, time_ns}
+    framework_ops: tuple = ()      # ... by the op that launched it (NVTX ranges): {op, family, count, time_ns}
+    framework_advice: str = ""     # what to do about the op with the most launches ("" without ops)
+    notes: tuple = ()
     chosen: str = "the representative step"  # why this step (representative()'s `why`, or "as asked")
-    tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, verdict)
+    tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, tp_verdict)
     waits: pl.DataFrame | None = None  # the step's collective kernels with their wait intervals
-    peers: list["StepView"] = field(default_factory=list)  # the other ranks' steps of its TP step
+    peers: tuple = ()              # the other ranks' steps of its TP step (StepView)
     untraced: dict | None = None   # the step's untraced section (measured from the sidecar, or estimated)
     engine: dict | None = None     # a vLLM step's anatomy (forward, sampling, frontend)
     # the previous steps' GPU work on this step's device that runs after this step's first event
@@ -154,7 +168,7 @@ class StepView:
     @property
     def ranks(self) -> list["StepView"]:
         """This step and its peers, by rank."""
-        views = [self] + self.peers
+        views = [self, *self.peers]
         return sorted(views, key=lambda v: (v.tp or {}).get("rank", 0))
 
     @property
@@ -165,7 +179,7 @@ class StepView:
 
     @property
     def label(self) -> str:
-        return f"{shown(self.inv.trace.path.name)} · step {self.step}"
+        return f"{self.trace_name} · step {self.step}"
 
     @property
     def delimiter(self) -> str:
@@ -175,30 +189,38 @@ class StepView:
     @property
     def begin(self) -> int:
         """Where the step's time starts (`step_begin` of DEFINITIONS.md): time 0 of its timeline."""
-        b = self.figures.get("step_begin")
-        return int(b) if b is not None else self._t0()
+        return _begin(self.figures, self.launches)
 
     @property
     def t0(self) -> int:
         """Left edge of the step's timeline: its begin, or its first host/GPU event if earlier
         (of its peers too: the ranks of a TP step share one clock and one axis)."""
-        return min(v._t0() for v in [self] + self.peers)
+        return min(v._t0() for v in [self, *self.peers])
 
     @property
     def t1(self) -> int:
-        return max(v._t1() for v in [self] + self.peers)
+        return max(v._t1() for v in [self, *self.peers])
 
     def _t0(self) -> int:
-        cands = [self.figures.get("step_begin"), self.figures.get("first_start")]
-        if self.launches.height:
-            cands.append(self.launches["start"].min())
-        return int(min(c for c in cands if c is not None))
+        return _first_event(self.figures, self.launches)
 
     def _t1(self) -> int:
         cands = [self.figures.get("step_end"), self.figures.get("last_end")]
         if self.launches.height:
             cands.append(self.launches["end"].max())
         return int(max(c for c in cands if c is not None))
+
+
+def _first_event(fig: dict, launches: pl.DataFrame) -> int:
+    cands = [fig.get("step_begin"), fig.get("first_start")]
+    if launches.height:
+        cands.append(launches["start"].min())
+    return int(min(c for c in cands if c is not None))
+
+
+def _begin(fig: dict, launches: pl.DataFrame) -> int:
+    b = fig.get("step_begin")
+    return int(b) if b is not None else _first_event(fig, launches)
 
 
 @dataclass(frozen=True)
@@ -229,6 +251,15 @@ def renderer(suffix: str, output=None):
     return import_module(f"stepscope.render.{name}").render
 
 
+def class_order(views: list["StepView"]) -> list[str]:
+    """Every class of the views, by its largest time in any of them (longest first)."""
+    most: dict[str, int] = {}
+    for v in views:
+        for r in v.classes:
+            most[r["class"]] = max(most.get(r["class"], r["time_ns"]), r["time_ns"])
+    return sorted(most, key=lambda c: -most[c])
+
+
 def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, list[tuple[int, int, float]]]]:
     """Per class, per view: (count, time_ns, share of the step's GPU time) — for the HTML and
     Markdown class tables alike."""
@@ -236,10 +267,10 @@ def class_rows(views: list["StepView"], order: list[str]) -> list[tuple[str, lis
     for c in order:
         cells = []
         for v in views:
-            r = v.classes.filter(pl.col("class") == c)
-            total = v.classes["time_ns"].sum() or 1
-            n = int(r["count"][0]) if r.height else 0
-            t = int(r["time_ns"][0]) if r.height else 0
+            r = next((x for x in v.classes if x["class"] == c), None)
+            total = sum(x["time_ns"] for x in v.classes) or 1
+            n = int(r["count"]) if r else 0
+            t = int(r["time_ns"]) if r else 0
             cells.append((n, t, 100 * t / total))
         out.append((c, cells))
     return out
@@ -275,30 +306,40 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     f = floors.filter(pl.col("step") == step).row(0, named=True)  # diagnose() floors every step
     tp_rows = d.tp.filter(pl.col("step") == step) if d.tp is not None else None
     tp = tp_rows.row(0, named=True) if tp_rows is not None and tp_rows.height else None
+    if tp is not None:
+        tp["tp_verdict"] = tp_sentence(tp)
     waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
-    view = StepView(
-        inv=inv, step=step, figures=fig,
-        classes=inv.classes.filter(pl.col("step") == step).drop("step"),
-        kernels=inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step"),
-        acts=acts, launches=calls, gaps=g, floors=f, tp=tp, waits=waits,
-        chosen=chosen or _why(inv, step, d),
-    )
     sd = step_diagnosis(d, step)
-    view.untraced, view.engine = sd.untraced, sd.engine
-    left, begin = view._t0(), view.begin
-    view.tail = inv.acts.filter(
+    left, begin = _first_event(fig, calls), _begin(fig, calls)
+    tail = inv.acts.filter(
         (pl.col("device") == fig["device"]) & pl.col("step").is_not_null() & (pl.col("step") != step)
         & (pl.col("end") > left) & (pl.col("start") < begin)
     ).select("start", "end", "stream", "class", "name", "step").sort("start")
+    why = chosen or _why(inv, step, d)
     if chosen is None and tp is not None and tp["ranks"] > 1:
-        view.chosen += "; the other ranks' steps of its TP step are drawn beside it"
+        why += "; the other ranks' steps of its TP step are drawn beside it"
+    others = ()
     if peers and tp is not None and tp["ranks"] > 1:
-        others = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
-        view.peers = [step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in others]
-    return view
+        ids = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
+        others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in ids)
+    trace = inv.trace
+    ops = tuple(inv.framework_ops.filter(pl.col("step") == step).drop("step").to_dicts())
+    return StepView(
+        step=step, figures=fig,
+        classes=_plain(inv.classes.filter(pl.col("step") == step).drop("step")),
+        kernels=_plain(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step")),
+        acts=acts, launches=calls, gaps=g, floors=f,
+        trace_name=shown(trace.path.name), trace_format=trace.format, nsys_version=trace.nsys_version,
+        gpu_name=trace.gpus["name"][0] if trace.gpus.height else None,
+        n_steps=len(inv.step_ids()), warnings=tuple(inv.warnings),
+        profiler_overhead_count=trace.profiler_overhead_count, profiler_overhead_ns=trace.profiler_overhead_ns,
+        framework=tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts()),
+        framework_ops=ops, framework_advice=framework_lines(inv, step)[-1] if ops else "",
+        chosen=why, tp=tp, waits=waits, peers=others, untraced=sd.untraced, engine=sd.engine, tail=tail,
+    )
 
 
-def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | None]:
+def budget_for(inv: Inventory, view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | None]:
     """The step's HBM byte budget per class (issue 5's `stepscope.bytes.budget`), when available.
 
     Returns (frame with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
@@ -320,10 +361,10 @@ def budget_for(view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | N
     if lacking:
         return None, (f"byte budget skipped: the step's name does not record {', '.join(lacking)} "
                       "(run `stepscope budget` with them)")
-    gpus = view.inv.trace.gpus
+    gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
-    res = budget(step_kernels_from_inventory(view.inv, view.step), cells, model, int(batch), int(context),
+    res = budget(step_kernels_from_inventory(inv, view.step), cells, model, int(batch), int(context),
                  str(phase), gpu_name, peak)
     st = res.step
     note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"

@@ -11,6 +11,7 @@ import polars as pl
 
 from stepscope import jsontext
 from stepscope.analysis.gaps import KINDS
+from stepscope.render.sentences import with_tp_verdict
 
 SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
 FLOOR_FIELDS = ("cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
@@ -64,7 +65,7 @@ def sections_text(d) -> pl.DataFrame:
     lead = pl.col("launch_head").fill_null("{")
     extra = []
     if d.tp is not None and d.tp.height:
-        x = d.tp.select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
+        x = with_tp_verdict(d.tp).select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
         t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
         extra.append("tp")
     if has_untraced(d):

@@ -1,4 +1,5 @@
-"""Sentences that are part of a document: the verdict of `compare`."""
+"""Sentences that are part of a document: the verdict of `compare`, and of a TP step (`tp_verdict`
+of analyze --json's tp section, the tp command's tp_steps, the reports)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,34 @@ def compare_sentence(doc: dict) -> str:
     if a.get("steps", 1) > 1 or b.get("steps", 1) > 1:
         s += f" Quoted: A's step {a['step']}, B's step {b['step']} (each the median by step time of its kind)."
     return s.strip()
+
+
+def tp_sentence(row: dict) -> str | None:
+    """The verdict of a TP step, from its row of the Diagnosis' tp frame (collectives.group_verdicts:
+    binding_rank, bound, binding_cpu_floor_ns, binding_device_floor_ns, waits), e.g.
+    "launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); rank 0 waits
+    13.80 ms in all-reduce". None without a binding rank."""
+    binding = row.get("binding_rank")
+    if binding is None:
+        return None
+    cpu, dev = ms2(row["binding_cpu_floor_ns"]), ms2(row["binding_device_floor_ns"])
+    if row["bound"] == "launch-bound":
+        out = f"launch-bound: rank {binding}'s host (CPU floor {cpu} vs device floor {dev})"
+    else:
+        out = f"device-bound: rank {binding}'s GPU (device floor {dev} vs CPU floor {cpu})"
+    waits = [f"rank {w['rank']} waits {ms2(w['collective_wait_ns'] or 0)} in {w['wait_op'] or 'collectives'}"
+             for w in row.get("waits") or ()]
+    return out + ("; " + ", ".join(waits) if waits else "")
+
+
+def with_tp_verdict(tp):
+    """The tp frame with its `tp_verdict` column (tp_sentence of each step's row): one sentence per
+    TP step, each step of the group carrying it."""
+    import polars as pl
+
+    fields = ["group", "binding_rank", "bound", "binding_cpu_floor_ns", "binding_device_floor_ns", "waits"]
+    groups = tp.filter(pl.col("binding_rank").is_not_null()).unique("group", keep="first").select(fields)
+    rows = groups.to_dicts()
+    text = pl.DataFrame({"group": [r["group"] for r in rows], "tp_verdict": [tp_sentence(r) for r in rows]},
+                        schema={"group": pl.Int64, "tp_verdict": pl.String})
+    return tp.join(text, on="group", how="left", maintain_order="left")

@@ -128,7 +128,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         table.add_row(r["class"], str(r["count"]), us_num(r["time_ns"]), us_num(r["time_ns"] / r["count"]),
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
-    for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"]))):
+    for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"])).to_dicts()):
         console.print(f"[dim]{line}[/]")
     for line in framework_lines(inv, first["step"]):
         console.print(line)
