@@ -239,7 +239,11 @@ def machine_info(code: Path) -> dict:
 
         versions["nsys-ai"] = version("nsys-ai")
     except Exception:  # noqa: BLE001
-        versions["nsys-ai"] = "not installed"
+        # installed elsewhere (its own venv on PATH): ask the python beside its executable
+        exe = shutil.which("nsys-ai")
+        py = Path(exe).with_name("python") if exe else None
+        got = sh(f"{py} -c 'import importlib.metadata as m; print(m.version(\"nsys-ai\"))'") if py and py.exists() else ""
+        versions["nsys-ai"] = f"{got} ({exe})" if got else "not installed"
     if code != REPO:
         commit = f"the stepscope package in {code} (--code), run on traces from {sh(f'git -C {REPO} rev-parse --short HEAD')}"
         dirty = ""

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
-from stepscope.analysis.memory import KEEP, Retention
+from stepscope.analysis.memory import KEEP, ONE_PASS, Retention
 from stepscope.errors import InputError
 from stepscope.render import progress
 from stepscope.selection import check_steps, parse_steps
@@ -71,7 +71,7 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None):
     """A trace given as a path, or as the Analysis open_trace returned."""
     if hasattr(x, "diagnosis"):
         return x.diagnosis.only_steps(steps)
-    return diagnosis(x, step_regex, rules, cache=cache, steps=steps)
+    return diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=ONE_PASS)
 
 
 def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
@@ -187,7 +187,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
     cells_path = Path(cells)
     table = read_cells(cells_path)
-    inv = load(trace, launch_config=True)  # grid/block: the join to cells
+    inv = load(trace, launch_config=True, memory=ONE_PASS)  # grid/block: the join to cells
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
     picked = parse_steps(steps, inv.step_ids())
@@ -274,7 +274,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, compare, cells, rules)])
 
     def view(path, which):
-        inv = load(path, step_regex, rules, launch_config=True)  # grid/block: budget, export args
+        inv = load(path, step_regex, rules, launch_config=True, memory=ONE_PASS)  # grid/block: budget, export args
         progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
         return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
@@ -304,7 +304,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     if output is not None:
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
     check_steps(steps)  # a bad selection fails before the trace is read
-    inv = load(trace, step_regex, rules, launch_config=True)
+    inv = load(trace, step_regex, rules, launch_config=True, memory=ONE_PASS)
     ids = parse_steps(steps, inv.step_ids())
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.filter(pl.col("step").is_in([int(i) for i in ids])).height

@@ -197,3 +197,22 @@ def test_import_stepscope_loads_no_polars():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=FIXTURES.parent)
     assert r.stdout.strip() == "False"
+
+
+def test_one_pass_lets_the_trace_frames_go_and_keeps_the_inventory():
+    """report, export, budget and compare load with ONE_PASS: the trace's own kernel, memop and
+    API frames are emptied once the activities hold their rows; the activities stay whole."""
+    from stepscope import library
+    from stepscope.analysis.memory import KEEP, ONE_PASS
+
+    con = ro(EAGER)
+    kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    memops = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                 for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in tables)
+    kept = library.load(EAGER, launch_config=True, memory=KEEP, cache=False)
+    one = library.load(EAGER, launch_config=True, memory=ONE_PASS, cache=False)
+    assert kept.trace.kernels.height == kernels and one.trace.kernels.height == 0
+    assert one.trace.api.height == 0 and one.trace.memops.height == 0
+    assert one.acts.height == kept.acts.height == kernels + memops
+    assert one.acts.columns == kept.acts.columns and one.steps.equals(kept.steps)

@@ -1,6 +1,8 @@
 """What an analysis keeps alive, and when it lets go: the memory policy of a one-shot run.
 
-A notebook keeps every frame (KEEP): it may ask for any step's activities later. A one-shot CLI
+A notebook keeps every frame (KEEP): it may ask for any step's activities later. A command that
+renders from the inventory (ONE_PASS: report, export, budget, compare) lets go of the trace's own
+event frames once the activity frame holds their rows. A one-shot CLI
 run (ONE_SHOT: `analyze`) reads each frame once, so it empties the trace's kernel, memop and API
 frames as soon as the activity frame holds their rows, keeps of the API calls only the
 synchronizing ones (the gap attribution reads them) once the launch calls are extracted, narrows
@@ -25,13 +27,15 @@ ONE_SHOT_ACT_COLUMNS = ("step", "device", "pid", "start", "end", "prev_end", "is
 
 @dataclass(frozen=True)
 class Retention:
-    """KEEP or ONE_SHOT; the analyses call its hooks where a frame may go."""
+    """KEEP, ONE_PASS or ONE_SHOT; the analyses call its hooks where a frame may go."""
 
     one_shot: bool = False
+    # the trace's own kernel, memop and API frames go once the activity frame holds their rows
+    drop_inputs: bool = False
 
     def activities_built(self, trace) -> None:
         """The activity frame holds the trace's kernel and memop rows and their launch calls."""
-        if self.one_shot:
+        if self.one_shot or self.drop_inputs:
             trace.drop_event_frames()
 
     def launch_calls_found(self, acts: pl.DataFrame, api: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -48,4 +52,7 @@ class Retention:
 
 
 KEEP = Retention(False)
+# a command that reads the trace once but renders from its activities (report, export, budget,
+# compare): the inventory stays whole, the frames it was built from do not
+ONE_PASS = Retention(False, drop_inputs=True)
 ONE_SHOT = Retention(True)
