@@ -154,7 +154,8 @@ def engine_command(engine: str, model: str, *, phase: str, batch: int, context: 
     if engine == "vllm":
         from stepscope.capture.engines import vllm_engine
 
-        # async scheduling off under ncu: the suspect of the hang of the H200 run (module docstring)
+        # async scheduling off under ncu: one step at a time (the runs measured on the H200 had it
+        # off; it did not cure kernel replay's stall, application replay did: module docstring)
         return vllm_engine.command(model, phase=phase, batch=batch, context=context, mode=mode,
                                    tp=1, layers=layers, python=python, untraced_steps=0,
                                    sync_scheduling=True, kv_cache_gib=kv_cache_gib)
