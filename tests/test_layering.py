@@ -148,3 +148,21 @@ def test_report_renderers_read_only_the_view():
     for cls in (StepView, ReportView):
         assert cls.__dataclass_params__.frozen
     assert "inv" not in {f.name for f in dataclasses.fields(StepView)}
+
+
+def test_report_renderers_import_no_polars():
+    """The HTML and Markdown reports draw plain rows (issue 22): StepView and ReportView hold
+    tuples of dicts where they held frames (report_data.step_view converts each frame once), and
+    neither renderer imports polars, at module level or inside a function."""
+    import dataclasses
+
+    from stepscope.render.report_data import ReportView, StepView
+
+    for m in ("stepscope.render.html", "stepscope.render.markdown"):
+        tree = ast.parse(MODULES[m].read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [x for x in names if x == "polars" or x.startswith("polars.")], m
+    for cls in (StepView, ReportView):
+        frames = [f.name for f in dataclasses.fields(cls) if "pl." in str(f.type) or "DataFrame" in str(f.type)]
+        assert not frames, (cls.__name__, frames)
