@@ -88,7 +88,10 @@ class Analysis:
             pl.col("count").filter(pl.col("kind") == k).sum().alias(f"{k}_gaps"),
             pl.col("time_ns").filter(pl.col("kind") == k).sum().alias(f"{k}_gap_ns"))]
         gaps = d.gap_totals.group_by("step").agg(*per_kind).drop("host_bound_gap_ns")
-        return (self.inventory.steps.join(d.verdicts, on="step", how="left")
+        from stepscope.render.sentences import with_untraced_source
+
+        verdicts = with_untraced_source(d.verdicts, self.trace.sidecar)
+        return (self.inventory.steps.join(verdicts, on="step", how="left")
                 .join(gaps, on="step", how="left").sort("step"))
 
     @cached_property

@@ -81,7 +81,7 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
     from stepscope import options as opt
     from stepscope.analysis.compare import compare as compared
     from stepscope.analysis.whatif import DEFAULT, GraphConstants
-    from stepscope.render.sentences import compare_sentence
+    from stepscope.render.sentences import compare_sentence, untraced_source
 
     check_steps(steps)
     check_steps(steps_b)
@@ -92,8 +92,12 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
         DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
     )
-    doc = compared(_diagnosis_of(a, step_regex, rules, cache, steps),
-                   _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b), consts)
+    da = _diagnosis_of(a, step_regex, rules, cache, steps)
+    db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b)
+    doc = compared(da, db, consts)
+    for tag, d in (("a", da), ("b", db)):
+        if "untraced_source" in doc[tag]:
+            doc[tag]["untraced_source"] = untraced_source(doc[tag]["untraced_source"], d.inv.trace.sidecar)
     doc["verdict"] = compare_sentence(doc)
     return doc
 
@@ -126,7 +130,7 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     alone (kernels, launch_us, device_ms): the `tp --json` document."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
-    from stepscope.render.sentences import tp_sentence
+    from stepscope.render.sentences import tp_note, tp_sentence
 
     check_steps(steps)
     ws = parse_widths(widths)
@@ -142,18 +146,19 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
         proj = tpm.project(kernels, launch_us * 1e3, device_ms * 1e6, 0.0, ws, 1, layers,
                            (collective_us or 0) * 1e3 * tpm.ALLREDUCES_PER_LAYER)
         if collective_us:
-            proj.notes.append(f"collective: {tpm.ALLREDUCES_PER_LAYER} all-reduces × {collective_us} µs "
-                              "per layer, 32 layers assumed")
+            proj.notes.append(("collective_assumed", {"allreduces_per_layer": tpm.ALLREDUCES_PER_LAYER,
+                                                      "allreduce_us": collective_us, "layers": layers}))
         return {"inputs": proj.inputs, "mode": "eager", "projection": proj.rows,
                 "launch_bound_from_tp": proj.launch_bound_from_tp,
-                "projections": {"eager": _mode(proj), "graph": None}, "notes": proj.notes}
+                "projections": {"eager": _mode(proj), "graph": None}, "notes": [tp_note(n) for n in proj.notes]}
     if any(v is not None for v in numbers):
         raise InputError("give either a trace or --kernels/--launch-us/--device-ms, not both")
     d = _diagnosis_of(trace, step_regex, rules, cache, steps)
     proj = tpm.project_trace(d, ws, collective_us)
     doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
            "launch_bound_from_tp": proj.own.launch_bound_from_tp,
-           "projections": {"eager": _mode(proj.eager), "graph": _mode(proj.graph)}, "notes": proj.notes}
+           "projections": {"eager": _mode(proj.eager), "graph": _mode(proj.graph)},
+           "notes": [tp_note(n) for n in proj.notes]}
     ranks = tpm.rank_rows(d)
     if ranks:
         doc["ranks"] = ranks

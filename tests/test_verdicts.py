@@ -16,6 +16,7 @@ from stepscope.analysis.whatif import DEFAULT, graph_constants, predict_graph_st
 from stepscope.api import open_trace
 from stepscope.cli import app
 from stepscope.render.sections import step_sections
+from stepscope.render.sentences import tp_note
 from tests.conftest import EXTERNAL, FIXTURES, need, ro
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
@@ -186,7 +187,7 @@ def test_tp_trace_projection_reproduces_its_own_width():
     node_gap = graph_constants(d.inv).node_gap_ns
     assert at1["device_floor_ns"] == round(d.inv.steps["gpu_busy_ns"][0] + d.inv.steps["n_kernels"][0] * node_gap)
     assert at1["measured_step_time_ns"] == d.inv.steps["step_time_ns"][0]
-    assert any("estimated" in n for n in p.notes)
+    assert any("estimated" in tp_note(n) for n in p.notes)
     d2 = diag(TP2)
     p2 = tpm.project_trace(d2)
     at2 = next(r for r in p2.eager.rows if r["tp"] == 2)

@@ -38,7 +38,7 @@ class Projection:
     rows: list[dict]
     launch_bound_from_tp: int | None
     inputs: dict
-    notes: list[str] = field(default_factory=list)
+    notes: list[tuple[str, dict]] = field(default_factory=list)  # (kind, fields): render/sentences.py's tp_note
 
 
 def project(
@@ -77,7 +77,7 @@ class TraceProjection:
     eager: Projection | None     # None for a graph trace: it has no per-kernel launch cost
     graph: Projection
     inputs: dict
-    notes: list[str] = field(default_factory=list)
+    notes: list[tuple[str, dict]] = field(default_factory=list)  # (kind, fields): render/sentences.py's tp_note
 
     @property
     def own(self) -> Projection:
@@ -105,25 +105,23 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))
     layers = med["layers"] or 0
     tp = d.tp.filter(pl.col("step") == step).row(0, named=True) if d.tp is not None and d.tp.height else None
-    notes = []
+    notes: list[tuple[str, dict]] = []
     if rank["ranks"] > 1:
-        notes.append(f"projected step: {step} (pid {rank['pid']}, GPU {rank['device']}), {rep['why']}")
+        notes.append(("projected_step", {"step": step, "pid": rank["pid"], "device": rank["device"], "why": rep["why"]}))
     elif mine.height > 1:
-        notes.append(f"projected step: {step}, {rep['why']}")
-    default_note = (f"collective cost estimated: {ALLREDUCES_PER_LAYER} all-reduces per layer × "
-                    f"{DEFAULT_ALLREDUCE_NS / 1e3:.1f} µs (measured on the H200 TP=2 fixture)")
+        notes.append(("projected_step", {"step": step, "why": rep["why"]}))
     if collective_us is not None:
         c_layer = collective_us * 1e3 * ALLREDUCES_PER_LAYER
-        notes.append(f"collective cost given: {collective_us} µs per all-reduce")
+        notes.append(("collective_given", {"allreduce_us": collective_us}))
     elif comm and layers and base_tp > 1 and tp is not None and tp["split"]:
         c_layer = float(tp["collective_transfer_ns"]) / layers
-        notes.append("collective cost measured from this TP trace (transfer time, waits removed)")
+        notes.append(("collective_measured", {}))
     else:
         c_layer = DEFAULT_ALLREDUCE_NS * ALLREDUCES_PER_LAYER
-        if comm and tp is not None and not tp["split"]:
-            notes.append(f"{default_note}; this trace's collectives cannot be split: {tp['split_note']}")
-        else:
-            notes.append(default_note + "; give a TP trace or --collective-us to replace it")
+        unsplit = bool(comm and tp is not None and not tp["split"])
+        notes.append(("collective_default", {"allreduces_per_layer": ALLREDUCES_PER_LAYER,
+                                             "allreduce_ns": DEFAULT_ALLREDUCE_NS, "unsplit": unsplit,
+                                             "split_note": tp["split_note"] if unsplit else None}))
     f = d.floors.filter(pl.col("step") == step).row(0, named=True)
     work_base = unsharded + sharded + (layers * c_layer if base_tp > 1 else 0)
     device_base = f["device_floor_ns"]
@@ -135,17 +133,15 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
         eager = project(med["n_launch_calls"], f["t_launch_ns"], sharded, unsharded, widths, base_tp, layers,
                         c_layer, scale)
     else:
-        notes.append("eager mode not projected: a graph trace has no per-kernel launch cost")
+        notes.append(("eager_not_projected", {}))
     # graph mode: one launch per step; a graph trace's own launch cost and node gap, else the what-if's
     own = graph_constants(inv) if graph_trace else None
     if own is not None:
         g_launch, g_gap = f["t_launch_ns"], own.node_gap_ns
-        notes.append("graph mode: CPU floor = this trace's one graph launch; device floor + its measured "
-                     f"{g_gap:.0f} ns per kernel between graph nodes")
+        notes.append(("graph_own", {"node_gap_ns": g_gap}))
     else:
         g_launch, g_gap = DEFAULT.graph_launch_lead_ns, DEFAULT.node_gap_ns
-        notes.append(f"graph mode: CPU floor = one graph launch ({g_launch / 1e6:.3f} ms, the what-if's launch "
-                     f"lead); device floor + {g_gap:.0f} ns per kernel between graph nodes ({DEFAULT.source})")
+        notes.append(("graph_whatif", {"launch_ns": g_launch, "node_gap_ns": g_gap, "source": DEFAULT.source}))
     graph = project(1, g_launch, sharded, unsharded, widths, base_tp, layers, c_layer, scale,
                     fixed_device_ns=med["n_kernels"] * g_gap)
     own_rows = (graph if graph_trace else eager).rows
@@ -153,7 +149,7 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
         if r["tp"] == base_tp:
             r["measured_step_time_ns"] = med["step_time_ns"]
     if not any(r["tp"] == base_tp for r in own_rows):
-        notes.append(f"the measured width TP={base_tp} is not among the widths: no measured step beside the model")
+        notes.append(("measured_width_missing", {"tp": base_tp}))
     inputs = {**(eager or graph).inputs, "step": step, "rank": rank["rank"], "pid": med["pid"],
               "device": med["device"], "measured_step_time_ns": med["step_time_ns"],
               "gpu_busy_ns": med["gpu_busy_ns"], "device_floor_ns": device_base,

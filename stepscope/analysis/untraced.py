@@ -3,7 +3,8 @@
 nsys inflates the host side of a step: every CUDA call pays for its trace record, so an eager
 step's launch-bound time is longer under nsys than without it. `step_time_ns` keeps its one
 definition (DEFINITIONS.md); beside it every step gets `untraced_step_time_ns` and where it came
-from (`untraced_source`):
+from (`untraced_source`: "measured" or "estimated", render/sentences.py's untraced_source
+gives the words):
 
 * **measured**: `stepscope trace` timed the same step shape outside nsys's capture range and
   wrote it into the export's sidecar (ingest/sidecar.py). A vLLM step (its window runs from
@@ -51,9 +52,6 @@ UNTRACED_CALL_NS = 3_000
 UNTRACED_GRAPH_CALL_NS = 20_000
 LATENCY_CAP_NS = 5_000
 
-ESTIMATE_METHOD = (f"estimated: the step replayed with {OVERHEAD_PER_LAUNCH_NS // 1000} µs of "
-                   "tracing taken out of every launch interval (calibrated on stepscope's own "
-                   "traced/untraced H200 pairs; see the README)")
 SCHEMA = {"step": pl.Int64, "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String,
           "untraced_measured_ns": pl.Int64, "untraced_estimated_ns": pl.Int64,
           "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
@@ -178,8 +176,6 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     meas = measured(inv)
     pro = prologue(inv) if pro is None else pro
     sc = inv.trace.sidecar
-    src_measured = "measured: " + ("sidecar " + str((sc or {}).get("engine", "")) + " engine, "
-                                   "same step shape outside nsys's capture range")
     t_launch = (pl.col("interval_median_ns") - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
     # measured: the host time the engine took to issue the step outside the capture range, per
     # launch call of the step (estimated: the traced interval less the tracing)
@@ -205,8 +201,9 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     return s.select(
         "step",
         pl.coalesce("measured_ns", "estimated_ns").alias("untraced_step_time_ns"),
-        pl.when(pl.col("measured_ns").is_not_null()).then(pl.lit(src_measured))
-        .otherwise(pl.lit(ESTIMATE_METHOD)).alias("untraced_source"),
+        # "measured" or "estimated"; render/sentences.py's untraced_source says it in words
+        pl.when(pl.col("measured_ns").is_not_null()).then(pl.lit("measured"))
+        .otherwise(pl.lit("estimated")).alias("untraced_source"),
         pl.col("measured_ns").alias("untraced_measured_ns"),
         pl.col("estimated_ns").alias("untraced_estimated_ns"),
         "untraced_t_launch_ns", cpu.alias("untraced_cpu_floor_ns"),

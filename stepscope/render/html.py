@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from html import escape
 
-import polars as pl
-
 from stepscope.render.names import DOCUMENT, cut
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
+from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
+                                          class_rows, footer, phase_line)
 from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
@@ -163,9 +162,12 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
         plot.append(_rect("range", x(f["w_start"]), y + 3, (f["w_end"] - f["w_start"]) * sx, ROW - 6, RANGE_COLOR, tip))
         y += ROW
     # host rows: the launch calls
-    for (pid, tid), grp in v.launches.group_by(["pid", "tid"], maintain_order=True):
+    threads: dict[tuple, list[dict]] = {}  # (pid, tid) -> its calls, threads in order of their first call
+    for r in v.launches:
+        threads.setdefault((r["pid"], r["tid"]), []).append(r)
+    for (pid, tid), grp in threads.items():
         labels.append(f'<text x="4" y="{y + 12}">host {tid}</text>')
-        for r in grp.iter_rows(named=True):
+        for r in grp:
             graph = bool(r["is_graph_launch"])
             x0 = x(r["start"])
             tip = f"{r['api_name']} {us(r['end'] - r['start'])} (corr {r['corr']})"
@@ -176,33 +178,33 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
                             f'fill="{GRAPH_COLOR}">{_t("graph replay: " + str(r["api_name"]))}</path>')
         y += ROW
     # device rows: one per stream, gaps shaded across the device's rows
-    tail = v.tail if v.tail is not None else v.acts.clear()
-    for dev in sorted(set(v.acts["device"].to_list())):
-        a = v.acts.filter(pl.col("device") == dev)
-        streams = sorted(set(a["stream"].to_list()) | set(tail["stream"].to_list()))
+    tail = v.tail or ()
+    for dev in sorted({r["device"] for r in v.acts}):
+        a = [r for r in v.acts if r["device"] == dev]
+        streams = sorted({r["stream"] for r in a} | {r["stream"] for r in tail})
         dev_top = y
         height = ROW * len(streams)
-        for g in v.gaps.filter(pl.col("device") == dev).iter_rows(named=True):
+        for g in (g for g in v.gaps if g["device"] == dev):
             tip = (f"{GAP_LABELS.get(g['kind'], g['kind'])} gap {us(g['gap_ns'])}: {cut(g['prev_name'], DOCUMENT)} → "
                    f"{cut(g['next_name'], DOCUMENT)}")
             plot.append(_rect(f"gap gap-{g['kind']}", x(g["gap_start"]), dev_top, g["gap_ns"] * sx, height,
                               GAP_COLORS.get(g["kind"], "#ccc"), tip, ' fill-opacity="0.35"'))
-        waits = v.waits.filter(pl.col("matched") & (pl.col("device") == dev)) if v.waits is not None else None
+        waits = [r for r in v.waits if r["matched"] and r["device"] == dev] if v.waits is not None else None
         for s in streams:
             labels.append(f'<text x="4" y="{y + 12}">GPU {dev} · stream {s}</text>')
-            for r in tail.filter(pl.col("stream") == s).iter_rows(named=True):
+            for r in (r for r in tail if r["stream"] == s):
                 c = r["class"] or "other"
                 tip = f"step {r['step']}'s {cut(r['name'], DOCUMENT)} [{c}] {us(r['end'] - r['start'])}: the previous step's GPU work"
                 plot.append(_rect("prev", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
                                   CLASS_COLORS.get(c, "#ccc"), tip, ' fill-opacity="0.45"'))
-            for r in a.filter(pl.col("stream") == s).iter_rows(named=True):
+            for r in (r for r in a if r["stream"] == s):
                 c = r["class"] or "other"
                 tip = f"{cut(r['name'], DOCUMENT)} [{c}] {us(r['end'] - r['start'])}"
                 plot.append(_rect("k", x(r["start"]), y + 2, (r["end"] - r["start"]) * sx, ROW - 4,
                                   CLASS_COLORS.get(c, "#ccc"), tip, f' data-class="{c}"'))
             # the part of each collective spent waiting for the slowest rank, darkened over it
-            if waits is not None and waits.height:
-                for r in waits.filter(pl.col("stream") == s).iter_rows(named=True):
+            if waits:
+                for r in (r for r in waits if r["stream"] == s):
                     for lo, hi in ((r["start"], r["last_start"]), (r["first_end"], r["end"])):
                         if hi > lo:
                             tip = f"waiting for the slowest rank in {cut(r['name'], DOCUMENT)}: {us(hi - lo)}"
@@ -210,10 +212,16 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
                                               ' fill-opacity="0.55"'))
             y += ROW
         # graph replays: a bracket under the device rows per replay (kernels sharing the launch's corr)
-        gk = a.filter(pl.col("graph_node_id").is_not_null())
-        if gk.height:
-            reps = gk.group_by("corr").agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"))
-            for r in reps.sort("start").iter_rows(named=True):
+        replays: dict = {}  # corr -> {start, end, n}: the replay's first start, last end, kernels
+        for r in a:
+            if r["graph_node_id"] is not None:
+                rep = replays.get(r["corr"])
+                if rep is None:
+                    replays[r["corr"]] = {"start": r["start"], "end": r["end"], "n": 1}
+                else:
+                    rep["start"], rep["end"], rep["n"] = min(rep["start"], r["start"]), max(rep["end"], r["end"]), rep["n"] + 1
+        if replays:
+            for r in sorted(replays.values(), key=lambda r: r["start"]):
                 x0, x1 = x(r["start"]), x(r["end"])
                 tip = f"graph replay: {r['n']} kernels, {us(r['end'] - r['start'])}"
                 plot.append(f'<path class="graph-replay" data-x0="{x0:.4f}" data-x1="{x1:.4f}" data-y="{y + 1}" '
@@ -440,14 +448,20 @@ def _class_table(views: list[StepView], order: list[str]) -> str:
 def _gap_histogram(v: StepView, idx: int, n: int) -> str:
     title = _panel_name(v, idx, n)
     g = v.gaps
-    if g.is_empty():
+    if not g:
         return f'<div><div class="sub">{escape(title)}</div><p>no gaps: the GPU was never idle inside this step</p></div>'
-    g = g.with_columns(bin=pl.col("gap_ns").clip(lower_bound=1).cast(pl.Float64).log(2).floor().cast(pl.Int64))
-    lo, hi = int(g["bin"].min()), int(g["bin"].max())
-    counts = g.group_by("bin", "kind").agg(pl.len().alias("n"), pl.col("gap_ns").sum().alias("t"))
-    cmap = {(b, k): (nn, t) for b, k, nn, t in counts.iter_rows()}
-    tot = counts.group_by("bin").agg(pl.col("n").sum())
-    nmax = int(tot["n"].max())
+    cmap: dict[tuple, tuple[int, int]] = {}  # (log2 bin, kind) -> (gaps, time)
+    tot: dict[int, int] = {}                 # log2 bin -> gaps
+    tmap: dict[str, tuple[int, int]] = {}    # kind -> (gaps, time)
+    for r in g:
+        b, k, ns = _log2_bin(r["gap_ns"]), r["kind"], r["gap_ns"]
+        nn, t = cmap.get((b, k), (0, 0))
+        cmap[(b, k)] = (nn + 1, t + ns)
+        tot[b] = tot.get(b, 0) + 1
+        nn, t = tmap.get(k, (0, 0))
+        tmap[k] = (nn + 1, t + ns)
+    lo, hi = min(tot), max(tot)
+    nmax = max(tot.values())
     bw, ph, pad = 44, 160, 30
     w = pad + (hi - lo + 1) * bw + 10
     parts = []
@@ -466,21 +480,25 @@ def _gap_histogram(v: StepView, idx: int, n: int) -> str:
     parts.append(f'<line x1="{pad}" y1="{ph}" x2="{w - 10}" y2="{ph}" stroke="#888"/>')
     parts.append(f'<text x="{pad - 4}" y="14" text-anchor="end">{nmax}</text><text x="{pad - 4}" y="{ph}" text-anchor="end">0</text>')
     parts.append(f'<text x="{pad}" y="{ph + 30}">gap length (log₂ bins, lower edge); bar height = number of gaps</text>')
-    totals = g.group_by("kind").agg(pl.len().alias("n"), pl.col("gap_ns").sum().alias("t"))
-    tmap = {k: (nn, t) for k, nn, t in totals.iter_rows()}
     line = " · ".join(f"{GAP_LABELS[k]} {tmap.get(k, (0, 0))[0]} gaps, {us(tmap.get(k, (0, 0))[1])}" for k in GAP_KINDS)
     return (f'<div><div class="sub">{escape(title)}</div>'
             f'<svg class="chart gap-histogram" width="{max(w, 480)}" height="{ph + 36}" xmlns="http://www.w3.org/2000/svg">'
             f'{"".join(parts)}</svg><div class="sub">{line}</div>{_top_gaps(g)}</div>')
 
 
-def _top_gaps(g: pl.DataFrame) -> str:
-    top = g.sort("gap_ns", descending=True).head(5)
+def _log2_bin(gap_ns: int) -> int:
+    """The gap's log2 bin (lower edge 2**bin ns), computed as ln(x) / ln(2) like polars' log(2)
+    (math.log2 differs from it just below 2**48)."""
+    return math.floor(math.log(float(max(gap_ns, 1))) / math.log(2))
+
+
+def _top_gaps(g: tuple) -> str:
+    top = sorted(g, key=lambda r: -r["gap_ns"])[:5]
     rows = "".join(
         f"<tr><td>{GAP_LABELS.get(r['kind'], r['kind'])}</td><td>{us(r['gap_ns'])}</td>"
         f"<td style='text-align:left'><code>{escape(_short(r['prev_name']))}</code> → <code>{escape(_short(r['next_name']))}</code></td>"
         f"<td style='text-align:left'>{escape(str(r.get('next_api') or ''))}</td></tr>"
-        for r in top.iter_rows(named=True))
+        for r in top)
     return f'<table class="top-gaps"><tr><th>largest gaps</th><th>length</th><th>between</th><th>next launched by</th></tr>{rows}</table>'
 
 
@@ -591,14 +609,15 @@ def _top_kernels(v: StepView, n: int = 15) -> str:
             f"{rows}</table>")
 
 
-def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
+def _budget(budget: tuple | None, note: str | None) -> str:
     if budget is None:
         return f'<p class="note">{escape(note)}</p>' if note else ""
-    budget = budget.filter(pl.col("measured_bytes").is_not_null() | pl.col("min_bytes").is_not_null())
+    budget = [r for r in budget if r["measured_bytes"] is not None or r["min_bytes"] is not None]
     rows = []
-    vmax = max(int(budget["measured_bytes"].max() or 1), int(budget["min_bytes"].max() or 1))
+    vmax = max(int(max((r["measured_bytes"] for r in budget if r["measured_bytes"] is not None), default=None) or 1),
+               int(max((r["min_bytes"] for r in budget if r["min_bytes"] is not None), default=None) or 1))
     y = 4
-    for r in budget.sort("measured_bytes", descending=True).iter_rows(named=True):
+    for r in by_measured_bytes(budget):
         m, mn = int(r["measured_bytes"] or 0), int(r["min_bytes"] or 0)  # null: no cell / no minimum
         c = CLASS_COLORS.get(r["class"], "#ccc")
         rows.append(f'<text x="0" y="{y + 12}">{escape(str(r["class"]))}</text>'
@@ -615,7 +634,7 @@ def _budget(budget: pl.DataFrame | None, note: str | None) -> str:
 # ---------------------------------------------------------------- page
 
 
-def render_html(view: StepView, other: StepView | None = None, budget: pl.DataFrame | None = None,
+def render_html(view: StepView, other: StepView | None = None, budget: tuple | None = None,
                 budget_note: str | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
     gpu = view.gpu_name

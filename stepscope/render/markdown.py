@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import polars as pl
-
 from stepscope.analysis.classify import FAMILY_LABELS
-from stepscope.render.report_data import GAP_KINDS, ReportView, StepView, class_by_lines, class_order, class_rows, footer, phase_line
+from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
+                                          class_rows, footer, phase_line)
 from stepscope.render.units import ms, nbytes, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
@@ -27,7 +26,7 @@ def _tag(i: int, n: int) -> str:
     return ("A" if i == 0 else "B") if n > 1 else "this step"
 
 
-def render_markdown(view: StepView, other: StepView | None = None, budget: pl.DataFrame | None = None,
+def render_markdown(view: StepView, other: StepView | None = None, budget: tuple | None = None,
                     budget_note: str | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
@@ -136,8 +135,8 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     for k in GAP_KINDS:
         row = [GAP_LABELS[k]]
         for v in views:
-            g = v.gaps.filter(pl.col("kind") == k)
-            row += [g.height, us(g["gap_ns"].sum())]
+            g = [r["gap_ns"] for r in v.gaps if r["kind"] == k]
+            row += [len(g), us(sum(g))]
         rows.append(row)
     head = ["kind"]
     for i in range(n):
@@ -145,12 +144,12 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
         head += [f"{t}gaps", f"{t}idle time"]
     out += [_table(head, rows), ""]
     for i, v in enumerate(views):
-        if v.gaps.is_empty():
+        if not v.gaps:
             continue
-        top = v.gaps.sort("gap_ns", descending=True).head(5)
+        top = sorted(v.gaps, key=lambda r: -r["gap_ns"])[:5]
         rows = [[GAP_LABELS.get(r["kind"], r["kind"]), us(r["gap_ns"]),
                  f"`{_short(r['prev_name'])}` → `{_short(r['next_name'])}`", r.get("next_api") or ""]
-                for r in top.iter_rows(named=True)]
+                for r in top]
         out += [f"Largest gaps ({_tag(i, n)}):", "", _table(["kind", "length", "between", "next launched by"], rows, "lrll"), ""]
 
     out += ["### Top kernels", ""]
@@ -165,7 +164,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: pl.Da
     if budget is not None:
         rows = [[r["class"], nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
                  f"×{r['measured_bytes'] / r['min_bytes']:.2f}" if r["min_bytes"] else "–"]
-                for r in budget.sort("measured_bytes", descending=True).iter_rows(named=True)]
+                for r in by_measured_bytes(budget)]
         out += ["### Byte budget", "", _table(["class", "measured", "minimum", "amplification"], rows), ""]
         if budget_note:
             out += [budget_note, ""]

@@ -139,9 +139,11 @@ class StepView:
     figures: dict
     classes: tuple                 # {class, count, time_ns} per class
     kernels: tuple                 # {name, demangled, class, count, time_ns, class_by} per kernel, longest first
-    acts: pl.DataFrame             # the step's activities (start, end, stream, class, name, ...)
-    launches: pl.DataFrame         # the host calls that launched them (pid, tid, corr, start, end, api_name, is_graph_launch)
-    gaps: pl.DataFrame             # find_gaps rows of this step
+    # the frames a report draws, as plain rows (a dict per row, in the frame's order): a report
+    # renderer filters and sorts them in Python and imports no polars
+    acts: tuple                    # the step's activities by start (start, end, stream, class, name, ...)
+    launches: tuple                # the host calls that launched them, by start (pid, tid, corr, start, end, api_name, is_graph_launch)
+    gaps: tuple                    # find_gaps rows of this step
     floors: dict                   # the step's floors row
     trace_name: str                # the trace's file name as reports show it (paths.shown)
     trace_format: str              # nsys-sqlite, kineto, ...
@@ -157,13 +159,13 @@ class StepView:
     notes: tuple = ()
     chosen: str = "the representative step"  # why this step (representative()'s `why`, or "as asked")
     tp: dict | None = None         # the step's tp row (rank, collectives split, binding rank, tp_verdict)
-    waits: pl.DataFrame | None = None  # the step's collective kernels with their wait intervals
+    waits: tuple | None = None     # the step's collective kernels with their wait intervals (rows)
     peers: tuple = ()              # the other ranks' steps of its TP step (StepView)
     untraced: dict | None = None   # the step's untraced section (measured from the sidecar, or estimated)
     engine: dict | None = None     # a vLLM step's anatomy (forward, sampling, frontend)
     # the previous steps' GPU work on this step's device that runs after this step's first event
-    # and before its begin (step_begin waits for it): start, end, stream, class, name, step
-    tail: pl.DataFrame | None = None
+    # and before its begin (step_begin waits for it): start, end, stream, class, name, step (rows)
+    tail: tuple | None = None
 
     @property
     def ranks(self) -> list["StepView"]:
@@ -206,19 +208,17 @@ class StepView:
 
     def _t1(self) -> int:
         cands = [self.figures.get("step_end"), self.figures.get("last_end")]
-        if self.launches.height:
-            cands.append(self.launches["end"].max())
+        cands += [r["end"] for r in self.launches]
         return int(max(c for c in cands if c is not None))
 
 
-def _first_event(fig: dict, launches: pl.DataFrame) -> int:
+def _first_event(fig: dict, launches: tuple) -> int:
     cands = [fig.get("step_begin"), fig.get("first_start")]
-    if launches.height:
-        cands.append(launches["start"].min())
+    cands += [r["start"] for r in launches]
     return int(min(c for c in cands if c is not None))
 
 
-def _begin(fig: dict, launches: pl.DataFrame) -> int:
+def _begin(fig: dict, launches: tuple) -> int:
     b = fig.get("step_begin")
     return int(b) if b is not None else _first_event(fig, launches)
 
@@ -230,8 +230,14 @@ class ReportView:
 
     step: StepView
     other: StepView | None = None
-    budget: pl.DataFrame | None = None  # per class: measured_bytes, min_bytes, ...
+    budget: tuple | None = None    # per class (rows): class, measured_bytes, min_bytes, ...
     budget_note: str | None = None
+
+
+def by_measured_bytes(budget) -> list[dict]:
+    """Byte-budget rows by measured bytes, largest first; rows without a measurement before
+    them, as polars sorts nulls in descending order."""
+    return sorted(budget, key=lambda r: (r["measured_bytes"] is not None, -(r["measured_bytes"] or 0)))
 
 
 # the output's extension picks the renderer (pyinstrument's habit): module of render/, its render()
@@ -310,7 +316,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         tp["tp_verdict"] = tp_sentence(tp)
     waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
     sd = step_diagnosis(d, step)
-    left, begin = _first_event(fig, calls), _begin(fig, calls)
+    launches = tuple(calls.to_dicts())
+    left, begin = _first_event(fig, launches), _begin(fig, launches)
     tail = inv.acts.filter(
         (pl.col("device") == fig["device"]) & pl.col("step").is_not_null() & (pl.col("step") != step)
         & (pl.col("end") > left) & (pl.col("start") < begin)
@@ -328,21 +335,22 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         step=step, figures=fig,
         classes=_plain(inv.classes.filter(pl.col("step") == step).drop("step")),
         kernels=_plain(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step")),
-        acts=acts, launches=calls, gaps=g, floors=f,
+        acts=tuple(acts.to_dicts()), launches=launches, gaps=tuple(g.to_dicts()), floors=f,
         trace_name=shown(trace.path.name), trace_format=trace.format, nsys_version=trace.nsys_version,
         gpu_name=trace.gpus["name"][0] if trace.gpus.height else None,
         n_steps=len(inv.step_ids()), warnings=tuple(inv.warnings),
         profiler_overhead_count=trace.profiler_overhead_count, profiler_overhead_ns=trace.profiler_overhead_ns,
         framework=tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts()),
         framework_ops=ops, framework_advice=framework_lines(inv, step)[-1] if ops else "",
-        chosen=why, tp=tp, waits=waits, peers=others, untraced=sd.untraced, engine=sd.engine, tail=tail,
+        chosen=why, tp=tp, waits=None if waits is None else tuple(waits.to_dicts()), peers=others,
+        untraced=sd.untraced, engine=sd.engine, tail=tuple(tail.to_dicts()),
     )
 
 
-def budget_for(inv: Inventory, view: StepView, cells_path) -> tuple[pl.DataFrame | None, str | None]:
+def budget_for(inv: Inventory, view: StepView, cells_path) -> tuple[tuple | None, str | None]:
     """The step's HBM byte budget per class (issue 5's `stepscope.bytes.budget`), when available.
 
-    Returns (frame with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
+    Returns (rows with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
     Model, phase, batch and context come from the step's recorded name, as `stepscope budget` does.
     """
     if cells_path is None:
@@ -371,4 +379,4 @@ def budget_for(inv: Inventory, view: StepView, cells_path) -> tuple[pl.DataFrame
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")
             + (f"; bandwidth floor {ms(st['floor_ns'])}" if st.get("floor_ns") else "")
             + "".join(f"; {w}" for w in res.warnings))
-    return res.classes, note
+    return tuple(res.classes.to_dicts()), note

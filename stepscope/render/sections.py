@@ -11,7 +11,7 @@ import polars as pl
 
 from stepscope import jsontext
 from stepscope.analysis.gaps import KINDS
-from stepscope.render.sentences import with_tp_verdict
+from stepscope.render.sentences import with_tp_verdict, with_untraced_source
 
 SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
 FLOOR_FIELDS = ("cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
@@ -69,7 +69,7 @@ def sections_text(d) -> pl.DataFrame:
         t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
         extra.append("tp")
     if has_untraced(d):
-        x = v.join(d.untraced.select("step"), on="step", how="semi").select(
+        x = with_untraced_source(v.join(d.untraced.select("step"), on="step", how="semi"), trace.sidecar).select(
             "step", *[pl.col(c).alias(k) for k, c in UNTRACED_FIELDS.items()])
         t = t.join(x.select("step", jsontext.records(x, list(UNTRACED_FIELDS)).alias("untraced"),
                             pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")

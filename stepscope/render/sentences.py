@@ -1,5 +1,7 @@
 """Sentences that are part of a document: the verdict of `compare`, and of a TP step (`tp_verdict`
-of analyze --json's tp section, the tp command's tp_steps, the reports)."""
+of analyze --json's tp section, the tp command's tp_steps, the reports); the notes of a TP
+projection (the tp document's notes) and where a step's untraced time came from (the untraced
+section's source). The analyses give the fields, these functions the words."""
 
 from __future__ import annotations
 
@@ -69,3 +71,62 @@ def with_tp_verdict(tp):
     text = pl.DataFrame({"group": [r["group"] for r in rows], "tp_verdict": [tp_sentence(r) for r in rows]},
                         schema={"group": pl.Int64, "tp_verdict": pl.String})
     return tp.join(text, on="group", how="left", maintain_order="left")
+
+
+def tp_note(note: tuple[str, dict]) -> str:
+    """One note of a TP projection (analysis/tp.py's (kind, fields)), as the tp document gives it."""
+    kind, f = note
+    if kind == "projected_step":
+        where = f" (pid {f['pid']}, GPU {f['device']})" if "pid" in f else ""
+        return f"projected step: {f['step']}{where}, {f['why']}"
+    if kind == "collective_given":
+        return f"collective cost given: {f['allreduce_us']} µs per all-reduce"
+    if kind == "collective_measured":
+        return "collective cost measured from this TP trace (transfer time, waits removed)"
+    if kind == "collective_default":
+        s = (f"collective cost estimated: {f['allreduces_per_layer']} all-reduces per layer × "
+             f"{f['allreduce_ns'] / 1e3:.1f} µs (measured on the H200 TP=2 fixture)")
+        if f["unsplit"]:
+            return f"{s}; this trace's collectives cannot be split: {f['split_note']}"
+        return s + "; give a TP trace or --collective-us to replace it"
+    if kind == "collective_assumed":
+        return (f"collective: {f['allreduces_per_layer']} all-reduces × {f['allreduce_us']} µs "
+                f"per layer, {f['layers']} layers assumed")
+    if kind == "eager_not_projected":
+        return "eager mode not projected: a graph trace has no per-kernel launch cost"
+    if kind == "graph_own":
+        return ("graph mode: CPU floor = this trace's one graph launch; device floor + its measured "
+                f"{f['node_gap_ns']:.0f} ns per kernel between graph nodes")
+    if kind == "graph_whatif":
+        return (f"graph mode: CPU floor = one graph launch ({f['launch_ns'] / 1e6:.3f} ms, the what-if's launch "
+                f"lead); device floor + {f['node_gap_ns']:.0f} ns per kernel between graph nodes ({f['source']})")
+    if kind == "measured_width_missing":
+        return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"
+    raise ValueError(f"unknown TP note {kind!r}")
+
+
+def untraced_source(kind: str | None, sidecar: dict | None) -> str | None:
+    """Where a step's untraced time came from (analysis/untraced.py's untraced_source: "measured"
+    or "estimated"), in words: the sidecar's engine for a measured one, the tracing taken out
+    for an estimated one."""
+    from stepscope.analysis.untraced import OVERHEAD_PER_LAUNCH_NS
+
+    if kind == "measured":
+        return ("measured: " + ("sidecar " + str((sidecar or {}).get("engine", "")) + " engine, "
+                                "same step shape outside nsys's capture range"))
+    if kind == "estimated":
+        return (f"estimated: the step replayed with {OVERHEAD_PER_LAUNCH_NS // 1000} µs of "
+                "tracing taken out of every launch interval (calibrated on stepscope's own "
+                "traced/untraced H200 pairs; see the README)")
+    return kind
+
+
+def with_untraced_source(frame, sidecar: dict | None):
+    """`frame` (the verdict or untraced frame) with its untraced_source column in words."""
+    import polars as pl
+
+    col = pl.col("untraced_source")
+    return frame.with_columns(
+        pl.when(col == "measured").then(pl.lit(untraced_source("measured", sidecar)))
+        .when(col == "estimated").then(pl.lit(untraced_source("estimated", sidecar)))
+        .otherwise(col).alias("untraced_source"))

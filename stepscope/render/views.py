@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analysis.gaps import KINDS
-from stepscope.render.sentences import tp_sentence
+from stepscope.render.sentences import tp_sentence, untraced_source
 from stepscope.render.sections import ENGINE_FIELDS, FLOOR_FIELDS, TP_FIELDS, UNTRACED_FIELDS, has_untraced
 
 
@@ -70,7 +70,8 @@ def step_diagnosis(d, step: int) -> StepDiagnosis:
         profiler_overhead={"count": trace.profiler_overhead_count, "time_ns": trace.profiler_overhead_ns},
         floors={k: v[k] for k in FLOOR_FIELDS},
         tp=None if tp is None else {k: tp_sentence(tp) if c == "tp_verdict" else tp[c] for k, c in TP_FIELDS.items()},
-        untraced={k: v[c] for k, c in UNTRACED_FIELDS.items()} if has_untraced(d) and _row(d.untraced, step) else None,
+        untraced=({k: untraced_source(v[c], trace.sidecar) if c == "untraced_source" else v[c]
+                   for k, c in UNTRACED_FIELDS.items()} if has_untraced(d) and _row(d.untraced, step) else None),
         engine=(lambda e: None if e is None else {k: e[k] for k in ENGINE_FIELDS})(_row(d.engine, step)),
         prologue=_row(d.prologue, step),
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
