@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -54,7 +53,6 @@ from stepscope.errors import EnvironmentProblem, InputError
 
 SWEEP_PREFIX = "step:"  # the `sweep` of step cells: step:<engine>:<model>:<phase>:b<batch>:<mode>
 ENGINES = ("vllm", "torch")
-_PROFILING = re.compile(r"==PROF== Profiling \"(?P<name>[^\"]*)\".*?(?P<passes>\d+) pass")
 
 
 @dataclass
@@ -82,15 +80,14 @@ def is_step_cells(cells) -> bool:
     return len(sweeps) == 1 and str(sweeps[0]).startswith(SWEEP_PREFIX)
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The processes of a process group (ncu and the engine it runs)."""
+    return [int(d.name) for d in Path("/proc").glob("[0-9]*") if _pgid(int(d.name)) == pgid]
+
+
 def group_pythons(pgid: int) -> list[int]:
     """Python processes of a process group (the engine under ncu; not ncu itself)."""
-    found = []
-    for d in Path("/proc").glob("[0-9]*"):
-        pid = int(d.name)
-        info = _cpu_ticks(pid) if _pgid(pid) == pgid else None
-        if info and info[0].startswith("python"):
-            found.append(pid)
-    return found
+    return [p for p in group_pids(pgid) if (info := _cpu_ticks(p)) and info[0].startswith("python")]
 
 
 def _cpu_ticks(pid: int) -> tuple[str, str, int, int] | None:
@@ -110,8 +107,7 @@ def stall_report(pgid: int, sample_s: float = 2.0) -> str:
     eu-stack or gdb exists (ncu's injection and the CUDA driver show there, not in Python's)."""
     import shutil
 
-    pids = [int(d.name) for d in Path("/proc").glob("[0-9]*")
-            if (_pgid(int(d.name)) == pgid)]
+    pids = group_pids(pgid)
     before = {p: _cpu_ticks(p) for p in pids}
     time.sleep(sample_s)
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -171,6 +167,18 @@ def engine_command(engine: str, model: str, *, phase: str, batch: int, context: 
 # vLLM's step only under application replay, the torch engine's under kernel replay too
 ENGINE_NCU = {"vllm": ("application", "application-only"), "torch": ("kernel", "all")}
 STALL_S = 180.0  # application replay: the longest quiet stretch seen was one engine run (~45 s)
+
+
+def ncu_settings(engine: str, replay_mode: str | None = None,
+                 target_processes: str | None = None) -> tuple[str, str]:
+    """(replay mode, target processes): the ones given, else the engine's (ENGINE_NCU)."""
+    default = ENGINE_NCU.get(engine, ENGINE_NCU["torch"])
+    replay_mode, target_processes = replay_mode or default[0], target_processes or default[1]
+    if replay_mode not in ("kernel", "application"):
+        raise InputError(f"--replay-mode {replay_mode!r}: kernel or application")
+    if target_processes not in ("all", "application-only"):
+        raise InputError(f"--target-processes {target_processes!r}: all or application-only")
+    return replay_mode, target_processes
 
 # the GPU's name rides along as a device attribute (no extra pass)
 STEP_METRICS = (*ncu_csv.DEFAULT_METRICS, "device__attribute_display_name")
@@ -243,14 +251,9 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                                      "(pip install vllm), or use --engine torch")
     if mode not in ("eager", "graph"):
         raise InputError(f"--mode {mode!r}: step cells are measured in eager or graph mode")
-    replay_mode = replay_mode or ENGINE_NCU[engine][0]
-    target_processes = target_processes or ENGINE_NCU[engine][1]
+    replay_mode, target_processes = ncu_settings(engine, replay_mode, target_processes)
     if stall_s is None and replay_mode == "application":
         stall_s = STALL_S
-    if replay_mode not in ("kernel", "application"):
-        raise InputError(f"--replay-mode {replay_mode!r}: kernel or application")
-    if target_processes not in ("all", "application-only"):
-        raise InputError(f"--target-processes {target_processes!r}: all or application-only")
     ncu_path = find_ncu(ncu)
     ver = ncu_version(ncu_path)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,7 +263,6 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
     cmd = ncu_command(ncu_path, app, cache_control=cache_control, clock_control=clock_control,
                       replay_mode=replay_mode, target_processes=target_processes)
     t0 = time.perf_counter()
-    passes: dict[int, int] = {}
     profiled = runs = 0
     rc = None
     with open(raw_path, "w") as raw, open(log_path, "w") as log:
@@ -314,9 +316,6 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
             raw.write(line)
             if line.startswith("==PROF== Profiling"):
                 profiled += 1
-                m = _PROFILING.search(line)
-                if m:
-                    passes[int(m["passes"])] = passes.get(int(m["passes"]), 0) + 1
                 if on_progress:
                     on_progress(profiled, time.perf_counter() - t0, "kernels profiled")
             elif line.startswith("==PROF== Connected to process"):
@@ -351,9 +350,9 @@ def run_step_cells(engine: str, model: str, *, phase: str, batch: int, context: 
                      cache_control=cache_control, clock_control=clock_control)
     gpu = next((r["gpu"] for r in rows if r.get("gpu")), None)
     # ncu's own count of the passes of each kernel (no per-kernel log line with --csv)
+    passes: dict[int, int] = {}
     counted = [r.get("profiler__replayer_passes") for r in rows]
     if counted and all(isinstance(v, (int, float)) for v in counted):
-        passes = {}
         for v in counted:
             passes[int(v)] = passes.get(int(v), 0) + 1
     meta = {"command": cmd, "seconds": round(seconds, 1), "returncode": rc,

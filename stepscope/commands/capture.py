@@ -50,7 +50,7 @@ def trace(
         False, "--sync-scheduling", help="vLLM: async scheduling off (the step `cells run "
         "--engine vllm` measures under ncu)"),
     kv_cache_gib: Optional[float] = typer.Option(
-        None, "--kv-cache-gib", help="vLLM: a KV cache of this many GiB instead of 85%% of the GPU"),
+        None, "--kv-cache-gib", help="vLLM: a KV cache of this many GiB instead of 85 % of the GPU"),
     as_json: AsJson = False,
 ) -> None:
     """Run one engine step under Nsight Systems and explain where its time goes."""

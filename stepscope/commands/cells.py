@@ -83,7 +83,7 @@ def run_cmd(
         "(its stacks go to OUT/ncu.log); default 180 under application replay, off under kernel "
         "replay (ncu prints nothing while it profiles)"),
     kv_cache_gib: Optional[float] = typer.Option(
-        None, "--kv-cache-gib", help="--engine vllm: a KV cache of this many GiB instead of 85%% "
+        None, "--kv-cache-gib", help="--engine vllm: a KV cache of this many GiB instead of 85 % "
         "of the GPU (the step's kernels are the same; ncu keeps the rest)"),
     replay_mode: Optional[str] = typer.Option(
         None, "--replay-mode", help="--engine: ncu's replay mode, kernel or application "
@@ -155,10 +155,9 @@ def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, time
     if print_commands:
         app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)
-        rm, tp = stepcells.ENGINE_NCU.get(engine, ("kernel", "all"))
+        rm, tp = stepcells.ncu_settings(engine, replay_mode, target_processes)
         typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control,
-                                                  replay_mode=replay_mode or rm,
-                                                  target_processes=target_processes or tp)))
+                                                  replay_mode=rm, target_processes=tp)))
         return
     from rich.console import Console
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import polars as pl
 
