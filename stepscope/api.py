@@ -138,8 +138,10 @@ class Analysis:
 def open_trace(path: str | Path, step_regex: str | None = None, rules: str | Path | None = None, *,
                cache: bool = True) -> Analysis:
     """Read an nsys SQLite export (or PyTorch-profiler trace) and analyze its steps, as
-    `stepscope analyze` does (with every kernel's grid and block read too, for the byte budget
-    and the exports)."""
+    `stepscope analyze` does. A step's kernels with their grid and block:
+    `inventory.step_acts(step)` (read from the export for that step alone); the trace's raw
+    kernel, memop and API frames are let go once the analysis holds their rows, and read again
+    from its file if asked for (analysis/memory.py NOTEBOOK)."""
     from stepscope import library
 
-    return Analysis(library.load(path, step_regex, rules, cache=cache, launch_config=True))
+    return Analysis(library.load(path, step_regex, rules, cache=cache))

@@ -1,13 +1,16 @@
 """Grid and block of a few kernels, read from an nsys export after the analysis asked for them.
 
-`stepscope analyze` reads kernels without their launch configuration (half the kernel read on
-a million kernels). Phase evidence (analysis/phase.py) needs the grid of only a handful of
-kernel names, and only for steps whose name records no phase: this reads those rows alone,
-from the same read-only export, when the analysis calls for them.
+Every command reads kernels without their launch configuration (half the kernel read on a
+million kernels, and six 64-bit columns per kernel held through the analysis) except `export`,
+which writes every kernel's. Phase evidence (analysis/phase.py) needs the grid of only a handful
+of kernel names, and only for steps whose name records no phase; the byte budget needs those of
+one step's kernels (Inventory.step_acts). This reads those rows alone, from the same read-only
+export, when the analysis calls for them.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Callable
 
@@ -16,39 +19,128 @@ import polars as pl
 LAUNCH_CONFIG_SCHEMA = {"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "grid_x": pl.Int64,
                         "grid_y": pl.Int64, "grid_z": pl.Int64, "block_x": pl.Int64, "block_y": pl.Int64,
                         "block_z": pl.Int64}
+DIMS = tuple(c for c in LAUNCH_CONFIG_SCHEMA if c.startswith(("grid_", "block_")))
 LaunchConfigReader = Callable[[list[int]], pl.DataFrame]
+_SOURCES = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block_x": "blockX", "block_y": "blockY",
+            "block_z": "blockZ"}
 
 
-def nsys_reader(path: str | Path) -> LaunchConfigReader:
-    """A reader of (pid, corr, start, grid_*, block_*) for the kernels with the given shortName
-    string ids, from the nsys SQLite export at `path` (read-only; through ADBC's Arrow stream
-    when the driver is installed, as the reader does: ~4x faster than sqlite3's row tuples)."""
-    from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, connect_readonly
+class NsysLaunchConfig:
+    """Reads (pid, corr, start, grid_*, block_*) of chosen kernels from the nsys SQLite export
+    at `path` (read-only; through ADBC's Arrow stream when the driver is installed, as the
+    reader does: ~4x faster than sqlite3's row tuples). Called with shortName string ids (a
+    LaunchConfigReader): the kernels of those names; `window(device, lo, hi)`: the kernels of a
+    device that started from lo to hi ns."""
 
-    pid_sql = "((globalPid >> 24) & 16777215)"  # globalPid packs <hw:8><vm:8><pid:24><tid:24>
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
 
-    def read(short_ids: list[int]) -> pl.DataFrame:
+    def __call__(self, short_ids: list[int]) -> pl.DataFrame:
         if not short_ids:
             return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
-        sql = (f"SELECT {pid_sql} AS pid, correlationId, start, gridX, gridY, gridZ, "
-               f"blockX, blockY, blockZ FROM {KERNEL_TABLE} "
-               f"WHERE shortName IN ({','.join(str(int(i)) for i in short_ids)})")
-        frame = _adbc(Path(path), sql)
-        if frame is None:
-            con = connect_readonly(Path(path))
-            try:
-                rows = con.execute(sql).fetchall()
-            finally:
-                con.close()
-            frame = pl.DataFrame(rows, schema=list(LAUNCH_CONFIG_SCHEMA), orient="row", strict=False)
-        if frame.is_empty():
-            return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
-        # evidence, not figures: a value of the wrong type (a damaged export) leaves its row out
-        return frame.select([pl.col(c).cast(t, strict=False).alias(n)
-                             for c, (n, t) in zip(frame.columns, LAUNCH_CONFIG_SCHEMA.items())]).drop_nulls(
-            ["pid", "corr", "start", "grid_x"])
+        return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})")
 
-    return read
+    def window(self, device: int, lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
+        """The kernels of `device` that started from lo to hi. `narrow`: only among the rows
+        whose place in the table says they may have (rows_near): an export's kernel rows are
+        nearly in start order, and a bisection over the rowid finds a step's few thousand rows
+        of millions with a few dozen lookups instead of a scan. Where the order does not hold,
+        some are missed: the caller checks and reads again with narrow=False."""
+        where = f"deviceId = {int(device)} AND start >= {int(lo)} AND start <= {int(hi)}"
+        return self._read(where, (lo, hi) if narrow else None)
+
+    def _read(self, where: str, near: tuple[int, int] | None = None) -> pl.DataFrame:
+        from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, connect_readonly
+
+        con = connect_readonly(self.path)
+        try:
+            try:
+                span = rows_near(con, KERNEL_TABLE, *near) if near is not None else None
+                if span is None:
+                    first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {KERNEL_TABLE}").fetchone()
+                    span = None if first is None else (first, last)
+            except sqlite3.DatabaseError:  # a table without rowids (not nsys's): one plain read
+                span = None
+            have = {r[1] for r in con.execute(f"PRAGMA table_info({KERNEL_TABLE})")}
+            dims = ", ".join(c if c in have else "NULL" for c in _SOURCES.values())  # an old export may lack one
+            # globalPid packs <hw:8><vm:8><pid:24><tid:24>
+            sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {dims} "
+                   f"FROM {KERNEL_TABLE} WHERE {where}")
+            frame = _adbc_slices(self.path, sql, span)
+            if frame is None:
+                if span is not None:
+                    sql += f" AND rowid BETWEEN {span[0]} AND {span[1]}"
+                frame = _typed(pl.DataFrame(con.execute(sql).fetchall(), schema=list(LAUNCH_CONFIG_SCHEMA),
+                                            orient="row", strict=False))
+        finally:
+            con.close()
+        return frame
+
+
+def _typed(frame: pl.DataFrame) -> pl.DataFrame:
+    if frame.is_empty():
+        return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
+    # evidence, not figures: a value of the wrong type (a damaged export) leaves its row out
+    return frame.select([pl.col(c).cast(t, strict=False).alias(n)
+                         for c, (n, t) in zip(frame.columns, LAUNCH_CONFIG_SCHEMA.items())]).drop_nulls(
+        ["pid", "corr", "start"])
+
+
+SLICE_ROWS = 200_000  # a read of more rows is cut into rowid slices read on parallel threads
+
+
+def _adbc_slices(path: Path, sql: str, span: tuple[int, int] | None) -> pl.DataFrame | None:
+    """`sql` over the rows of `span` (rowids, inclusive), in rowid order: in slices on parallel
+    threads when there are many (as the reader reads tables: ADBC's driver releases the GIL
+    while SQLite steps rows); None without the driver."""
+    if span is None:
+        frame = _adbc(path, sql)
+        return None if frame is None else _typed(frame)
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    first, last = span
+    parts = max(1, min(4, os.cpu_count() or 1, (last - first + 1) // SLICE_ROWS))
+    cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
+    sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+    with ThreadPoolExecutor(parts) as pool:
+        frames = list(pool.map(lambda q: _adbc(path, q), sqls))
+    if any(f is None for f in frames):
+        return None
+    return pl.concat([_typed(f) for f in frames])
+
+
+NEAR_MARGIN = 4096  # rows either side of the bisection's bounds: kernels of other streams and devices interleave
+
+
+def rows_near(con, table: str, lo: int, hi: int) -> tuple[int, int] | None:
+    """The rowids from the first row whose start is at or after `lo` to the last at or before
+    `hi`, by bisection over the rowid as if the table were sorted by start, widened by
+    NEAR_MARGIN rows; None for a table without rows."""
+    first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+    if first is None:
+        return None
+
+    def start_at(r: int):
+        row = con.execute(f"SELECT start FROM {table} WHERE rowid >= ? ORDER BY rowid LIMIT 1", (r,)).fetchone()
+        return None if row is None else row[0]
+
+    def bisect(value: int, after: bool) -> int:
+        a, b = first, last + 1  # the first rowid whose start is >= value (> value when after)
+        while a < b:
+            m = (a + b) // 2
+            v = start_at(m)
+            if v is not None and (v > value if after else v >= value):
+                b = m
+            else:
+                a = m + 1
+        return a
+
+    return max(first, bisect(lo, False) - NEAR_MARGIN), min(last, bisect(hi, True) - 1 + NEAR_MARGIN)
+
+
+def nsys_reader(path: str | Path) -> NsysLaunchConfig:
+    return NsysLaunchConfig(path)
 
 
 def _adbc(path: Path, sql: str) -> pl.DataFrame | None:

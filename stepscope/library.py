@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
-from stepscope.analysis.memory import KEEP, ONE_PASS, Retention
+from stepscope.analysis.memory import EXPORT, NOTEBOOK, ONE_PASS, ONE_SHOT, Retention
 from stepscope.errors import InputError
 from stepscope.render import progress
 from stepscope.selection import check_steps, parse_steps
@@ -29,7 +29,7 @@ def bundled_trace() -> Path:
 
 
 def load(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-         cache: bool = True, launch_config: bool = False, memory: Retention = KEEP):
+         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK):
     """Read a trace (nsys SQLite export or PyTorch-profiler JSON; None: the bundled one) and
     analyze its steps: the Inventory. `launch_config`: also read kernels' grid and block (the
     byte budget and the exports need them); `cache=False` neither reads nor writes the Parquet
@@ -56,7 +56,7 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-              cache: bool = True, launch_config: bool = False, memory: Retention = KEEP, steps: str | None = None):
+              cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace."""
     from stepscope.analysis.diagnosis import diagnose
@@ -67,11 +67,14 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     return diagnose(inv).only_steps(steps)
 
 
-def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None):
-    """A trace given as a path, or as the Analysis open_trace returned."""
+def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):
+    """A trace given as a path, or as the Analysis open_trace returned. ONE_SHOT: only the
+    per-step results are read after (the per-event frames go before the next trace is read)."""
     if hasattr(x, "diagnosis"):
         return x.diagnosis.only_steps(steps)
-    return diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=ONE_PASS)
+    d = diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=memory)
+    memory.results_ready(d)
+    return d
 
 
 def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
@@ -92,8 +95,9 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
         graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
         DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
     )
-    da = _diagnosis_of(a, step_regex, rules, cache, steps)
-    db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b)
+    # compare reads each side's per-step results only: one trace's events are gone before the other's are read
+    da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
+    db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
     doc = compared(da, db, consts)
     for tag, d in (("a", da), ("b", db)):
         if "untraced_source" in doc[tag]:
@@ -192,7 +196,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
     cells_path = Path(cells)
     table = read_cells(cells_path)
-    inv = load(trace, launch_config=True, memory=ONE_PASS)  # grid/block: the join to cells
+    inv = load(trace, memory=ONE_PASS)  # the step's grid/block, the join to cells: Inventory.step_acts
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
     picked = parse_steps(steps, inv.step_ids())
@@ -279,7 +283,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, compare, cells, rules)])
 
     def view(path, which):
-        inv = load(path, step_regex, rules, launch_config=True, memory=ONE_PASS)  # grid/block: budget, export args
+        inv = load(path, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
         progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
         return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
@@ -309,10 +313,10 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     if output is not None:
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
     check_steps(steps)  # a bad selection fails before the trace is read
-    inv = load(trace, step_regex, rules, launch_config=True, memory=ONE_PASS)
+    inv = load(trace, step_regex, rules, memory=EXPORT)  # grid/block: read while writing (render/perfetto.py)
     ids = parse_steps(steps, inv.step_ids())
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
-    n = inv.acts.filter(pl.col("step").is_in([int(i) for i in ids])).height
+    n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
     if output is None:
         return Written("".join(export_chunks(inv, ids)), None, tuple(ids), n, True)
     gz = Path(output).suffix.lower() == ".gz"

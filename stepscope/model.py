@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 
@@ -53,6 +54,10 @@ GPU_SCHEMA = {
 }
 PROCESS_SCHEMA = {"pid": I32, "name": pl.String}
 THREAD_SCHEMA = {"pid": I32, "tid": I32, "name": pl.String}
+
+
+# the frames with a row per event: what an analysis lets go of once its activities hold them
+EVENT_FRAMES = ("kernels", "memops", "api")
 
 
 def empty(schema: dict) -> pl.DataFrame:
@@ -86,6 +91,9 @@ class Trace:
     sidecar: dict | None = None
     # the Parquet cache entry this read wrote (ingest/cache.py), None when it wrote none
     cache_entry: Path | None = None
+    # reads this trace again from its file (ingest.read_trace sets it): what brings the event frames back
+    # when they are asked for after drop_event_frames(reread=True)
+    reread: "Callable[[], Trace] | None" = field(default=None, repr=False, compare=False)
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
         """An expression mapping an id column to its string (for use in with_columns)."""
@@ -94,10 +102,27 @@ class Trace:
             self.strings["id"], self.strings["value"], default=None, return_dtype=pl.String
         ).alias(alias)
 
-    def drop_event_frames(self) -> None:
-        """Empty the per-event frames (kernels, memops, API calls) once an analysis holds their
-        rows; what describes the trace (strings, GPUs, NVTX, processes) stays."""
-        self.kernels, self.memops, self.api = self.kernels.clear(), self.memops.clear(), self.api.clear()
+    def drop_event_frames(self, reread: bool = False) -> None:
+        """Let go of the per-event frames (kernels, memops, API calls) once an analysis holds
+        their rows; what describes the trace (strings, GPUs, NVTX, processes) stays. With
+        `reread` a later access reads them again from the trace's file (a notebook may ask);
+        without, an access is a mistake of the caller and says so."""
+        for name in EVENT_FRAMES:
+            self.__dict__.pop(name, None)
+        if not reread:
+            self.reread = None
+
+    def __getattr__(self, name: str):
+        # reached only when normal lookup fails: an event frame drop_event_frames() let go
+        if name not in EVENT_FRAMES:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        if self.__dict__.get("reread") is None:
+            raise AttributeError(f"the trace's {name} frame was let go once the analysis held its rows "
+                                 "(analysis/memory.py): read them from the Inventory's activities")
+        fresh = self.reread()
+        for f in EVENT_FRAMES:
+            self.__dict__[f] = getattr(fresh, f)
+        return self.__dict__[name]
 
     def string_map(self) -> dict[int, str]:
         return dict(zip(self.strings["id"].to_list(), self.strings["value"].to_list()))

@@ -217,6 +217,39 @@ def test_vectorized_export_equals_the_per_event_one(path):
         assert _canonical(export_document(inv, ids)) == _canonical(reference_export_document(inv, ids))
 
 
+@pytest.mark.parametrize("path", ORACLE_TRACES, ids=[p.name for p in ORACLE_TRACES])
+def test_the_export_commands_lean_inventory_writes_the_same(path, monkeypatch):
+    """`export` reads the trace without grid/block and keeps only the columns it writes
+    (memory.EXPORT); the grid/block are read while writing, joined a chunk at a time: the same
+    document as the oracle's from the whole inventory, with chunks small enough to cut steps."""
+    from stepscope import library
+    from stepscope.analysis.memory import EXPORT
+    from stepscope.render import perfetto
+    from tests.perfetto_reference import reference_export_document
+
+    full = analyze_trace(read_trace(path))
+    lean = library.load(path, memory=EXPORT, cache=False)
+    assert lean.trace.format != "nsys-sqlite" or "grid_x" not in lean.acts.columns
+    monkeypatch.setattr(perfetto, "CHUNK_ROWS", 97)
+    for ids in (lean.step_ids(), lean.step_ids()[-2:]):
+        assert _canonical(export_document(lean, ids)) == _canonical(reference_export_document(full, ids))
+
+
+def test_export_without_packed_launch_keys_writes_the_same():
+    """Launches are joined on pid and correlation id packed into one integer where they fit;
+    where one does not (ids above 2^40 here), on the two columns: the same document either way."""
+    from stepscope.render import perfetto
+    from tests.perfetto_reference import reference_export_document
+
+    inv = analyze_trace(read_trace(EAGER))
+    assert perfetto._launch_key(inv.acts) is not None
+    ids = inv.step_ids()[:2]
+    for frame in ("acts", "api", "launch_calls"):  # every frame that holds the ids, consistently
+        setattr(inv, frame, getattr(inv, frame).with_columns(pl.col("corr") + (1 << 41)))
+    assert perfetto._launch_key(inv.acts) is None
+    assert _canonical(export_document(inv, ids)) == _canonical(reference_export_document(inv, ids))
+
+
 def test_run_lanes_equal_lanes_on_random_tracks():
     """_run_lanes (lane 0 for a lone slice, 0/1 for a pair, lanes() for longer runs) against
     lanes() over whole tracks, on tracks with many overlaps of every depth."""
@@ -240,3 +273,17 @@ def test_run_lanes_equal_lanes_on_random_tracks():
             for i, ln in zip(idx, lanes([rows[i][1] for i in idx], [rows[i][2] for i in idx])):
                 want[i] = ln
         assert got == want
+
+
+def test_microsecond_text_is_pythons_repr():
+    """Every timestamp and duration is written as json.dumps writes (ns - t0) / 1000.0: the
+    float's shortest round-trip repr, on a million values of every magnitude and sign."""
+    import numpy as np
+
+    from stepscope.render.perfetto import _us_text
+
+    rng = np.random.default_rng(7)
+    ns = np.concatenate([rng.integers(-10**6, 10**13, 1_000_000), rng.integers(0, 1000, 2000),
+                         [0, 1, 999, 1000, 1706745, 2**53 + 1, 10**18, -1]])
+    got = pl.DataFrame({"ns": ns}).select(_us_text(pl.col("ns")))[:, 0].to_list()
+    assert got == [json.dumps(int(n) / 1000.0) for n in ns]

@@ -144,7 +144,8 @@ def test_phase_evidence_agrees_with_every_recorded_phase():
         names = inv.acts.filter(pl.col("is_kernel")).select(
             "short_id", "demangled_id", *[pl.col(c).cast(pl.String) for c in ("name", "demangled", "class")]
         ).unique(["short_id", "demangled_id"])
-        ev = phase_evidence(inv.acts, inv.steps["step"].to_list(), names, inv.trace.gpus, rules)
+        # the trace was read without grid/block: the evidence reads them from the export, as the analysis does
+        ev = phase_evidence(inv.acts, inv.steps["step"].to_list(), names, inv.trace.gpus, rules, inv.launch_config)
         j = inv.steps.select("step", "phase").join(ev.select("step", pl.col("phase").alias("ev"), "phase_by"), on="step")
         assert j.height == inv.steps.height, path.name
         assert (j["phase"] == j["ev"]).all(), (path.name, j.rows())

@@ -1,6 +1,6 @@
 """Per-step inventory: kernel classes, busy/span/idle, launch calls, layers.
 
-Every figure is computed exactly as ../shared/docs/DEFINITIONS.md defines it, as vectorized
+Every figure is computed exactly as docs/DEFINITIONS.md defines it, as vectorized
 polars expressions over the whole trace at once (no Python loop over kernels or steps).
 """
 
@@ -20,7 +20,7 @@ from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
-from stepscope.launch_config import LaunchConfigReader
+from stepscope.launch_config import DIMS, LaunchConfigReader
 from stepscope.model import Trace
 
 
@@ -34,9 +34,9 @@ class Inventory:
     kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
     acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
                              # (step, start); prev_end: the end of the union before it
-                             # (memory.ONE_SHOT_ACT_COLUMNS only, in a one-shot analysis)
+                             # (narrowed by the memory policy: ONE_SHOT_ACT_COLUMNS, EXPORT_ACT_COLUMNS)
     api: pl.DataFrame        # API calls with flags (only the synchronizing ones, which the gap
-                             # attribution reads, in a one-shot analysis)
+                             # attribution reads, where the memory policy says: analysis/memory.py)
     launch_calls: pl.DataFrame  # the launch calls of each step: step, pid, tid, corr, start, end, api_name
     warnings: list[str] = field(default_factory=list)
     # the collective (class comm) kernels of the whole trace, in or outside a step: step, pid,
@@ -51,6 +51,47 @@ class Inventory:
     # where NVTX ranges name ops (emit_nvtx), by the op that launched it (step, op, family, count, time_ns)
     framework: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FAMILY_SCHEMA))
     framework_ops: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=OP_SCHEMA))
+    # the steps that replay a CUDA graph (a kernel of theirs is a graph node): step. Taken before
+    # any activity frame may go, for the what-if and compare that read it after
+    graph_steps: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"step": pl.Int64}))
+    # reads grid/block of chosen kernels from the export (stepscope.launch_config) when the
+    # trace was read without them; see step_acts()
+    launch_config: LaunchConfigReader | None = None
+
+    def step_acts(self, step: int) -> pl.DataFrame:
+        """One step's activities, with every kernel's grid and block (with_launch_config)."""
+        return self.with_launch_config(self.acts.filter(pl.col("step") == step))
+
+    def with_launch_config(self, a: pl.DataFrame, rows: pl.DataFrame | None = None) -> pl.DataFrame:
+        """Activities `a` (rows of self.acts) with every kernel's grid and block: when the trace
+        was read without them, read for these kernels alone from the export, or taken from
+        `rows` (launch_config_rows() of a frame `a` is part of). Null where neither the trace
+        nor a reader has them, and for memops."""
+        if all(c in a.columns for c in DIMS):
+            return a
+        given = rows is not None
+        rows = rows if given else self.launch_config_rows(a)
+        if rows is None or a.height == 0:
+            return a.with_columns([pl.lit(None, pl.Int64).alias(c) for c in DIMS])
+        dims = _joined_dims(a, rows)
+        if not given and dims.select((pl.col("is_kernel") & pl.col("_hit").is_null()).any()).item():
+            # the narrowed read missed a kernel (the export's rows are not in start order there)
+            dims = _joined_dims(a, self.launch_config_rows(a, narrow=False))
+        return a.hstack(dims.select([pl.when(pl.col("is_kernel")).then(pl.col(c)).alias(c) for c in DIMS]))
+
+    def launch_config_rows(self, a: pl.DataFrame, narrow: bool = True) -> pl.DataFrame | None:
+        """pid, corr, start and grid/block of the kernels of the export that started on the
+        devices and in the time windows of the kernels of `a`, sorted by start; None without a
+        reader (stepscope.launch_config). `narrow`: read where the export's row order says they
+        are (NsysLaunchConfig.window; with_launch_config checks none was missed)."""
+        window = getattr(self.launch_config, "window", None)
+        spans = a.lazy().filter(pl.col("is_kernel")).group_by("device").agg(
+            lo=pl.col("start").min(), hi=pl.col("start").max()).sort("device").collect()
+        if window is None or spans.height == 0:
+            return None
+        rows = pl.concat([window(d, lo, hi, narrow) for d, lo, hi in spans.iter_rows()]).select(
+            *[pl.col(c).cast(a.schema[c]) for c in ("pid", "corr", "start")], *DIMS)
+        return rows if rows["start"].is_sorted() else rows.sort("start", maintain_order=True)
 
     def kernels_with_evidence(self, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
         """`kernels` (default: every step's) with a `class_by` column: what classed a kernel
@@ -83,6 +124,22 @@ class Inventory:
         chk = s.select("step", "kernel_time_sum_ns", "n_kernels").join(kt, on="step", how="left").fill_null(0)
         assert (chk["t"] == chk["kernel_time_sum_ns"]).all()
         assert (chk["n"] == chk["n_kernels"]).all()
+
+
+def _joined_dims(a: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """is_kernel, grid/block and _hit (null: no row of `rows` is that activity) per row of `a`,
+    from the rows (sorted by start) in a's time span. A kernel is its launch (pid, correlation
+    id) and its start: a CUDA graph's kernels share their launch's id. Only the key columns are
+    joined, for a result put beside a's own: a join of the whole frame would copy each column."""
+    keys = ["pid", "corr", "start"]
+    lo, hi = a["start"].min(), a["start"].max()
+    first = rows["start"].search_sorted(lo, side="left")
+    rows = rows.slice(first, rows["start"].search_sorted(hi, side="right") - first).with_columns(_hit=pl.lit(True))
+    dims = a.select(*keys, "is_kernel").join(rows, on=keys, how="left", maintain_order="left")
+    if dims.height != a.height:  # two kernels of one launch that started at the same ns
+        dims = a.select(*keys, "is_kernel").join(rows.unique(keys, keep="first", maintain_order=True), on=keys,
+                                                 how="left", maintain_order="left")
+    return dims
 
 
 def in_steps(acts: pl.DataFrame, *cols: str) -> pl.DataFrame:
@@ -138,6 +195,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
+    graph_steps = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).select(
+        pl.col("step").unique().sort()).collect()
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
@@ -157,8 +216,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
             "they count only in steps delimited by the kernel sequence"
         )
-    return Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                     class_by, families, ops)
+    inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
+                    class_by, families, ops, graph_steps, launch_config)
+    memory.inventory_built(inv)
+    return inv
 
 
 def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list[str]:

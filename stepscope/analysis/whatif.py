@@ -96,11 +96,7 @@ def prologue(inv: Inventory) -> pl.DataFrame:
 
 
 def _graph_steps(inv: Inventory) -> pl.DataFrame:
-    graph_launch_steps = (
-        inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null())
-        .select("step").unique()
-    )
-    return inv.steps.join(graph_launch_steps, on="step", how="semi")
+    return inv.steps.join(inv.graph_steps, on="step", how="semi")
 
 
 def is_graph_trace(inv: Inventory) -> bool:

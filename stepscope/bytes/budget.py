@@ -441,7 +441,7 @@ def step_kernels_from_inventory(inv, step: int, memops: bool = False) -> pl.Data
     """One step's kernels with launch configuration, from the analyzer's Inventory; with
     `memops`, the step's memsets/memcpys too (class `memops`, null launch dims,
     `trace_bytes` = the bytes the trace records; `budget` joins them by those bytes)."""
-    a = inv.acts.filter(pl.col("step") == step)
+    a = inv.step_acts(step)
     if "bytes" not in a.columns:
         a = a.with_columns(pl.lit(None, pl.Int64).alias("bytes"))
     k = (a.filter(pl.col("is_kernel"))
@@ -468,7 +468,7 @@ GEMM_ORDER = ("gemm:qkv", "gemm:o", "gemm:gate_up", "gemm:down")
 
 def step_sequence_from_inventory(inv, step: int) -> pl.DataFrame:
     """One step's kernels one row per launch, in launch order (the order ncu profiles them)."""
-    a = inv.acts.filter((pl.col("step") == step) & pl.col("is_kernel"))
+    a = inv.step_acts(step).filter(pl.col("is_kernel"))
     return (a.sort("launch_start", "start", nulls_last=True)
             .select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String),
                     pl.col("class").cast(pl.String), *DIMS,

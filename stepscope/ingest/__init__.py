@@ -10,14 +10,37 @@ from stepscope.paths import input_file, shown
 
 
 def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
-    """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it."""
+    """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it.
+    The trace can read itself again (Trace.reread), as long as its file is unchanged."""
+    before = _identity(Path(path))
     trace = _read_trace(path, launch_config, cache)
+    trace.reread = _rereader(Path(path), before, launch_config, cache)
     from stepscope.ingest.sidecar import read_sidecar
 
     trace.sidecar, warning = read_sidecar(path)
     if warning:
         trace.warnings.append(warning)
     return trace
+
+
+def _identity(path: Path) -> tuple | None:
+    """What says a file is still the one that was read: size, time and content fingerprint."""
+    from stepscope.ingest.cache import fingerprint
+
+    try:
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns, fingerprint(path) if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _rereader(path: Path, before: tuple | None, launch_config: bool, cache: bool | None):
+    def again() -> Trace:
+        if before is None or _identity(path) != before:
+            raise InputError(f"{shown(path)} changed since it was analyzed: open it again to read its events")
+        return _read_trace(path, launch_config, cache)
+
+    return again
 
 
 def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.launch_config import DIMS
 from stepscope.paths import shown
 from stepscope.render.names import DOCUMENT, cut
 
@@ -90,15 +91,27 @@ def _run_lanes(frame: pl.DataFrame, keys: list[str], start: str, end: str) -> pl
     return out.cast(pl.Int64).alias("_lane")
 
 
+def _launch_key(acts: pl.DataFrame) -> pl.Expr | None:
+    """A launch (pid, correlation id) as one integer, where every one fits (an OS pid below
+    2^23, a correlation id from 0 to 2^40; CUPTI's are 32-bit): a unique or a join on one
+    integer column takes a fraction of the memory and time of one on two. None: they do not."""
+    if acts.height == 0 or acts["corr"].null_count() or acts["pid"].null_count():
+        return None
+    b = acts.select(pl.col("pid").min().alias("p0"), pl.col("pid").max().alias("p1"),
+                    pl.col("corr").min().alias("c0"), pl.col("corr").max().alias("c1")).row(0)
+    if b[0] < 0 or b[1] >= 1 << 23 or b[2] < 0 or b[3] >= 1 << 40:
+        return None
+    return (pl.col("pid").cast(pl.Int64) * (1 << 40) + pl.col("corr").cast(pl.Int64)).alias("_key")
+
+
 def _us_text(ns: pl.Expr) -> pl.Expr:
-    """repr(ns / 1000.0) as text, from the integer: the exact decimal of a whole number of ns
-    in µs is the shortest that round-trips (below 2^53 ns/1000), and polars divides by a
-    constant as a multiplication by its reciprocal (1706.7450000000001 for 1706745 ns)."""
-    a = ns.abs()
-    frac = (a % 1000).cast(pl.String).str.zfill(3).str.strip_chars_end("0")
-    return pl.concat_str(pl.when(ns < 0).then(pl.lit("-")).otherwise(pl.lit("")),
-                         (a // 1000).cast(pl.String), pl.lit("."),
-                         pl.when(frac == "").then(pl.lit("0")).otherwise(frac))
+    """repr(ns / 1000.0) as text: polars writes a float as its shortest round-trip decimal, as
+    Python's repr does. The divisor is a column (x * 0 + 1000): polars divides by a constant as
+    a multiplication by its reciprocal (1706.7450000000001 for 1706745 ns), not by a column. A
+    fifth of the time of spelling the decimal out from the integer (test_export_perfetto holds
+    the text equal to repr on millions of values)."""
+    f = ns.cast(pl.Float64)
+    return (f / (f * 0.0 + 1000.0)).cast(pl.String)
 
 
 def _ts_text(col: str, t0: int) -> pl.Expr:
@@ -119,7 +132,8 @@ def _json_text(frame: pl.DataFrame, col: str, *, cut_to: int | None = None,
                null: str = "null") -> pl.Expr:
     """A text column as JSON strings (json.dumps, cut like names.cut): each distinct value
     encoded once in Python (names repeat: a few hundred per million kernels)."""
-    values = [v for v in frame[col].cast(pl.String).unique().to_list() if v is not None]
+    # distinct values first, then text: a categorical column cast whole would spell out every row
+    values = [v for v in frame[col].unique().cast(pl.String).to_list() if v is not None]
     mapping = {v: json.dumps(cut(v, cut_to) if cut_to else v) for v in values}
     c = pl.col(col).cast(pl.String)
     if not mapping:
@@ -131,7 +145,10 @@ def _lit(text: str) -> pl.Expr:
     return pl.lit(text, pl.String)
 
 
-CHUNK_ROWS = 50_000  # activities encoded per polars pass: bounds the text held at once (~28 MB)
+# activities encoded per polars pass: bounds the text held at once. The expressions' intermediate
+# columns take ~3.5 KB a row: 50,000 rows added 190 MB to a million-kernel export's peak, 10,000
+# add 50 MB in the same time (benchmarks/commands.py)
+CHUNK_ROWS = 10_000
 
 
 def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -> Iterator[str | bytes]:
@@ -146,15 +163,17 @@ def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -
         return text.encode("utf-8") if as_bytes else text
 
     sel = [int(i) for i in step_ids]
-    acts = inv.acts.filter(pl.col("step").is_in(sel)).sort("start", maintain_order=True)
+    acts = _chosen_activities(inv, sel)
     steps = inv.steps.filter(pl.col("step").is_in(sel))
     # the launch call of each activity is on its row already (the inventory joined it)
+    key = _launch_key(acts)
     calls = (
         acts.filter(pl.col("launch_start").is_not_null())
         .select("pid", "tid", "corr", pl.col("launch_start").alias("start"), pl.col("launch_end").alias("end"),
-                pl.col("launch_api").alias("api_name"))
-        .unique(["pid", "corr"], keep="first", maintain_order=True).sort("start", maintain_order=True)
+                pl.col("launch_api").alias("api_name"), *([] if key is None else [key]))
     )
+    calls = (calls.unique(["pid", "corr"], keep="first", maintain_order=True) if key is None
+             else calls.filter(pl.col("_key").is_first_distinct())).sort("start", maintain_order=True)
     times = [acts["start"].min()]
     if calls.height:
         times.append(calls["start"].min())
@@ -228,9 +247,13 @@ def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -
             first = False
 
     # GPU activities, each followed by the flow from its launch call (s) to it (f)
-    src = calls.select("pid", "corr", _lane_tid_expr(pl.col("tid"), pl.col("_lane")).alias("_src_tid"),
+    on = ["pid", "corr"] if key is None else ["_key"]
+    src = calls.select(*on, _lane_tid_expr(pl.col("tid"), pl.col("_lane")).alias("_src_tid"),
                        pl.col("start").alias("_src_start"))
-    acts = acts.join(src, on=["pid", "corr"], how="left", maintain_order="left")
+    # the join on the key columns alone, its new columns put beside the activities' own: a join
+    # of the whole frame would copy every column of a million rows
+    acts = acts.hstack(acts.select(*(on if key is None else [key])).join(src, on=on, how="left", maintain_order="left")
+                       .select("_src_tid", "_src_start"))
     acts = acts.with_columns(
         pl.when(pl.col("_src_tid").is_not_null())
         .then(pl.col("_src_tid").is_not_null().cum_sum()).otherwise(None).alias("_flow"))
@@ -242,31 +265,32 @@ def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -
     gpid = _int_text(pl.col("device").fill_null(0).cast(pl.Int64) + DEVICE_PID_BASE)
     tid = _int_text(_lane_tid_expr(pl.col("stream"), pl.col("_lane")))
     ts = _ts_text("start", t0)
+    # a kernel's args and a memop's, each null on the other's rows and left out by ignore_nulls:
+    # a when/then would build both for every row
     kernel_args = pl.concat_str(
-        _lit(',"demangled":'), dem_json,
+        pl.when(pl.col("is_kernel")).then(_lit(',"demangled":')), dem_json,
         _lit(',"grid":['), _int_text(pl.col("grid_x")), _lit(","), _int_text(pl.col("grid_y")), _lit(","),
         _int_text(pl.col("grid_z")), _lit('],"block":['), _int_text(pl.col("block_x")), _lit(","),
-        _int_text(pl.col("block_y")), _lit(","), _int_text(pl.col("block_z")), _lit("]"),
-        pl.when(pl.col("graph_node_id").is_not_null())
-        .then(pl.concat_str(_lit(',"graph_node_id":'), _int_text(pl.col("graph_node_id"))))
-        .otherwise(_lit("")))
-    args = pl.when(pl.col("is_kernel")).then(kernel_args).otherwise(
-        pl.concat_str(_lit(',"bytes":'), _int_text(pl.col("bytes"))))
+        _int_text(pl.col("block_y")), _lit(","), _int_text(pl.col("block_z")), _lit("]"))
+    graph_arg = pl.concat_str(_lit(',"graph_node_id":'), pl.col("graph_node_id").cast(pl.String))
+    memop_args = pl.concat_str(pl.when(~pl.col("is_kernel")).then(_lit(',"bytes":')), _int_text(pl.col("bytes")))
     x_event = pl.concat_str(
         _lit('{"ph":"X","cat":'), cat_json, _lit(',"name":'), name_json, _lit(',"pid":'), gpid,
         _lit(',"tid":'), tid, _lit(',"ts":'), ts, _lit(',"dur":'), _us_text(pl.col("end") - pl.col("start")),
         _lit(',"args":{"step":'), _int_text(pl.col("step")), _lit(',"correlation":'), _int_text(pl.col("corr")),
-        _lit(',"class":'), cls_json, args, _lit("}}"))
-    flow_id = _int_text(pl.col("_flow"))
-    flow_events = pl.when(pl.col("_flow").is_not_null()).then(pl.concat_str(
+        _lit(',"class":'), cls_json, kernel_args, graph_arg, memop_args, _lit("}}"), ignore_nulls=True)
+    flow_id = pl.col("_flow").cast(pl.String)  # null without a flow: the flow events are left out
+    flow_events = pl.concat_str(
         _lit(',{"ph":"s","cat":"launch","name":"launch","id":'), flow_id, _lit(',"pid":'),
         _int_text(pl.col("pid")), _lit(',"tid":'), _int_text(pl.col("_src_tid")), _lit(',"ts":'),
         _ts_text("_src_start", t0), _lit('},{"ph":"f","bp":"e","cat":"launch","name":"launch","id":'),
-        flow_id, _lit(',"pid":'), gpid, _lit(',"tid":'), tid, _lit(',"ts":'), ts, _lit("}"))).otherwise(_lit(""))
+        flow_id, _lit(',"pid":'), gpid, _lit(',"tid":'), tid, _lit(',"ts":'), ts, _lit("}"))
+    # grid/block, when the trace was read without them: read from the export once, joined a
+    # chunk at a time (a join of a million rows on three keys takes hundreds of MB)
+    dims = None if all(c in acts.columns for c in DIMS) else inv.launch_config_rows(acts, narrow=False)
     for off in range(0, acts.height, CHUNK_ROWS):
-        # the event and its flows as two columns: polars builds them in parallel
-        text = piece(acts.slice(off, CHUNK_ROWS).select(x_event.alias("x"), flow_events.alias("f"))
-                     .select(pl.concat_str("x", "f").str.join(",")))
+        part = inv.with_launch_config(acts.slice(off, CHUNK_ROWS), dims)
+        text = piece(part.select(pl.concat_str(x_event, flow_events, ignore_nulls=True).str.join(",")))
         if text:
             if not first:
                 yield comma
@@ -275,6 +299,24 @@ def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -
     other = {"producer": "stepscope export", "trace": shown(inv.trace.path), "format": inv.trace.format,
              "steps": step_ids, "t0_ns": t0}
     yield small('],"displayTimeUnit":"ns","otherData":' + json.dumps(other, separators=(",", ":")) + "}")
+
+
+# what the events are written from, besides grid/block (analysis/memory.EXPORT_ACT_COLUMNS keeps them)
+EXPORT_COLUMNS = ("step", "device", "stream", "pid", "tid", "corr", "start", "end", "is_kernel", "name", "demangled",
+                  "class", "graph_node_id", "bytes", "launch_start", "launch_end", "launch_api")
+
+
+def _chosen_activities(inv: Inventory, sel: list[int]) -> pl.DataFrame:
+    """The chosen steps' activities in start order (ties in (step, start) order), narrowed to
+    what the events are written from. Without copying them where it can: the activities are
+    sorted by (step, start), so every step's, on one device, is a slice already in start order."""
+    cols = [c for c in (*EXPORT_COLUMNS, "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+            if c in inv.acts.columns]
+    if set(sel) == set(inv.step_ids()):
+        acts = inv.in_steps(*cols)
+    else:
+        acts = inv.acts.lazy().filter(pl.col("step").is_in(sel)).select(cols).collect()
+    return acts if acts["start"].is_sorted() else acts.sort("start", maintain_order=True)
 
 
 def export_document(inv: Inventory, step_ids: list[int]) -> dict:
