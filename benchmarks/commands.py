@@ -18,6 +18,9 @@ compared with `analyze --json`'s, warm like them:
                 the same with _RJEM_MALLOC_CONF set to what the CLI sets for itself
                 (stepscope/native.py): like for like, since a library leaves its host's
                 allocator as it is and polars' default keeps freed pages for a second
+    analyze, polars' allocator
+                analyze under polars' own allocator settings: the API's peak against it is
+                the other like-for-like comparison (for reference, no bound)
     analyze-all stepscope analyze T --json --steps all   (for reference: every step's figures)
 
     python benchmarks/commands.py --sizes 1M,5M --reps 3     # writes benchmarks/commands.md
@@ -42,6 +45,8 @@ import run as _run  # noqa: E402
 sys.path.insert(0, str(HERE.parent))
 from stepscope.native import JEMALLOC_CONF  # noqa: E402
 
+POLARS_JEMALLOC_CONF = "dirty_decay_ms:500,muzzy_decay_ms:1000"  # polars 2.1's own (its __init__.py; 1.33: muzzy -1)
+
 REPO = HERE.parent
 CELLS = REPO / "fixtures" / "ncu" / "h200_llama8b_sweep.parquet"
 API_STEPS = ("import sys; from stepscope import open_trace; a = open_trace(sys.argv[1]); "
@@ -59,6 +64,9 @@ def commands(stepscope: list[str], trace: str, tmp: Path) -> list[tuple[str, lis
         ("export", stepscope + ["export", trace, "-o", str(tmp / "e.json")], (1.3, 1.3), {}),
         ("api.steps", [sys.executable, "-c", API_STEPS, trace], (1.3, 1.3), {}),
         ("api.steps, CLI allocator", [sys.executable, "-c", API_STEPS, trace], (1.3, 1.3), cli_allocator),
+        # the other like for like: analyze under polars' own allocator defaults (a user's setting wins)
+        ("analyze, polars' allocator", stepscope + ["analyze", trace, "--json"], None,
+         {"_RJEM_MALLOC_CONF": POLARS_JEMALLOC_CONF}),
         ("analyze-all", stepscope + ["analyze", trace, "--json", "--steps", "all"], None, {}),
     ]
 
