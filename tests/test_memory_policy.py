@@ -153,3 +153,32 @@ def test_rows_near_holds_every_kernel_of_a_window():
         inside = con.execute("SELECT min(rowid), max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL "
                              "WHERE start BETWEEN ? AND ?", (lo, hi)).fetchone()
         assert a <= inside[0] and inside[1] <= b
+
+
+@pytest.mark.parametrize("path", [EAGER, TP2], ids=lambda p: p.name)
+def test_grid_and_block_of_an_export_whose_rows_are_out_of_order(tmp_path, path):
+    """The kernel rows in random order: the bisection's rows are then no step's, every step is
+    read again whole, and each step's grid/block, the budget's input and the export are still
+    those of a read with grid/block."""
+    import sqlite3
+
+    from stepscope.render.perfetto import export_document
+
+    copy = tmp_path / path.name
+    shutil.copy(path, copy)
+    con = sqlite3.connect(copy)
+    con.execute("CREATE TABLE shuffled AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY random()")
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM shuffled")
+    con.execute("DROP TABLE shuffled")
+    con.commit()
+    first = [r[0] for r in con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY rowid LIMIT 50")]
+    con.close()
+    assert first != sorted(first)
+    full = library.load(copy, launch_config=True, memory=KEEP, cache=False)
+    lean = library.load(copy, cache=False)
+    cols = ["pid", "corr", "start", "is_kernel", *DIMS]
+    for step in lean.step_ids():
+        assert lean.step_acts(step).select(cols).equals(full.step_acts(step).select(cols))
+    ids = full.step_ids()[:2]
+    assert export_document(library.load(copy, memory=EXPORT, cache=False), ids) == export_document(full, ids)
