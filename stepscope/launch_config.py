@@ -33,7 +33,10 @@ class NsysLaunchConfig:
     device that started from lo to hi ns."""
 
     def __init__(self, path: str | Path) -> None:
+        from stepscope.ingest import file_identity
+
         self.path = Path(path)
+        self._identity = file_identity(self.path)  # rows read later must be this file's
 
     def __call__(self, short_ids: list[int]) -> pl.DataFrame:
         if not short_ids:
@@ -50,8 +53,14 @@ class NsysLaunchConfig:
         return self._read(where, (lo, hi) if narrow else None)
 
     def _read(self, where: str, near: tuple[int, int] | None = None) -> pl.DataFrame:
+        from stepscope.errors import InputError
+        from stepscope.ingest import file_identity
         from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, connect_readonly
+        from stepscope.paths import shown
 
+        if self._identity is None or file_identity(self.path) != self._identity:
+            raise InputError(f"{shown(self.path)} changed since it was analyzed: analyze it again to read its "
+                             "kernels' grid and block")
         con = connect_readonly(self.path)
         try:
             try:

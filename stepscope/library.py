@@ -31,8 +31,9 @@ def bundled_trace() -> Path:
 def load(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
          cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK):
     """Read a trace (nsys SQLite export or PyTorch-profiler JSON; None: the bundled one) and
-    analyze its steps: the Inventory. `launch_config`: also read kernels' grid and block (the
-    byte budget and the exports need them); `cache=False` neither reads nor writes the Parquet
+    analyze its steps: the Inventory. `launch_config`: also read every kernel's grid and block
+    (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
+    `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace

@@ -182,3 +182,14 @@ def test_grid_and_block_of_an_export_whose_rows_are_out_of_order(tmp_path, path)
         assert lean.step_acts(step).select(cols).equals(full.step_acts(step).select(cols))
     ids = full.step_ids()[:2]
     assert export_document(library.load(copy, memory=EXPORT, cache=False), ids) == export_document(full, ids)
+
+
+def test_a_changed_export_gives_no_grid_and_block(tmp_path):
+    """A step's grid/block are read after the analysis: from the same file, or not at all."""
+    path = tmp_path / EAGER.name
+    shutil.copy(EAGER, path)
+    inv = library.load(path, cache=False)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(InputError, match="changed since it was analyzed"):
+        inv.step_acts(inv.step_ids()[0])

@@ -4,11 +4,11 @@ A notebook (NOTEBOOK, the API's) keeps the whole inventory, since it may ask for
 activities later, but lets go of the trace's own kernel, memop and API frames once the activity
 frame holds their rows (asked for again, they are read again from the trace's file, its Parquet
 cache when it has one), and keeps of the API calls only the synchronizing ones (the launch calls
-are on the activities' rows and in the inventory's launch calls). KEEP keeps every frame. A command that renders from the inventory
-(ONE_PASS: report, budget, tp) lets go of the trace's own event frames for good; `export`
-(EXPORT) also narrows the activities to the columns its events are written from, as a one-shot
-run does to its own, and keeps no launch calls (it reads them off the activities). A one-shot CLI
-run (ONE_SHOT: `analyze`) reads each frame once, so it empties the trace's kernel, memop and API
+are on the activities' rows and in the inventory's launch calls). KEEP keeps every frame. A
+command that renders from the inventory (ONE_PASS: report, budget, tp) lets go of the trace's
+own event frames for good; `export` (EXPORT) also narrows the activities to the columns its
+events are written from, as a one-shot run does to its own, and keeps no launch calls (it reads
+them off the activities). A one-shot CLI run (ONE_SHOT: `analyze`) reads each frame once, so it empties the trace's kernel, memop and API
 frames as soon as the activity frame holds their rows, keeps of the API calls only the
 synchronizing ones (the gap attribution reads them) once the launch calls are extracted, narrows
 the activities to ONE_SHOT_ACT_COLUMNS, and — for a document written from per-step results —

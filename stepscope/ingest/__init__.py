@@ -12,7 +12,7 @@ from stepscope.paths import input_file, shown
 def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
     """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it.
     The trace can read itself again (Trace.reread), as long as its file is unchanged."""
-    before = _identity(Path(path))
+    before = file_identity(Path(path))
     trace = _read_trace(path, launch_config, cache)
     trace.reread = _rereader(Path(path), before, launch_config, cache)
     from stepscope.ingest.sidecar import read_sidecar
@@ -23,7 +23,7 @@ def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None 
     return trace
 
 
-def _identity(path: Path) -> tuple | None:
+def file_identity(path: Path) -> tuple | None:
     """What says a file is still the one that was read: size, time and content fingerprint."""
     from stepscope.ingest.cache import fingerprint
 
@@ -36,7 +36,7 @@ def _identity(path: Path) -> tuple | None:
 
 def _rereader(path: Path, before: tuple | None, launch_config: bool, cache: bool | None):
     def again() -> Trace:
-        if before is None or _identity(path) != before:
+        if before is None or file_identity(path) != before:
             raise InputError(f"{shown(path)} changed since it was analyzed: open it again to read its events")
         return _read_trace(path, launch_config, cache)
 
