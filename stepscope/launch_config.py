@@ -29,8 +29,8 @@ class NsysLaunchConfig:
     """Reads (pid, corr, start, grid_*, block_*) of chosen kernels from the nsys SQLite export
     at `path` (read-only; through ADBC's Arrow stream when the driver is installed, as the
     reader does: ~4x faster than sqlite3's row tuples). Called with shortName string ids (a
-    LaunchConfigReader): the kernels of those names; `window(device, lo, hi)`: the kernels of a
-    device that started from lo to hi ns."""
+    LaunchConfigReader): the kernels of those names; `window(devices, lo, hi)`: the kernels of
+    those devices that started from lo to hi ns."""
 
     def __init__(self, path: str | Path) -> None:
         from stepscope.ingest import file_identity
@@ -43,13 +43,16 @@ class NsysLaunchConfig:
             return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
         return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})")
 
-    def window(self, device: int, lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
-        """The kernels of `device` that started from lo to hi. `narrow`: only among the rows
+    def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
+        """The kernels of `devices` that started from lo to hi, in the table's row order (one
+        query for every device: an export's rows are in start order across devices, so the
+        rows come sorted as they are, with no copy to sort them). `narrow`: only among the rows
         whose place in the table says they may have (rows_near): an export's kernel rows are
         nearly in start order, and a bisection over the rowid finds a step's few thousand rows
         of millions with a few dozen lookups instead of a scan. Where the order does not hold,
         some are missed: the caller checks and reads again with narrow=False."""
-        where = f"deviceId = {int(device)} AND start >= {int(lo)} AND start <= {int(hi)}"
+        where = (f"deviceId IN ({','.join(str(int(d)) for d in devices)}) AND start >= {int(lo)} "
+                 f"AND start <= {int(hi)}")
         return self._read(where, (lo, hi) if narrow else None)
 
     def _read(self, where: str, near: tuple[int, int] | None = None) -> pl.DataFrame:

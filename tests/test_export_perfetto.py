@@ -273,6 +273,14 @@ def test_run_lanes_equal_lanes_on_random_tracks():
             for i, ln in zip(idx, lanes([rows[i][1] for i in idx], [rows[i][2] for i in idx])):
                 want[i] = ln
         assert got == want
+        # tracks on one packed integer where the keys fit; on the two keys where not (a negative
+        # device here) or where a stream is null (its own track of its device): the same lanes
+        shifted = frame.with_columns(pl.col("device") - 5)
+        assert _run_lanes(shifted, ["device", "stream"], "start", "end").to_list() == want
+        if n:
+            nulled = frame.with_columns(pl.when(pl.col("stream") == 1).then(None).otherwise(pl.col("stream")).alias("stream"))
+            assert (_run_lanes(nulled, ["device", "stream"], "start", "end").to_list()
+                    == _run_lanes(nulled.with_columns(pl.col("device") - 5), ["device", "stream"], "start", "end").to_list())
 
 
 def test_microsecond_text_is_pythons_repr():

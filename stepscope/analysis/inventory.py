@@ -81,15 +81,16 @@ class Inventory:
 
     def launch_config_rows(self, a: pl.DataFrame, narrow: bool = True) -> pl.DataFrame | None:
         """pid, corr, start and grid/block of the kernels of the export that started on the
-        devices and in the time windows of the kernels of `a`, sorted by start; None without a
+        devices and in the time span of the kernels of `a`, sorted by start; None without a
         reader (stepscope.launch_config). `narrow`: read where the export's row order says they
         are (NsysLaunchConfig.window; with_launch_config checks none was missed)."""
         window = getattr(self.launch_config, "window", None)
-        spans = a.lazy().filter(pl.col("is_kernel")).group_by("device").agg(
-            lo=pl.col("start").min(), hi=pl.col("start").max()).sort("device").collect()
-        if window is None or spans.height == 0:
+        k = a.lazy().filter(pl.col("is_kernel")).select(
+            pl.col("device").unique().sort().implode(), lo=pl.col("start").min(), hi=pl.col("start").max()).collect()
+        if window is None or k["lo"][0] is None:
             return None
-        rows = pl.concat([window(d, lo, hi, narrow) for d, lo, hi in spans.iter_rows()]).select(
+        devices = [d for d in k["device"][0].to_list() if d is not None]
+        rows = window(devices, k["lo"][0], k["hi"][0], narrow).select(
             *[pl.col(c).cast(a.schema[c]) for c in ("pid", "corr", "start")], *DIMS)
         return rows if rows["start"].is_sorted() else rows.sort("start", maintain_order=True)
 

@@ -71,11 +71,16 @@ def _run_lanes(frame: pl.DataFrame, keys: list[str], start: str, end: str) -> pl
     takes lanes 0 and 1 (a split-K GEMM and its reduce); only longer runs go through lanes()."""
     if frame.height == 0:
         return pl.Series("_lane", [], pl.Int64)
-    # tracks made contiguous (start order kept within each), so runs are contiguous too
-    f = frame.select(*keys, start, end).with_row_index("_i").sort([*keys, "_i"])
+    # tracks made contiguous (start order kept within each), so runs are contiguous too; on one
+    # packed integer where the two track keys fit (a sort or window on two keys costs several
+    # times the memory)
+    track = _track_key(frame, *keys)
+    f = frame.select(*([track] if track is not None else keys), start, end).with_row_index("_i")
+    by = ["_track"] if track is not None else keys
+    f = f.sort("_track", maintain_order=True) if track is not None else f.sort([*keys, "_i"])
     pos = pl.int_range(pl.len(), dtype=pl.Int64)
     new = (pl.col("_prev").is_null() | (pl.col(start) >= pl.col("_prev")))
-    f = f.with_columns(pl.col(end).cum_max().shift(1).over(keys).alias("_prev")).with_columns(new.alias("_new"))
+    f = f.with_columns(pl.col(end).cum_max().shift(1).over(by).alias("_prev")).with_columns(new.alias("_new"))
     f = f.with_columns(pl.when(pl.col("_new")).then(pos).forward_fill().alias("_first"),
                        pl.when(pl.col("_new").shift(-1, fill_value=True)).then(pos).backward_fill().alias("_last"))
     f = f.with_columns((pos - pl.col("_first")).alias("_k"), (pl.col("_last") - pl.col("_first") + 1).alias("_n"))
@@ -89,6 +94,19 @@ def _run_lanes(frame: pl.DataFrame, keys: list[str], start: str, end: str) -> pl
                 out[i] = ln
         out = pl.Series("_lane", out, pl.Int64)
     return out.cast(pl.Int64).alias("_lane")
+
+
+def _track_key(frame: pl.DataFrame, outer: str, inner: str) -> pl.Expr | None:
+    """A track (device and stream, or pid and tid) as one integer where both fit (the outer key
+    from 0 to 2^31, the inner from 0 to 2^32 - 1; a null inner key is its own track of its outer
+    key, as in a group-by on the two); None where they do not."""
+    b = frame.select(pl.col(outer).min().alias("o0"), pl.col(outer).max().alias("o1"),
+                     pl.col(outer).null_count().alias("on"), pl.col(inner).min().alias("i0"),
+                     pl.col(inner).max().alias("i1")).row(0)
+    if b[0] is None or b[0] < 0 or b[1] >= 1 << 31 or b[2] or (b[3] is not None and (b[3] < 0 or b[4] >= (1 << 32) - 1)):
+        return None
+    inner_v = pl.col(inner).cast(pl.Int64).fill_null((1 << 32) - 1)
+    return (pl.col(outer).cast(pl.Int64) * (1 << 32) + inner_v).alias("_track")
 
 
 def _launch_key(acts: pl.DataFrame) -> pl.Expr | None:
