@@ -290,7 +290,8 @@ def export_chunks(inv: Inventory, step_ids: list[int], as_bytes: bool = False) -
         _lit(',"grid":['), _int_text(pl.col("grid_x")), _lit(","), _int_text(pl.col("grid_y")), _lit(","),
         _int_text(pl.col("grid_z")), _lit('],"block":['), _int_text(pl.col("block_x")), _lit(","),
         _int_text(pl.col("block_y")), _lit(","), _int_text(pl.col("block_z")), _lit("]"))
-    graph_arg = pl.concat_str(_lit(',"graph_node_id":'), pl.col("graph_node_id").cast(pl.String))
+    graph_arg = pl.concat_str(pl.when(pl.col("is_kernel")).then(_lit(',"graph_node_id":')),
+                              pl.col("graph_node_id").cast(pl.String))
     memop_args = pl.concat_str(pl.when(~pl.col("is_kernel")).then(_lit(',"bytes":')), _int_text(pl.col("bytes")))
     x_event = pl.concat_str(
         _lit('{"ph":"X","cat":'), cat_json, _lit(',"name":'), name_json, _lit(',"pid":'), gpid,
