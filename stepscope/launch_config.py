@@ -21,8 +21,6 @@ LAUNCH_CONFIG_SCHEMA = {"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "g
                         "block_z": pl.Int64}
 DIMS = tuple(c for c in LAUNCH_CONFIG_SCHEMA if c.startswith(("grid_", "block_")))
 LaunchConfigReader = Callable[[list[int]], pl.DataFrame]
-_SOURCES = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block_x": "blockX", "block_y": "blockY",
-            "block_z": "blockZ"}
 
 
 class NsysLaunchConfig:
@@ -58,27 +56,29 @@ class NsysLaunchConfig:
     def _read(self, where: str, near: tuple[int, int] | None = None) -> pl.DataFrame:
         from stepscope.errors import InputError
         from stepscope.ingest import file_identity
-        from stepscope.ingest.nsys_sqlite import KERNEL_TABLE, connect_readonly
+        from stepscope.ingest import nsys_sqlite as ns
         from stepscope.paths import shown
 
         if self._identity is None or file_identity(self.path) != self._identity:
             raise InputError(f"{shown(self.path)} changed since it was analyzed: analyze it again to read its "
                              "kernels' grid and block")
-        con = connect_readonly(self.path)
+        table = ns.KERNEL_TABLE
+        con = ns.connect_readonly(self.path)
         try:
             try:
-                span = rows_near(con, KERNEL_TABLE, *near) if near is not None else None
+                span = rows_near(con, table, *near) if near is not None else None
                 if span is None:
-                    first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {KERNEL_TABLE}").fetchone()
+                    first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
                     span = None if first is None else (first, last)
             except sqlite3.DatabaseError:  # a table without rowids (not nsys's): one plain read
                 span = None
-            have = {r[1] for r in con.execute(f"PRAGMA table_info({KERNEL_TABLE})")}
-            dims = ", ".join(c if c in have else "NULL" for c in _SOURCES.values())  # an old export may lack one
+            have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+            # an old export may lack a column
+            dims = ", ".join(c if c in have else "NULL" for c in ns.LAUNCH_COLUMNS.values())
             # globalPid packs <hw:8><vm:8><pid:24><tid:24>
             sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {dims} "
-                   f"FROM {KERNEL_TABLE} WHERE {where}")
-            frame = _adbc_slices(self.path, sql, span)
+                   f"FROM {table} WHERE {where}")
+            frame = _adbc_slices(con, self.path, sql, span)
             if frame is None:
                 if span is not None:
                     sql += f" AND rowid BETWEEN {span[0]} AND {span[1]}"
@@ -98,26 +98,30 @@ def _typed(frame: pl.DataFrame) -> pl.DataFrame:
         ["pid", "corr", "start"])
 
 
-SLICE_ROWS = 200_000  # a read of more rows is cut into rowid slices read on parallel threads
-
-
-def _adbc_slices(path: Path, sql: str, span: tuple[int, int] | None) -> pl.DataFrame | None:
-    """`sql` over the rows of `span` (rowids, inclusive), in rowid order: in slices on parallel
-    threads when there are many (as the reader reads tables: ADBC's driver releases the GIL
-    while SQLite steps rows); None without the driver."""
-    if span is None:
-        frame = _adbc(path, sql)
-        return None if frame is None else _typed(frame)
-    import os
+def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None) -> pl.DataFrame | None:
+    """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
+    ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
+    parallel threads for a big span); None without the driver, or where ADBC met a value of
+    another type than its first (the caller reads through sqlite3 then, typed value by value)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    first, last = span
-    parts = max(1, min(4, os.cpu_count() or 1, (last - first + 1) // SLICE_ROWS))
-    cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
-    sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
-    with ThreadPoolExecutor(parts) as pool:
-        frames = list(pool.map(lambda q: _adbc(path, q), sqls))
-    if any(f is None for f in frames):
+    from stepscope.ingest import nsys_sqlite as ns
+
+    ns._attach_adbc(con, path)
+    db = con._stepscope_adbc
+    if db is None:
+        return None
+    if span is None:
+        sqls = [sql]
+    else:
+        first, last = span
+        parts = ns.read_threads() if last - first + 1 > ns.SLICE_MIN_ROWS else 1
+        cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
+        sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+    try:
+        with ThreadPoolExecutor(len(sqls)) as pool:
+            frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))
+    except ns._ReadError:
         return None
     return pl.concat([_typed(f) for f in frames])
 
@@ -153,28 +157,3 @@ def rows_near(con, table: str, lo: int, hi: int) -> tuple[int, int] | None:
 
 def nsys_reader(path: str | Path) -> NsysLaunchConfig:
     return NsysLaunchConfig(path)
-
-
-def _adbc(path: Path, sql: str) -> pl.DataFrame | None:
-    """One query through ADBC's low-level API (its DB-API layer would import pyarrow and pandas),
-    or None without the driver."""
-    try:
-        import adbc_driver_manager
-        import adbc_driver_sqlite
-    except ImportError:
-        return None
-    db = adbc_driver_sqlite.connect(path.resolve().as_uri() + "?mode=ro")
-    try:
-        conn = adbc_driver_manager.AdbcConnection(db)
-        try:
-            stmt = adbc_driver_manager.AdbcStatement(conn)
-            try:
-                stmt.set_sql_query(sql)
-                stream, _ = stmt.execute_query()
-                return pl.DataFrame(stream)
-            finally:
-                stmt.close()
-        finally:
-            conn.close()
-    finally:
-        db.close()

@@ -30,6 +30,14 @@ KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 SLICE_MIN_ROWS = 200_000  # below this a table is read in one query
+# the kernels' launch configuration: the model's column -> the export's
+LAUNCH_COLUMNS = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block_x": "blockX",
+                  "block_y": "blockY", "block_z": "blockZ"}
+
+
+def read_threads() -> int:
+    """How many threads read a big table's rowid slices."""
+    return max(1, min(4, os.cpu_count() or 1))
 ADBC_BATCH_ROWS = 65_536
 API_NAME_FILTER = " OR ".join(f"value GLOB '{p}*'" for p in apinames.KEPT)
 
@@ -148,7 +156,7 @@ def _bulk_frames(con: sqlite3.Connection, queries: list[typed.Query]) -> list[tu
     db = getattr(con, "_stepscope_adbc", None)
     if db is None:
         return [typed.clean(_rows(con, q), q, True) for q in queries]
-    threads = max(1, min(4, os.cpu_count() or 1))
+    threads = read_threads()
     slices = []
     for q in queries:
         last = 0
@@ -346,8 +354,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
             C("short_id", "shortName", I32), C("demangled_id", "demangledName", I32)]
     if launch_config:
         cols += [C(name, schema.col_or_null(k, col), required=False, source=col)
-                 for name, col in (("grid_x", "gridX"), ("grid_y", "gridY"), ("grid_z", "gridZ"),
-                                   ("block_x", "blockX"), ("block_y", "blockY"), ("block_z", "blockZ"))]
+                 for name, col in LAUNCH_COLUMNS.items()]
     if graphs:
         cols.append(C("graph_node_id", "graphNodeId", required=False))
     queries = [typed.Query(k, cols)]
