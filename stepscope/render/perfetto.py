@@ -96,30 +96,33 @@ def _run_lanes(frame: pl.DataFrame, keys: list[str], start: str, end: str) -> pl
     return out.cast(pl.Int64).alias("_lane")
 
 
-def _track_key(frame: pl.DataFrame, outer: str, inner: str) -> pl.Expr | None:
-    """A track (device and stream, or pid and tid) as one integer where both fit (the outer key
-    from 0 to 2^31, the inner from 0 to 2^32 - 1; a null inner key is its own track of its outer
-    key, as in a group-by on the two); None where they do not."""
-    b = frame.select(pl.col(outer).min().alias("o0"), pl.col(outer).max().alias("o1"),
-                     pl.col(outer).null_count().alias("on"), pl.col(inner).min().alias("i0"),
-                     pl.col(inner).max().alias("i1")).row(0)
-    if b[0] is None or b[0] < 0 or b[1] >= 1 << 31 or b[2] or (b[3] is not None and (b[3] < 0 or b[4] >= (1 << 32) - 1)):
+def _packed(frame: pl.DataFrame, outer: str, inner: str, bits: int, alias: str,
+            inner_nulls: bool = False) -> pl.Expr | None:
+    """Two integer key columns as one Int64, outer * 2^bits + inner, where every value fits
+    (outer from 0 below 2^(63 - bits), inner from 0 below 2^bits - 1): a sort, window, unique
+    or join on one integer column takes a fraction of the memory and time of one on two. With
+    `inner_nulls` a null inner key is 2^bits - 1, its own value, as a group-by on the two keeps
+    it; without, a null in either makes it None, as does a value that does not fit."""
+    b = frame.select(o0=pl.col(outer).min(), o1=pl.col(outer).max(), on=pl.col(outer).null_count(),
+                     i0=pl.col(inner).min(), i1=pl.col(inner).max(), inn=pl.col(inner).null_count()).row(0)
+    o0, o1, on, i0, i1, inn = b
+    if o0 is None or o0 < 0 or o1 >= 1 << (63 - bits) or on or (inn and not inner_nulls):
         return None
-    inner_v = pl.col(inner).cast(pl.Int64).fill_null((1 << 32) - 1)
-    return (pl.col(outer).cast(pl.Int64) * (1 << 32) + inner_v).alias("_track")
+    if i0 is not None and (i0 < 0 or i1 >= (1 << bits) - 1):
+        return None
+    return (pl.col(outer).cast(pl.Int64) * (1 << bits)
+            + pl.col(inner).cast(pl.Int64).fill_null((1 << bits) - 1)).alias(alias)
+
+
+def _track_key(frame: pl.DataFrame, outer: str, inner: str) -> pl.Expr | None:
+    """A track (device and stream, or pid and tid) as one integer; a null stream or thread is
+    its own track of its device or process."""
+    return _packed(frame, outer, inner, 32, "_track", inner_nulls=True)
 
 
 def _launch_key(acts: pl.DataFrame) -> pl.Expr | None:
-    """A launch (pid, correlation id) as one integer, where every one fits (an OS pid below
-    2^23, a correlation id from 0 to 2^40; CUPTI's are 32-bit): a unique or a join on one
-    integer column takes a fraction of the memory and time of one on two. None: they do not."""
-    if acts.height == 0 or acts["corr"].null_count() or acts["pid"].null_count():
-        return None
-    b = acts.select(pl.col("pid").min().alias("p0"), pl.col("pid").max().alias("p1"),
-                    pl.col("corr").min().alias("c0"), pl.col("corr").max().alias("c1")).row(0)
-    if b[0] < 0 or b[1] >= 1 << 23 or b[2] < 0 or b[3] >= 1 << 40:
-        return None
-    return (pl.col("pid").cast(pl.Int64) * (1 << 40) + pl.col("corr").cast(pl.Int64)).alias("_key")
+    """A launch (pid, correlation id; CUPTI's ids are 32-bit) as one integer."""
+    return _packed(acts, "pid", "corr", 40, "_key")
 
 
 def _us_text(ns: pl.Expr) -> pl.Expr:
