@@ -229,13 +229,13 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     # untraced, a graph replay's launch costs microseconds; vLLM hides its prologue behind the
     # previous step's GPU work (async scheduling), a synchronous engine does not
     graph = pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)
-    # a vLLM step's untraced figure never exceeds its traced one: under async scheduling the
-    # untraced figure is the step period, which the traced step (queued behind its predecessor
-    # no longer than its own GPU work) bounds (DEFINITIONS.md, "Serving runs")
+    # a vLLM step's untraced estimate never exceeds its traced step: taking nsys out of the host
+    # shortens a step, never lengthens it (DEFINITIONS.md, "Serving runs"); a measurement stands
+    # as measured
     s = s.join(inv.steps.select("step", "step_time_ns"), on="step", how="left")
     cap = pl.when(is_vllm_step()).then(pl.col("step_time_ns"))
-    s = s.with_columns([pl.when(pl.col(c).is_not_null()).then(pl.min_horizontal(c, cap)).alias(c)
-                        for c in ("measured_ns", "estimated_ns")])
+    s = s.with_columns(pl.when(pl.col("estimated_ns").is_not_null()).then(pl.min_horizontal("estimated_ns", cap))
+                       .alias("estimated_ns"))
     return s.select(
         "step",
         pl.coalesce("measured_ns", "estimated_ns").alias("untraced_step_time_ns"),

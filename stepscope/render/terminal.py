@@ -26,6 +26,14 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return out
 
 
+def host_clause(f: dict, s: dict) -> str:
+    """What a host-bound step waits on: the share of the step the GPU idles for the host and
+    the largest part of it (input preparation, launching, sampling and output)."""
+    wait = f.get("host_wait_ns") or 0
+    return (f"; the GPU waits on the host {100 * wait / max(s['step_time_ns'], 1):.0f}% of it"
+            f" ({ms(wait)}), most of it in {f.get('host_bound_on')}")
+
+
 def verdict_line(v: StepDiagnosis) -> str:
     """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
     for a rank of a multi-rank trace, also which rank binds the TP step and why."""
@@ -45,7 +53,9 @@ def verdict_line(v: StepDiagnosis) -> str:
             if pred is not None:
                 out += f" ({ms(pred)} under nsys)"
         elif u["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1):.0f}% of it"
+            out += f"; the GPU is busy {min(100, 100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1)):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, s)
         if u["verdict"] != f["verdict"]:
             out += f" (under nsys: {f['verdict']})"
     else:
@@ -57,6 +67,8 @@ def verdict_line(v: StepDiagnosis) -> str:
             out += f"; CUDA graphs would cut it to about {ms(pred)}"
         elif f["verdict"] == "device-bound":
             out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, s)
     if top:
         out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
         wait = (tp or {}).get("collective_wait_ns")
