@@ -85,6 +85,7 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
                       if s["untraced_step_time_ns"].null_count() == 0 else None)
     measured = int((s["untraced_source"] == "measured").sum())
     busy = int(s["gpu_busy_ns"].sum())
+    inside = (busy + sum(gap.values()) + int(s["host_prep_ns"].sum()) + int(s["host_after_ns"].sum()))
     return {
         "steps": s.height,
         "wall_ns": wall,
@@ -99,6 +100,9 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
             "host_prep_ns": int(s["host_prep_ns"].sum()),
             "host_after_ns": int(s["host_after_ns"].sum()),
             "between_steps_ns": wall - total,
+            # a step's GPU work that started before its begin (on another stream, beside the
+            # previous step's): counted in both steps' parts, taken out once here
+            "overlap_ns": inside - total,
         },
         "verdicts": {k: int(n) for k, n in s["verdict"].value_counts().iter_rows()},
         "slowest": slowest,

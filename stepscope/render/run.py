@@ -77,6 +77,8 @@ def time_rows(view: dict) -> list[tuple[str, int]]:
             ("host before the GPU work (input preparation)", t["host_prep_ns"]),
             ("host after the GPU work (sampling, output)", t["host_after_ns"]),
             ("between steps", t["between_steps_ns"])]
+    if t.get("overlap_ns"):
+        rows.append(("GPU work beside the previous step's (counted twice above)", -t["overlap_ns"]))
     return rows
 
 
