@@ -119,3 +119,85 @@ def render_run(view: dict, console, width: int | None = None) -> None:
     for r in view["slowest"]:
         console.print(f"  step {r['index']} · {ms(r['step_time_ns'])} · {term(r['kind'])} · "
                       f"{composition_text(r)} · {why(r)}")
+
+
+PHASE_COLORS = {"decode": "#4e79a7", "mixed": "#f28e2b", "prefill": "#e15759"}
+
+
+def run_html(view: dict, steps: list[dict] | None = None) -> str:
+    """The run view as HTML: the headline, the kinds, where the time went, the slowest steps and,
+    given `steps` (index, begin_ns, step_time_ns, phase per step), step time over the run as an
+    inline SVG chart."""
+    from html import escape
+
+    out = [f'<p><b>{escape(headline(view))}</b></p>']
+    tp = throughput_text(view)
+    if tp:
+        out.append(f"<p>{escape(tp)}</p>")
+    if steps:
+        out.append(step_time_chart(steps))
+    head = "".join(f"<th>{h}</th>" for h in ("kind", "steps", "share", "p50 ms", "p90 ms", "max ms", "tokens"))
+    rows = "".join(
+        f"<tr><td>{escape(k['kind'])}</td><td>{k['count']}</td><td>{100 * k['share']:.0f}%</td>"
+        f"<td>{k['p50_ns'] / 1e6:.3f}</td><td>{k['p90_ns'] / 1e6:.3f}</td><td>{k['max_ns'] / 1e6:.3f}</td>"
+        f"<td>{'–' if k['tokens'] is None else format(k['tokens'], ',')}</td></tr>" for k in view["kinds"])
+    out.append(f'<table id="run-kinds"><tr>{head}</tr>{rows}</table>')
+    wall = max(view["wall_ns"], 1)
+    rows = "".join(f"<tr><td>{escape(w)}</td><td>{ns / 1e6:,.3f}</td><td>{100 * ns / wall:.1f}%</td></tr>"
+                   for w, ns in time_rows(view))
+    out.append(f'<table id="run-time"><tr><th>where the run\'s {escape(ms(view["wall_ns"]))} went</th>'
+               f"<th>ms</th><th>share</th></tr>{rows}</table>")
+    rows = "".join(
+        f"<tr><td>{r['index']}</td><td>{r['step_time_ns'] / 1e6:.3f}</td><td>{escape(r['kind'])}</td>"
+        f"<td>{escape(composition_text(r))}</td><td>{escape(why(r))}</td></tr>" for r in view["slowest"])
+    out.append('<table id="run-slowest"><tr><th>slowest step</th><th>ms</th><th>kind</th><th>composition</th>'
+               f"<th>why</th></tr>{rows}</table>")
+    return "".join(out)
+
+
+def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> str:
+    """Step time over the run: one dot per step at its begin, coloured by phase."""
+    from html import escape
+
+    t0 = min(s["begin_ns"] for s in steps)
+    span = max(max(s["begin_ns"] for s in steps) - t0, 1)
+    top = max(max(s["step_time_ns"] for s in steps), 1)
+    left, bottom = 50, 24
+    pw, ph = width - left - 10, height - bottom - 10
+    dots = []
+    for s in steps:
+        x = left + pw * (s["begin_ns"] - t0) / span
+        y = 10 + ph * (1 - s["step_time_ns"] / top)
+        col = PHASE_COLORS.get(s.get("phase") or "", "#999")
+        dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{col}"><title>step {s["index"]}: '
+                    f'{escape(str(s.get("phase") or "?"))}, {s["step_time_ns"] / 1e6:.3f} ms at '
+                    f'{(s["begin_ns"] - t0) / 1e9:.3f} s</title></circle>')
+    axes = (f'<line x1="{left}" y1="{10 + ph}" x2="{left + pw}" y2="{10 + ph}" stroke="#999"/>'
+            f'<line x1="{left}" y1="10" x2="{left}" y2="{10 + ph}" stroke="#999"/>'
+            f'<text x="{left - 4}" y="14" text-anchor="end">{top / 1e6:.1f} ms</text>'
+            f'<text x="{left - 4}" y="{10 + ph}" text-anchor="end">0</text>'
+            f'<text x="{left}" y="{height - 6}">0 s</text>'
+            f'<text x="{left + pw}" y="{height - 6}" text-anchor="end">{span / 1e9:.3f} s</text>')
+    legend = "".join(f'<tspan fill="{c}">● {p}</tspan> ' for p, c in PHASE_COLORS.items())
+    return (f'<svg class="chart" id="run-chart" width="{width}" height="{height}" role="img" '
+            f'aria-label="step time over the run">{axes}{"".join(dots)}'
+            f'<text x="{left + 8}" y="22">{legend}</text></svg>')
+
+
+def run_markdown(view: dict, cell) -> list[str]:
+    """The run view as Markdown lines; `cell` escapes a table cell."""
+    out = [f"**{cell(headline(view))}**", ""]
+    tp = throughput_text(view)
+    if tp:
+        out += [tp, ""]
+    out += ["| kind | steps | share | p50 ms | p90 ms | max ms | tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
+    out += [f"| {cell(k['kind'])} | {k['count']} | {100 * k['share']:.0f}% | {k['p50_ns'] / 1e6:.3f} | "
+            f"{k['p90_ns'] / 1e6:.3f} | {k['max_ns'] / 1e6:.3f} | "
+            f"{'–' if k['tokens'] is None else format(k['tokens'], ',')} |" for k in view["kinds"]]
+    wall = max(view["wall_ns"], 1)
+    out += ["", f"| where the run's {ms(view['wall_ns'])} went | ms | share |", "|---|---:|---:|"]
+    out += [f"| {cell(w)} | {ns / 1e6:,.3f} | {100 * ns / wall:.1f}% |" for w, ns in time_rows(view)]
+    out += ["", "| slowest step | ms | kind | composition | why |", "|---:|---:|---|---|---|"]
+    out += [f"| {r['index']} | {r['step_time_ns'] / 1e6:.3f} | {cell(r['kind'])} | {cell(composition_text(r))} | "
+            f"{cell(why(r))} |" for r in view["slowest"]]
+    return out + [""]
