@@ -156,3 +156,22 @@ def test_analyze_opens_with_the_run_and_json_has_it():
     doc = json.loads(j.stdout)
     assert doc["run"]["steps"] == 132 and len(doc["steps"]) == 132
     assert doc["run"]["kinds"][0]["kind"] == "mixed · eager · 17–32 reqs"
+
+
+def test_reports_open_with_the_run_and_chart_every_step(tmp_path):
+    html = library.report(export("graph"), tmp_path / "r.html").text
+    assert html.index('id="run"') < html.index("<h2>Summary</h2>")
+    chart = html[html.index('id="run-chart"'):]
+    chart = chart[: chart.index("</svg>")]
+    assert chart.count("<circle") == 132
+    assert "132 steps in 2.445 s" in html
+    md = library.report(export("graph"), tmp_path / "r.md").text
+    assert md.index("### The run") < md.index("| kind | steps |")
+    assert "| mixed · eager · 17–32 reqs | 30 |" in md
+
+
+def test_a_single_step_trace_has_no_run_view():
+    from conftest import FIXTURES
+
+    d = diagnose(library.load(FIXTURES / "llama8b_decode_b1_eager.sqlite", None, None, cache=False))
+    assert run_view(d) is None
