@@ -73,7 +73,7 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     The launching call brings its thread, times, name and the step window it started in (the
     `window` column of `api`, when present)."""
     k = kernels.with_columns(pl.lit(True).alias("is_kernel"), pl.lit(None, MEMOP_DTYPE).alias("memop"),
-                             pl.lit(None, pl.Int64).alias("bytes"))
+                             pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.Int32).alias("copy_kind"))
     if memops.height:
         m = memops.rename({"kind": "memop"}).with_columns(pl.lit(False).alias("is_kernel"))
         m = m.select([pl.col(c) if c in m.columns else pl.lit(None, t).alias(c) for c, t in k.schema.items()])
@@ -281,17 +281,22 @@ MIN_STEP_KERNELS = 4
 
 
 def split_repeats(keys: np.ndarray, is_kernel: np.ndarray, gap_before: np.ndarray,
-                  sync_pos: np.ndarray) -> tuple[np.ndarray, bool] | None:
+                  sync_pos: np.ndarray, copy_pos: np.ndarray | None = None) -> tuple[np.ndarray, bool] | None:
     """Where a sequence that repeats one whole step K times is cut into its steps.
 
     keys: one name id per activity in launch order (memops any key); gap_before: the idle
     time before each activity; sync_pos: for each host synchronization, the index of the
-    first activity launched after it. Returns (the K - 1 indices where a step begins, whether
-    every cut is at a synchronization), or None when the sequence is not K whole steps.
+    first activity launched after it; copy_pos: the indices of the device-to-host copies (the
+    sampled tokens' way out). Returns (the K - 1 indices where a step begins, whether every
+    cut is at a synchronization), or None when the sequence is not K whole steps.
 
     Anchors are the K occurrences of one of the rarest names (the one spaced most evenly):
     between two consecutive anchors lies one step boundary, placed at a synchronization when
-    one falls between them (the widest gap among those), else at the widest idle gap.
+    one falls between them (the widest gap among those); else just after the last
+    device-to-host copy between them; else as far before the anchor as the first anchor lies
+    from the sequence's start (every step begins the way the first one does). Should those
+    cuts not give K alike steps, the boundary without a synchronization sits at the widest
+    idle gap between the anchors instead.
     """
     kern = keys[is_kernel]
     if kern.size < 2 * MIN_STEP_KERNELS:
@@ -311,22 +316,40 @@ def split_repeats(keys: np.ndarray, is_kernel: np.ndarray, gap_before: np.ndarra
         if spread is None or s < spread:
             best, spread = at, s
     syncs = np.unique(sync_pos[(sync_pos > 0) & (sync_pos < keys.size)])
-    cuts, at_sync = [], True
-    for lo, hi in zip(best[:-1], best[1:]):
-        cand = syncs[(syncs > lo) & (syncs <= hi)]
-        if cand.size == 0:
+    after_copy = np.unique(np.asarray(copy_pos if copy_pos is not None else [], dtype=np.int64) + 1)
+    depth = int(best[0])  # how far into the first step its anchor lies
+    for structural in (True, False):
+        cuts, at_sync = [], True
+        for lo, hi in zip(best[:-1], best[1:]):
+            cand = syncs[(syncs > lo) & (syncs <= hi)]
+            if cand.size:
+                cuts.append(int(cand[np.argmax(gap_before[cand])]))
+                continue
             at_sync = False
+            if structural:
+                out = after_copy[(after_copy > lo) & (after_copy <= hi)]
+                if out.size:
+                    cuts.append(int(out[-1]))
+                    continue
+                if lo < hi - depth <= hi:
+                    cuts.append(int(hi - depth))
+                    continue
             cand = np.arange(lo + 1, hi + 1)
-        cuts.append(int(cand[np.argmax(gap_before[cand])]))
-    cuts = np.asarray(cuts, dtype=np.int64)
-    bounds = np.concatenate(([0], cuts, [keys.size]))
+            cuts.append(int(cand[np.argmax(gap_before[cand])]))
+        cuts = np.asarray(cuts, dtype=np.int64)
+        if _alike_pieces(kern, rows, cuts, keys.size):
+            return cuts, at_sync
+    return None
+
+
+def _alike_pieces(kern: np.ndarray, rows: np.ndarray, cuts: np.ndarray, n: int) -> bool:
+    """Whether the cuts give pieces that hold the same kernels (each alike the largest)."""
+    bounds = np.concatenate(([0], cuts, [n]))
     pieces = [kern[np.searchsorted(rows, a):np.searchsorted(rows, b)] for a, b in zip(bounds[:-1], bounds[1:])]
     ref = max(pieces, key=len)
     ref_names, ref_counts = np.unique(ref, return_counts=True)
-    for piece in pieces:
-        if piece.size < MIN_STEP_KERNELS or _alike(piece, ref_names, ref_counts) < REPEAT_ALIKE:
-            return None
-    return cuts, at_sync
+    return all(piece.size >= MIN_STEP_KERNELS and _alike(piece, ref_names, ref_counts) >= REPEAT_ALIKE
+               for piece in pieces)
 
 
 def _alike(piece: np.ndarray, ref_names: np.ndarray, ref_counts: np.ndarray) -> float:
@@ -345,6 +368,16 @@ def _activity_keys(acts: pl.DataFrame) -> np.ndarray:
         pl.when(pl.col("is_kernel")).then(pl.col("demangled_id"))
         .when(pl.col("memop") == "memcpy").then(-1).otherwise(-2)
     ).to_series().to_numpy()
+
+
+DEVICE_TO_HOST = 2  # nsys's copyKind of a device-to-host copy
+
+
+def _to_host(acts: pl.DataFrame) -> np.ndarray:
+    """Positions (in the frame's order) of the device-to-host copies."""
+    if "copy_kind" not in acts.columns:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((acts["copy_kind"] == DEVICE_TO_HOST).fill_null(False).to_numpy())
 
 
 def _gap_before(acts: pl.DataFrame) -> np.ndarray:
@@ -372,7 +405,7 @@ def split_capture_windows(windows: pl.DataFrame, acts: pl.DataFrame, api: pl.Dat
             out.append(w)
             continue
         a = (acts.filter(pl.col("window") == w["window"])
-             .select("device", "launch_start", "start", "end", "is_kernel", "demangled_id", "memop")
+             .select("device", "launch_start", "start", "end", "is_kernel", "demangled_id", "memop", "copy_kind")
              .sort("launch_start", "start"))
         if a.height == 0 or a["device"].n_unique() > 1:
             out.append(w)
@@ -381,7 +414,8 @@ def split_capture_windows(windows: pl.DataFrame, acts: pl.DataFrame, api: pl.Dat
                         & (pl.col("start") <= w["w_end"])).sort("start")
         launch = a["launch_start"].to_numpy()
         pos = np.searchsorted(launch, s["start"].to_numpy(), side="right")
-        found = split_repeats(_activity_keys(a), a["is_kernel"].to_numpy(), _gap_before_in_order(a), pos)
+        found = split_repeats(_activity_keys(a), a["is_kernel"].to_numpy(), _gap_before_in_order(a), pos,
+                              _to_host(a))
         if found is None:
             out.append(w)
             continue
@@ -435,7 +469,7 @@ def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tup
             # calls launch in start order on one device stream: a sync's position is the first
             # activity whose launch follows it
             pos = np.searchsorted(np.maximum.accumulate(launch), mine, side="right")
-            whole = split_repeats(keys, grp["is_kernel"].to_numpy(), _gap_before(grp), pos)
+            whole = split_repeats(keys, grp["is_kernel"].to_numpy(), _gap_before(grp), pos, _to_host(grp))
             if whole is not None and 2 * p > len(keys) / (len(whole[0]) + 1):
                 whole = None
         if whole is not None:
