@@ -61,6 +61,7 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
         names.alias("api_name"),
         flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
         flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
+        flag(lambda n: n.startswith(apinames.COPY_SET), "is_copy"),
         flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
         flag(lambda n: n.startswith(apinames.PROFILER_START), "is_prof_start"),
         flag(lambda n: n.startswith(apinames.PROFILER_STOP), "is_prof_stop"),
@@ -168,6 +169,47 @@ def _extend_vllm_windows(w: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
     new_end = [ends.get(i) for i in idx]
     return w.with_columns(pl.Series("_e", new_end, dtype=pl.Int64)).with_columns(
         pl.coalesce("_e", "w_end").alias("w_end")).drop("_e")
+
+
+def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """Engine iterations from vLLM's own scheduler ranges (VLLM_NVTX_SCOPES_FOR_PROFILING=1,
+    no step range): the `schedule: …` ranges of one thread with no launch call of the process
+    between them are one iteration's scheduling; the iteration runs from its first one to the
+    next iteration's (the last to the end of the process's recorded work). The work before a
+    process's first scheduling is a step only inside a capture range opened before it (the
+    capture began in the middle of an iteration); otherwise it is the engine's start-up, in no
+    step. An iteration that launched nothing is no step."""
+    if nvtx.is_empty():
+        return _no_windows()
+    sched = nvtx.filter(pl.col("name").str.starts_with(VLLM_SCHEDULE_PREFIX)).select(
+        pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), "start").sort("pid", "tid", "start")
+    if sched.is_empty():
+        return _no_windows()
+    calls = api.select(pl.col("pid").cast(pl.Int64), "start", "end", (pl.col("is_launch") | pl.col("is_copy")),
+                       "is_prof_start").filter(pl.col("is_launch") | pl.col("is_prof_start"))
+    rows = []
+    for (pid, tid), grp in sched.group_by(["pid", "tid"], maintain_order=True):
+        mine = calls.filter(pl.col("pid") == pid)
+        launch = np.sort(mine.filter(pl.col("is_launch"))["start"].to_numpy())
+        at = grp["start"].to_numpy()
+        before = np.searchsorted(launch, at, side="left")  # launches of the process before each range
+        first = np.concatenate(([True], before[1:] > before[:-1]))
+        starts = at[first]
+        ends = np.concatenate((starts[1:] - 1, [OPEN_END]))
+        opened = mine.filter(pl.col("is_prof_start") & (pl.col("end") < int(starts[0])))["end"]
+        if opened.len():
+            rows.append((pid, None, int(opened.max()), int(starts[0]) - 1, "capture start to the first schedule",
+                         "schedule"))
+        for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist())):
+            rows.append((pid, None, lo, hi, f"schedule #{i + 1}", "schedule"))
+    w = pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row")
+    # keep the iterations that launched something
+    lc = calls.filter(pl.col("is_launch")).select("pid", "start").sort("pid", "start")
+    hit = w.with_row_index("_i").sort("w_start").join_asof(
+        lc.rename({"start": "_call"}), left_on="w_start", right_on="_call", by="pid", strategy="forward",
+        check_sortedness=False)
+    keep = hit.filter(pl.col("_call").is_not_null() & (pl.col("_call") <= pl.col("w_end")))["_i"]
+    return w.with_row_index("_i").filter(pl.col("_i").is_in(keep.implode())).drop("_i")
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
@@ -522,6 +564,7 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
     covered: set[int] = set()
     for make in (
         lambda: _windows_nvtx(trace.nvtx, step_regex),
+        lambda: _windows_schedule(trace.nvtx, api),
         lambda: _windows_capture(api),
         lambda: _windows_graph(api),
     ):

@@ -1,0 +1,143 @@
+"""Engine steps of traces that lack vLLM's step ranges (issue 33, item 5): real exports with
+their `execute_context_…` ranges, or every NVTX range, or their syncs taken out with sqlite3;
+the steps expected are the ones the removed rows delimited, counted in plain SQL over the
+original file."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+
+from stepscope.api import open_trace
+from tests.conftest import FIXTURES, need, ro
+
+VLLM = FIXTURES / "vllm"
+R5 = FIXTURES / "round5"
+VLLM_FILES = sorted(p.name for p in VLLM.glob("*.sqlite"))
+
+NAME = "coalesce(e.text, s.value)"
+NVTX = "NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId"
+
+
+def _copy(src, tmp_path, name="t.sqlite"):
+    dst = tmp_path / name
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _delete(path, sql: str) -> int:
+    con = sqlite3.connect(path)
+    n = con.execute(sql).rowcount
+    con.commit()
+    con.close()
+    return n
+
+
+def _kernels_launched(con, lo: int, hi: int) -> int:
+    """Kernels whose launching call (same process, same correlation id) starts in [lo, hi)."""
+    return con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                          ON r.correlationId = k.correlationId AND r.globalTid >> 24 = k.globalPid >> 24
+                          WHERE r.start >= ? AND r.start < ?""", (lo, hi)).fetchone()[0]
+
+
+def _vllm_steps_sql(path) -> list[int]:
+    """Kernels per vLLM step from SQL alone: from an execute_context range's start to the next
+    `schedule: …` range after it (the step's sampling is launched after its range closes)."""
+    con = ro(path)
+    out = []
+    for start, end in con.execute(f"""SELECT e.start, e.end FROM {NVTX}
+                                      WHERE {NAME} LIKE 'execute_context%' ORDER BY e.start""").fetchall():
+        nxt = con.execute(f"SELECT min(e.start) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%' AND e.start > ?",
+                          (end,)).fetchone()[0]
+        out.append(_kernels_launched(con, start, nxt if nxt is not None else 1 << 62))
+    return out
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+def test_steps_from_vllm_schedule_ranges_without_execute_context(name, tmp_path):
+    """vLLM's scheduler ranges alone (the step ranges deleted): one step per engine iteration,
+    delimiter `schedule`, each with the kernels of the deleted step."""
+    src = need(VLLM / name)
+    expected = _vllm_steps_sql(src)
+    assert expected and all(n > 300 for n in expected)
+    path = _copy(src, tmp_path)
+    gone = _delete(path, f"""DELETE FROM NVTX_EVENTS WHERE rowid IN (SELECT e.rowid FROM {NVTX}
+                             WHERE {NAME} LIKE 'execute_context%')""")
+    assert gone == len(expected)
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "schedule").all()
+    assert s["n_kernels"].to_list() == expected
+    # the capture holds nothing but that step
+    assert sum(expected) == ro(src).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+
+
+def _syncs_sql(path):
+    """The 3-step torch trace's steps from SQL: its cudaStreamSynchronize calls (one after each
+    step's D2H copy of the sampled token) cut it; kernels and cuDNN SDPA launches (one per
+    layer) per step."""
+    con = ro(path)
+    syncs = [e for (e,) in con.execute("""SELECT r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
+                                          ON s.id = r.nameId WHERE s.value LIKE 'cudaStreamSynchronize%'
+                                          ORDER BY r.start""")]
+    edges = [0] + syncs
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        out.append(con.execute("""
+            SELECT count(*), sum(CASE WHEN s.value LIKE 'cudnn_generated_fort_native_sdpa%' THEN 1 ELSE 0 END)
+            FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+            WHERE r.start > ? AND r.start < ?""", (lo, hi)).fetchone())
+    return out
+
+
+def _strip_markers(path):
+    """No NVTX, no capture range, no host synchronization: only the kernel sequence is left."""
+    _delete(path, """DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN (SELECT id FROM StringIds
+                     WHERE value LIKE 'cudaStreamSynchronize%' OR value LIKE 'cudaDeviceSynchronize%'
+                     OR value LIKE 'cuProfilerStart%' OR value LIKE 'cudaProfilerStart%')""")
+    con = sqlite3.connect(path)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    con.close()
+    if "NVTX_EVENTS" in tables:
+        _delete(path, "DELETE FROM NVTX_EVENTS")
+
+
+def test_step_period_told_apart_from_the_layer_period(tmp_path):
+    """Three back-to-back llama-3.2-1b decode steps with no NVTX, no capture range and no sync:
+    the kernel sequence repeats every layer (58 kernels) and every step (16 layers plus head and
+    tail); the steps are the whole-step repeats, cut after each step's D2H copy of its token,
+    with the kernels the syncs delimit in SQL."""
+    src = need(R5 / "llama1b_decode_3steps_nonvtx.sqlite")
+    per_step = _syncs_sql(src)
+    path = _copy(src, tmp_path)
+    _strip_markers(path)
+    assert ro(path).execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                               WHERE s.value LIKE '%Synchronize%' OR s.value LIKE '%ProfilerStart%'""").fetchone()[0] == 0
+    s = open_trace(path, cache=False).table
+    assert s.height == 3
+    assert (s["delimiter"] == "period").all()
+    assert s["n_kernels"].to_list() == [n for n, _ in per_step] == [940, 942, 942]
+    assert s["layers"].to_list() == [attn for _, attn in per_step] == [16, 16, 16]
+    assert s["kernels_per_layer"].to_list() == [58, 58, 58]
+
+
+def test_step_period_without_copy_directions_cuts_where_the_first_step_begins(tmp_path):
+    """The same trace with the copies' direction unknown as well: each step begins as the first
+    one does (at its embedding lookup), so the two kernels that write the sampled token into the
+    next input end the step before. Still three steps of 16 layers over every kernel."""
+    src = need(R5 / "llama1b_decode_3steps_nonvtx.sqlite")
+    per_step = _syncs_sql(src)
+    path = _copy(src, tmp_path)
+    _strip_markers(path)
+    _delete(path, "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = 0")
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "period").all()
+    assert s["layers"].to_list() == [16, 16, 16]
+    assert s["n_kernels"].sum() == sum(n for n, _ in per_step)
+    assert sorted(s["n_kernels"].to_list()) == sorted(n for n, _ in per_step)
+    # every step starts with the embedding lookup (indexSelect), as the first step does in SQL
+    first = ro(src).execute("""SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                               ON s.id = k.shortName ORDER BY k.start LIMIT 1""").fetchone()[0]
+    assert "indexSelect" in first
