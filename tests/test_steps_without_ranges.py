@@ -141,3 +141,75 @@ def test_step_period_without_copy_directions_cuts_where_the_first_step_begins(tm
     first = ro(src).execute("""SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
                                ON s.id = k.shortName ORDER BY k.start LIMIT 1""").fetchone()[0]
     assert "indexSelect" in first
+
+
+EVENT_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
+
+
+def _plain_capture(path):
+    """What a plain `nsys profile` of the engine holds: no NVTX range and no capture range."""
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    _delete(path, """DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN (SELECT id FROM StringIds
+                     WHERE value LIKE 'cuProfilerStart%' OR value LIKE 'cudaProfilerStart%')""")
+
+
+def _repeat_run(path, times: int) -> int:
+    """The export's one engine step run `times` times back to back: every event row copied, later
+    by the step's span plus 1 ms each time, with correlation ids moved past the last one.
+    Returns that shift."""
+    con = sqlite3.connect(path)
+    tables = [t for t in EVENT_TABLES
+              if con.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (t,)).fetchone()]
+    lo, hi = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    corr = con.execute("SELECT max(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    hi = max(con.execute(f"SELECT max(end) FROM {t}").fetchone()[0] or hi for t in tables)
+    rows = {t: con.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0] or 0 for t in tables}
+    for i in range(1, times):
+        shift = i * (hi - lo + 1_000_000)
+        for t in tables:
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
+            moved = ", ".join(f"{c} + {shift}" if c in ("start", "end") else
+                              f"{c} + {i * (corr + 1)}" if c == "correlationId" else c for c in cols)
+            con.execute(f"INSERT INTO {t} ({', '.join(cols)}) SELECT {moved} FROM {t} WHERE rowid <= {rows[t]}")
+    con.commit()
+    con.close()
+    return hi - lo + 1_000_000
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+def test_engine_steps_from_the_loop_itself_without_any_range(name, tmp_path):
+    """No NVTX and no capture range: one step per input preparation of vLLM's engine loop,
+    delimiter `engine`, with the kernels of the deleted execute_context step (SQL over the
+    original file)."""
+    src = need(VLLM / name)
+    expected = _vllm_steps_sql(src)
+    path = _copy(src, tmp_path)
+    _plain_capture(path)
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b8_graph.sqlite", "llama8b_decode_b1_eager.sqlite",
+                                  "llama8b_prefill_b1_graph.sqlite"])
+def test_engine_steps_of_a_run_cut_after_each_steps_output(name, tmp_path):
+    """The real step run three times back to back (rows copied, shifted in time): three engine
+    steps, each cut just after the previous one's output (the sampled tokens' copy to the host
+    and the state update after it), each with the original step's kernels and its first activity
+    the step's first H2D input copy."""
+    src = need(VLLM / name)
+    (expected,) = _vllm_steps_sql(src)
+    path = _copy(src, tmp_path)
+    _plain_capture(path)
+    shift = _repeat_run(path, 3)
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == [expected] * 3
+    # each step's first launching call is the first memcpy/launch of the original, shifted
+    con = ro(src)
+    first = con.execute("""SELECT min(r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                           WHERE s.value LIKE 'cudaMemcpy%' OR s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'
+                           OR s.value LIKE 'cudaGraphLaunch%'""").fetchone()[0]
+    assert s["w_start"].to_list() == [first + i * shift for i in range(3)]

@@ -62,6 +62,7 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
         flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
         flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
         flag(lambda n: n.startswith(apinames.COPY_SET), "is_copy"),
+        flag(lambda n: n.startswith(apinames.GRAPH_CAPTURE), "is_graph_capture"),
         flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
         flag(lambda n: n.startswith(apinames.PROFILER_START), "is_prof_start"),
         flag(lambda n: n.startswith(apinames.PROFILER_STOP), "is_prof_stop"),
@@ -210,6 +211,95 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
         check_sortedness=False)
     keep = hit.filter(pl.col("_call").is_not_null() & (pl.col("_call") <= pl.col("w_end")))["_i"]
     return w.with_row_index("_i").filter(pl.col("_i").is_in(keep.implode())).drop("_i")
+
+
+# vLLM's engine loop without any range (model runner V2): each iteration prepares its inputs with
+# a few Triton kernels of its own before the forward, and ends by copying the sampled tokens to
+# the host and updating its state after them
+VLLM_INPUT_PREP = ours(r"^_(prepare_pos_seq_lens|prepare_prefill_inputs|prepare_inputs|"
+                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings)_kernel$")
+VLLM_OUTPUT = ours(r"^_(post_update|get_num_sampled_and_rejected)_kernel$")
+
+
+def _engine_marks(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame | None:
+    """Launch calls of vLLM's input preparation and output side (pid, start, end, name, prep):
+    the input-preparation kernels, the output kernels and the device-to-host copies."""
+    k = trace.kernels
+    if k.is_empty() or not pids:
+        return None
+    ids = k["short_id"].unique().drop_nulls()
+    names = trace.strings.filter(pl.col("id").is_in(ids.implode()))
+    prep = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if VLLM_INPUT_PREP.search(v or "")]
+    if not prep:
+        return None
+    out = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if VLLM_OUTPUT.search(v or "")]
+    marks = [k.filter(pl.col("short_id").is_in(prep + out) & pl.col("pid").is_in(list(pids))).select(
+        "pid", "corr", pl.col("short_id").alias("name"), pl.col("short_id").is_in(prep).alias("prep"))]
+    if "copy_kind" in trace.memops.columns:
+        marks.append(trace.memops.filter((pl.col("copy_kind") == DEVICE_TO_HOST) & pl.col("pid").is_in(list(pids)))
+                     .select("pid", "corr", pl.lit(None, pl.Int32).alias("name"), pl.lit(False).alias("prep")))
+    marks = pl.concat(marks)
+    calls = api.filter(pl.col("corr").is_in(marks["corr"].unique().implode())).select(
+        "pid", "corr", "start", "end").unique(["pid", "corr"], keep="first")
+    return marks.join(calls, on=["pid", "corr"], how="inner").select(
+        pl.col("pid").cast(pl.Int64), "start", "end", "name", "prep").sort("pid", "start")
+
+
+def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
+    """Engine steps from vLLM's loop itself, for processes with no range at all: one step per
+    occurrence of its input preparation (the preparation kernel whose count is the most common
+    among them, first launched first), from just after the previous step's last output (its last
+    device-to-host copy or output kernel) to just after its own. Occurrences before the end of
+    the process's last graph capture (or before its capture range opened) are start-up, in no
+    step."""
+    marks = _engine_marks(trace, api, pids)
+    if marks is None or marks.is_empty():
+        return _no_windows()
+    work = api.filter(pl.col("is_launch") | pl.col("is_copy")).select(
+        pl.col("pid").cast(pl.Int64), "start", "end").sort("pid", "start")
+    rows = []
+    for (pid,), m in marks.group_by(["pid"], maintain_order=True):
+        mine = api.filter(pl.col("pid") == pid)
+        floor = -1
+        cap = mine.filter(pl.col("is_graph_capture"))["end"]
+        if cap.len():
+            floor = int(cap.max())
+        opened = mine.filter(pl.col("is_prof_start"))["end"]
+        prep = m.filter(pl.col("prep"))
+        counts = prep.group_by("name").agg(pl.len().alias("n"), pl.col("start").min().alias("first"))
+        mode = counts.group_by("n").agg(pl.len().alias("k")).sort("k", "n", descending=True)["n"][0]
+        anchor = counts.filter(pl.col("n") == mode).sort("first")["name"][0]
+        t = prep.filter(pl.col("name") == anchor)["start"].to_numpy()
+        if opened.len():
+            floor = max(floor, int(opened.min()))
+        t = t[t > floor]
+        if t.size == 0:
+            continue
+        outs = m.filter(~pl.col("prep"))
+        out_start, out_end = outs["start"].to_numpy(), outs["end"].to_numpy()
+        w = work.filter(pl.col("pid") == pid)
+        w_start, w_end = w["start"].to_numpy(), w["end"].to_numpy()
+        starts = []
+        for i, ti in enumerate(t.tolist()):
+            lo = floor if i == 0 else int(t[i - 1])
+            j = np.flatnonzero((out_start > lo) & (out_start < ti))
+            if j.size:
+                after = int(out_end[j[-1]])
+            elif i == 0:
+                after = floor
+            else:
+                # no output between two preparations: before the longest host pause between them
+                inside = np.flatnonzero((w_start > lo) & (w_start <= ti))
+                pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else lo],
+                                                           w_end[inside[:-1]]))
+                starts.append(int(w_start[inside[np.argmax(pause)]]))
+                continue
+            nxt = np.searchsorted(w_start, after, side="right")
+            starts.append(int(w_start[nxt]) if nxt < w_start.size and w_start[nxt] <= ti else int(ti))
+        ends = [s - 1 for s in starts[1:]] + [OPEN_END]
+        for i, (lo, hi) in enumerate(zip(starts, ends)):
+            rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
+    return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
@@ -565,6 +655,7 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
     for make in (
         lambda: _windows_nvtx(trace.nvtx, step_regex),
         lambda: _windows_schedule(trace.nvtx, api),
+        lambda: _windows_engine(trace, api, pids_all - covered),
         lambda: _windows_capture(api),
         lambda: _windows_graph(api),
     ):
