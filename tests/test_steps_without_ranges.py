@@ -213,3 +213,19 @@ def test_engine_steps_of_a_run_cut_after_each_steps_output(name, tmp_path):
                            WHERE s.value LIKE 'cudaMemcpy%' OR s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'
                            OR s.value LIKE 'cudaGraphLaunch%'""").fetchone()[0]
     assert s["w_start"].to_list() == [first + i * shift for i in range(3)]
+
+
+def test_step_regex_that_matches_nothing_is_named(tmp_path):
+    """A --step-regex that matches none of the trace's NVTX range names (checked in SQL) is named
+    in a warning, with the delimiter that cut the steps instead."""
+    import re
+
+    src = need(VLLM / "llama8b_decode_b1_eager.sqlite")
+    names = [n for (n,) in ro(src).execute(f"SELECT DISTINCT {NAME} FROM {NVTX}")]
+    regex = r"^no_such_step_\d+$"
+    assert names and not any(re.search(regex, n or "") for n in names)
+    inv = open_trace(src, step_regex=regex, cache=False).inventory
+    (w,) = [w for w in inv.warnings if "--step-regex" in w]
+    assert repr(regex) in w and "matched no NVTX range" in w
+    used = inv.steps["delimiter"].unique().to_list()
+    assert used == ["schedule"] and "delimited by schedule" in w

@@ -2,6 +2,8 @@
 
 Delimiters, in order of preference, chosen per process (DEFINITIONS.md, "A step and its kernels"):
   nvtx     an NVTX range whose name matches the step regex, on the launching thread
+  schedule vLLM's scheduler ranges (`schedule: …`): one engine iteration to the next
+  engine   vLLM's engine loop itself: one step per input preparation, cut after each output
   capture  a cudaProfilerStart → cudaProfilerStop capture range
   graph    one cudaGraphLaunch replay (to the next replay on the same thread)
   period   the repeat period of the kernel sequence, for traces without markers

@@ -107,6 +107,9 @@ def analyze_json(inv: Inventory, which=None, diag=None) -> str:
     `diag` adds (see steps_text)."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    if inv.startup.height:
+        # a serving run's start-up, left out of its steps (analysis/startup.py)
+        head["startup"] = inv.startup.to_dicts()
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
     text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"
     return reindent(text) if len(ids) <= INDENT_MAX_STEPS else text
