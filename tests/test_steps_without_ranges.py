@@ -229,3 +229,103 @@ def test_step_regex_that_matches_nothing_is_named(tmp_path):
     assert repr(regex) in w and "matched no NVTX range" in w
     used = inv.steps["delimiter"].unique().to_list()
     assert used == ["schedule"] and "delimited by schedule" in w
+
+
+# --- whole vLLM runs under plain `nsys profile` (fixtures/serving/README.md) --------------------
+
+SERVING = FIXTURES / "serving"
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """The two whole-run captures, unpacked: `scopes` (VLLM_NVTX_SCOPES_FOR_PROFILING=1,
+    --cuda-graph-trace=node) and `bare` (neither)."""
+    import gzip
+
+    out = {}
+    d = tmp_path_factory.mktemp("serving")
+    for kind in ("scopes", "bare"):
+        src = need(SERVING / f"llama1b_serve_r16_graph_plain_{kind}.sqlite.gz")
+        dst = d / f"{kind}.sqlite"
+        with gzip.open(src, "rb") as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g)
+        out[kind] = dst
+    return out
+
+
+def _iterations_sql(path) -> list[int]:
+    """Kernels per engine iteration from vLLM's scheduler ranges, in SQL: every schedule() call
+    writes one `schedule: update_after_schedule` range, and the iteration's launches follow it
+    up to the next one; iterations that launched nothing left out."""
+    con = ro(path)
+    b = [s for (s,) in con.execute(f"""SELECT e.start FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'
+                                       ORDER BY e.start""")]
+    counts = [_kernels_launched(con, lo, hi) for lo, hi in zip(b, b[1:] + [1 << 62])]
+    return [n for n in counts if n]
+
+
+def _first_schedule(path) -> int:
+    return ro(path).execute(f"SELECT min(e.start) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%'").fetchone()[0]
+
+
+def _calls_before(path, like: str, until: int) -> int:
+    return ro(path).execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                               WHERE s.value LIKE ? AND r.start < ?""", (like, until)).fetchone()[0]
+
+
+def test_whole_run_with_vllm_scopes_is_its_engine_iterations(serving):
+    """A 16-request llama-3.2-1b run, start-up included, with vLLM's scheduler ranges: one step
+    per iteration that launched work (99, each with the kernels SQL finds after its scheduling),
+    and the 48 s before the first iteration named as start-up, not a step."""
+    path = serving["scopes"]
+    expected = _iterations_sql(path)
+    assert len(expected) == 99
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "schedule").all()
+    assert s["n_kernels"].to_list() == expected
+    (row,) = a.inventory.startup.to_dicts()
+    first = _first_schedule(path)
+    assert row["end_ns"] == first
+    assert row["graph_captures"] == _calls_before(path, "cudaStreamEndCapture%", first) == 194
+    assert row["kernels"] == _kernels_launched(ro(path), 0, first)
+    assert row["duration_ns"] > 40e9 and s["step_time_ns"].max() < 1e9
+    assert "torch.compile" in row["evidence"] and "CUDA-graph capture (194 graphs)" in row["evidence"]
+    assert a.to_dict()["startup"][0]["graph_captures"] == 194
+
+
+def test_whole_run_without_any_range_finds_the_same_iterations(serving, tmp_path):
+    """The same capture with every NVTX range deleted: vLLM's engine loop alone gives the same 99
+    steps, each with the kernels of the scheduler's iteration (SQL over the original ranges)."""
+    expected = _iterations_sql(serving["scopes"])
+    path = _copy(serving["scopes"], tmp_path)
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    (row,) = a.inventory.startup.to_dicts()
+    # the start-up ends where the first iteration's input preparation begins, after its scheduling
+    first = _first_schedule(serving["scopes"])
+    assert first < row["end_ns"] < first + 10_000_000
+    assert row["graph_captures"] == 194
+
+
+def test_plain_capture_without_scopes_or_node_tracing(serving):
+    """The capture most users make (plain nsys profile, no vLLM scopes, graphs traced as whole
+    replays): as many engine steps as the scoped run of the same seeded workload had iterations,
+    none of them the start-up (the issue saw 16.4 s and 15.1 s "steps" cut at graph launches)."""
+    path = serving["bare"]
+    # its only NVTX ranges are CUB's own (cub::DeviceScan…): none of vLLM's
+    assert ro(path).execute(f"""SELECT count(*) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%'
+                                OR {NAME} LIKE 'execute_context%' OR {NAME} LIKE 'llm_engine%'""").fetchone()[0] == 0
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == len(_iterations_sql(serving["scopes"])) == 99
+    assert s["step_time_ns"].max() < 100e6
+    (row,) = a.inventory.startup.to_dicts()
+    assert row["graph_captures"] == _calls_before(path, "cudaStreamEndCapture%", row["end_ns"]) == 194
+    # every kernel is in a step or in the start-up, but for what ran after the last step's launches
+    total = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert row["kernels"] + s["n_kernels"].sum() == total

@@ -44,7 +44,7 @@ def startup(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.Da
             continue
         begin = min(x for x in (before["start"].min(), early["start"].min()) if x is not None)
         kern = early.filter(pl.col("is_kernel"))
-        compiled = int(kern["name"].str.contains(COMPILED).sum()) if kern.height else 0
+        compiled = int(kern["name"].cast(pl.String).str.contains(COMPILED).sum()) if kern.height else 0
         pause = _longest_pause(pl.concat([before.select("start", "end"), early.select("start", "end")]), first)
         busy = _union(early.select("start", "end"))
         words = []

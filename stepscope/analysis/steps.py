@@ -299,9 +299,45 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
             nxt = np.searchsorted(w_start, after, side="right")
             starts.append(int(w_start[nxt]) if nxt < w_start.size and w_start[nxt] <= ti else int(ti))
         ends = [s - 1 for s in starts[1:]] + [OPEN_END]
-        for i, (lo, hi) in enumerate(zip(starts, ends)):
+        lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
+        for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
             rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
     return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
+
+
+# a host pause this long between two CUDA calls of one iteration is compilation (Triton's JIT,
+# Inductor, autotuning), which only the start-up does; under nsys a serving step's longest is ~10 ms
+COMPILE_PAUSE_NS = 500_000_000
+# a layer stack launches some kernel once per layer: at least this many times
+FORWARD_REPEATS = 4
+# a whole-device synchronization: what vLLM's warm-up and graph capture end with; its serving loop
+# waits on events and streams
+DEVICE_SYNC = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
+def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int], w_start: np.ndarray,
+                 w_end: np.ndarray) -> int:
+    """How many of the leading engine iterations are the start-up's warm-up runs (vLLM's dummy
+    and sampler warm-up runs after graph capture): each one that compiles (a host pause of at
+    least COMPILE_PAUSE_NS between its CUDA calls), synchronizes the whole device, or runs no
+    forward (no graph replay and no kernel launched FORWARD_REPEATS times), up to the first that
+    does none of these."""
+    pid = calls["pid"][0] if calls.height else None
+    for i, (lo, hi) in enumerate(zip(starts, ends)):
+        inside = (w_start >= lo) & (w_start <= hi)
+        s, e = w_start[inside], w_end[inside]
+        pause = int((s[1:] - np.maximum.accumulate(e)[:-1]).max()) if s.size > 1 else 0
+        if pause >= COMPILE_PAUSE_NS:
+            continue
+        mine = calls.filter((pl.col("start") >= lo) & (pl.col("start") <= hi))
+        if mine["api_name"].cast(pl.String).str.contains("^(" + "|".join(DEVICE_SYNC) + ")").any():
+            continue
+        if mine["is_graph_launch"].any():
+            return i
+        k = trace.kernels.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
+        if k.height and int(k["demangled_id"].value_counts()["count"].max()) >= FORWARD_REPEATS:
+            return i
+    return 0  # no iteration looks like a step: keep them all rather than call the run start-up
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
