@@ -281,23 +281,22 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
         out_start, out_end = outs["start"].to_numpy(), outs["end"].to_numpy()
         w = work.filter(pl.col("pid") == pid)
         w_start, w_end = w["start"].to_numpy(), w["end"].to_numpy()
-        starts = []
-        for i, ti in enumerate(t.tolist()):
-            lo = floor if i == 0 else int(t[i - 1])
-            j = np.flatnonzero((out_start > lo) & (out_start < ti))
-            if j.size:
-                after = int(out_end[j[-1]])
-            elif i == 0:
-                after = floor
-            else:
-                # no output between two preparations: before the longest host pause between them
-                inside = np.flatnonzero((w_start > lo) & (w_start <= ti))
-                pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else lo],
-                                                           w_end[inside[:-1]]))
-                starts.append(int(w_start[inside[np.argmax(pause)]]))
-                continue
-            nxt = np.searchsorted(w_start, after, side="right")
-            starts.append(int(w_start[nxt]) if nxt < w_start.size and w_start[nxt] <= ti else int(ti))
+        # per anchor: the last output call between the previous anchor (the floor for the first)
+        # and it, then the first launch or copy call after that output
+        prev = np.concatenate(([floor], t[:-1]))
+        j = np.searchsorted(out_start, t, side="left") - 1
+        has_out = (j >= 0) & (out_start[np.maximum(j, 0)] > prev) if out_start.size else np.zeros(t.size, bool)
+        after = np.where(has_out, out_end[np.maximum(j, 0)] if out_start.size else floor, floor)
+        nxt = np.searchsorted(w_start, after, side="right")
+        cand = w_start[np.minimum(nxt, w_start.size - 1)]
+        begin = np.where((nxt < w_start.size) & (cand <= t), cand, t)
+        starts = begin.tolist()
+        for i in np.flatnonzero(~has_out[1:]) + 1:
+            # no output between two preparations: before the longest host pause between them
+            inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
+            pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else prev[i]],
+                                                       w_end[inside[:-1]]))
+            starts[i] = int(w_start[inside[np.argmax(pause)]])
         ends = [s - 1 for s in starts[1:]] + [OPEN_END]
         lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
         for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
