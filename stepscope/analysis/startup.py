@@ -24,12 +24,13 @@ def startup(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame) -> pl.Da
     `acts`: activities with `step` (null outside every step), `name`, launch columns; `api`:
     the calls with their flags."""
     rows = []
+    any_capture = bool(api["is_graph_capture"].any()) if "is_graph_capture" in api.columns else False
     for pid in steps["pid"].unique().sort().to_list():
         mine = steps.filter(pl.col("pid") == pid)
-        first = mine.select(pl.coalesce(pl.col("w_start").min(), pl.lit(None, pl.Int64))).item()
-        calls = api.filter(pl.col("pid") == pid)
-        if first is None:
+        first = mine["w_start"].min()
+        if first is None or not (any_capture or mine["delimiter"].is_in(SERVING_DELIMITERS).any()):
             continue
+        calls = api.filter(pl.col("pid") == pid)
         # the calls that do CUDA work (a launch, a copy, a graph capture), not queries of it
         before = calls.filter((pl.col("start") < first)
                               & (pl.col("is_launch") | pl.col("is_copy") | pl.col("is_graph_capture")))
