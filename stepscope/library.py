@@ -272,6 +272,8 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
     (all or nothing) when given."""
+    import polars as pl
+
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import write_atomic
@@ -287,14 +289,19 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         inv = load(path, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
         progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which)), d
 
-    inv, first = view(trace, steps)
+    inv, first, d = view(trace, steps)
     other = view(compare, compare_steps)[1] if compare is not None else None
     budget_rows, note = budget_for(inv, first, cells)
+    from stepscope.analysis.run import run_view
+
+    run = run_view(d)
+    run_steps = () if run is None else tuple(inv.steps.select(
+        pl.col("step").alias("index"), pl.col("step_begin").alias("begin_ns"), "step_time_ns", "phase").to_dicts())
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note))
+    text = render(ReportView(first, other, budget_rows, note, run, run_steps))
     if output is not None:
         write_atomic(Path(output), text)
     return Written(text, None if output is None else Path(output),

@@ -26,6 +26,14 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return out
 
 
+def host_clause(f: dict, s: dict) -> str:
+    """What a host-bound step waits on: the share of the step the GPU idles for the host and
+    the largest part of it (input preparation, launching, sampling and output)."""
+    wait = f.get("host_wait_ns") or 0
+    return (f"; the GPU waits on the host {100 * wait / max(s['step_time_ns'], 1):.0f}% of it"
+            f" ({ms(wait)}), most of it in {f.get('host_bound_on')}")
+
+
 def verdict_line(v: StepDiagnosis) -> str:
     """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
     for a rank of a multi-rank trace, also which rank binds the TP step and why."""
@@ -45,7 +53,9 @@ def verdict_line(v: StepDiagnosis) -> str:
             if pred is not None:
                 out += f" ({ms(pred)} under nsys)"
         elif u["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1):.0f}% of it"
+            out += f"; the GPU is busy {min(100, 100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1)):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, s)
         if u["verdict"] != f["verdict"]:
             out += f" (under nsys: {f['verdict']})"
     else:
@@ -57,6 +67,8 @@ def verdict_line(v: StepDiagnosis) -> str:
             out += f"; CUDA graphs would cut it to about {ms(pred)}"
         elif f["verdict"] == "device-bound":
             out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, s)
     if top:
         out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
         wait = (tp or {}).get("collective_wait_ns")
@@ -71,13 +83,26 @@ def verdict_line(v: StepDiagnosis) -> str:
     return out
 
 
-def render_steps(d, ids: list[int], console: Console | None = None) -> None:
-    """`analyze` on the terminal: each kind of step told by its representative step, with its
-    verdict and diagnosis (Diagnosis `d`, the steps `ids`)."""
+MAX_KIND_SECTIONS = 3  # a run of more kinds shows its per-kind sections on request (--kinds)
+
+
+def render_steps(d, ids: list[int], console: Console | None = None, run: dict | None = None,
+                 kinds: bool = False) -> None:
+    """`analyze` on the terminal: the run view first when the trace is a run (`run`,
+    analysis/run.py), then each kind of step told by its representative step, with its verdict
+    and diagnosis (Diagnosis `d`, the steps `ids`) — for a run of more than MAX_KIND_SECTIONS
+    kinds only when `kinds` asks."""
     from stepscope.render.views import step_diagnosis
 
-    render_analyze(d.inv, ids, console, extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
-                   headline=lambda step: verdict_line(step_diagnosis(d, step)))
+    console = console or Console()
+    n_kinds = len(step_kinds(d.inv, ids))
+    show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
+    render_analyze(d.inv, ids if show else [], console,
+                   extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
+                   headline=lambda step: verdict_line(step_diagnosis(d, step)), run=run)
+    if not show:
+        console.print(f"[dim]{n_kinds} kinds of step (process, delimiter, phase, kernel count): "
+                      "--kinds shows each one's verdict and diagnosis[/]")
 
 
 def startup_line(row: dict) -> str:
@@ -88,7 +113,7 @@ def startup_line(row: dict) -> str:
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
-                   headline=None) -> None:
+                   headline=None, run: dict | None = None) -> None:
     console = console or Console()
     t = inv.trace
     console.print(f"[bold]{term(shown(t.path), 1000)}[/]  nsys {term(t.nsys_version or '?')} · schema "
@@ -100,6 +125,10 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
         console.print(f"[yellow]warning:[/] {term(w, 2000)}")
     for row in inv.startup.iter_rows(named=True):
         console.print(term(startup_line(row), 2000))
+    if run is not None:
+        from stepscope.render.run import render_run
+
+        render_run(run, console)
     for first, members in step_kinds(inv, ids):
         _render_kind(inv, first, members, console, headline)
         if extra is not None:
