@@ -80,22 +80,28 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: 
 
 def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
             rules: str | Path | None = None, graph_gap_ns: float | None = None,
-            graph_launch_ns: float | None = None, cache: bool = True) -> dict:
-    """Two traces side by side (paths, or Analysis objects): the `compare --json` document."""
+            graph_launch_ns: float | None = None, cache: bool = True, calibration: str | Path | None = None) -> dict:
+    """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
+    `calibration`: a calibration file for the what-if (else the user's, else the bundled one)."""
     from stepscope import options as opt
     from stepscope.analysis.compare import compare as compared
-    from stepscope.analysis.whatif import DEFAULT, GraphConstants
+    from stepscope.analysis.whatif import GraphConstants, active, use_calibration
     from stepscope.render.sentences import compare_sentence, untraced_source
 
     check_steps(steps)
     check_steps(steps_b)
     opt.number(graph_gap_ns, "--graph-gap-ns", 0, opt.MAX_GRAPH_NS)
     opt.number(graph_launch_ns, "--graph-launch-ns", 0, opt.MAX_GRAPH_NS)
-    consts = GraphConstants(
-        graph_gap_ns if graph_gap_ns is not None else DEFAULT.node_gap_ns,
-        graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
-        DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
-    )
+    if calibration is not None:
+        use_calibration(calibration)
+    consts = None
+    if graph_gap_ns is not None or graph_launch_ns is not None:
+        # constants given on the command line replace the point's (no range: one set of constants)
+        p = active().point()
+        consts = GraphConstants(p.graph_launch_prep_ns,
+                                graph_launch_ns if graph_launch_ns is not None else p.graph_launch_lead_ns,
+                                graph_gap_ns if graph_gap_ns is not None else p.node_gap_ns,
+                                p.memop_gap_ns, "given on the command line")
     # compare reads each side's per-step results only: one trace's events are gone before the other's are read
     da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
     db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
@@ -323,3 +329,44 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     gz = Path(output).suffix.lower() == ".gz"
     write_atomic_with(Path(output), lambda tmp: write_export(inv, ids, tmp, gz))
     return Written(None, Path(output), tuple(ids), n, True)
+
+
+def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *, step_regex: str | None = None,
+              rules: str | Path | None = None, cache: bool = True):
+    """The what-if constants measured on graph captures (analysis/whatif.measure), one capture per
+    trace that replays a CUDA graph: a Calibration, written as JSON to `output` when given. An
+    eager trace whose file name is a graph capture's with `graph` replaced by `eager` is its twin
+    (whatif.with_twin); any other trace without a replay is named in the notes. No graph capture
+    at all is an InputError."""
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.analysis.whatif import Calibration, GraphConstants, measure, with_twin
+    from stepscope.paths import input_file, shown
+    from stepscope.render.output import write_atomic
+
+    if not traces:
+        raise InputError("calibrate needs at least one graph capture (an nsys export of CUDA-graph steps)")
+    paths = [input_file(t, "a graph capture (nsys SQLite export)") for t in traces]
+    caps, eager, notes = [], {}, []
+    for t in paths:
+        progress.stage(f"measuring {t.name}")
+        # the floors and prologues the constants are measured on need no calibration
+        d = diagnose(load(t, step_regex, rules, cache=cache, memory=ONE_PASS), GraphConstants(0, 0, 0, 0))
+        c = measure(d.inv, shown(t), d.prologue, d.floors)
+        if c is None:
+            eager[t.resolve()] = (t, d)
+        else:
+            caps.append((t, c))
+    out = []
+    for t, c in caps:
+        twin = eager.pop(t.with_name(t.name.replace("graph", "eager")).resolve(), None) if "graph" in t.name else None
+        out.append(with_twin(c, twin[1], shown(twin[0])) if twin else c)
+    notes += [f"{shown(t)}: no CUDA-graph replay (captured with --cuda-graph-trace=node?) and no graph "
+              "capture named like it: not used" for t, _ in eager.values()]
+    if not out:
+        raise InputError("none of the traces replays a CUDA graph with per-node rows: give graph captures "
+                         "made with nsys --cuda-graph-trace=node")
+    cal = Calibration(tuple(out), "calibrate" if output is None else shown(output), tuple(notes))
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(output), cal.to_json())
+    return cal

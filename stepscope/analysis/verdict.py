@@ -19,7 +19,8 @@ LAUNCH_BOUND, DEVICE_BOUND = "launch-bound", "device-bound"
 SCHEMA = {
     "step": pl.Int64, "verdict": pl.String, "cpu_floor_ns": pl.Int64, "device_floor_ns": pl.Int64,
     "t_launch_ns": pl.Int64, "margin": pl.Float64, "host_bound_gap_ns": pl.Int64,
-    "predicted_graph_step_time_ns": pl.Int64,
+    "predicted_graph_step_time_ns": pl.Int64, "predicted_graph_step_low_ns": pl.Int64,
+    "predicted_graph_step_high_ns": pl.Int64,
     "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String, "untraced_measured_ns": pl.Int64,
     "untraced_estimated_ns": pl.Int64, "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
     "untraced_verdict": pl.String, "untraced_predicted_graph_step_time_ns": pl.Int64,

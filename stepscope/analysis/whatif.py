@@ -1,70 +1,244 @@
-"""What-if CUDA graph: predict a graph-mode step from an eager trace alone.
+"""What-if CUDA graph: predict a graph-mode step from an eager trace alone — one model, with the
+constants it needs measured on graph captures (a calibration) and a range from their spread.
 
-A graph replay removes the host from the model's forward: what remains is the device work, a
-small device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
-before the first node runs. What an engine does *before* the forward stays on the host under
-CUDA graphs too: vLLM prepares each step's inputs with a dozen eager launches and copies
-(`_prepare_pos_seq_lens_kernel`, `_compute_slot_mappings_kernel`, FA3's scheduler metadata, ...)
-and only then replays its graph, and the GPU waits for that. The eager trace shows this
-prologue: the launches of the step issued before its embedding kernel (a step whose embedding
-is not recognized, e.g. fused into another kernel, has no measured prologue: 0). So
+A graph replay removes the host from the model's forward. What an engine does *before* the
+forward stays on the host under CUDA graphs too: vLLM prepares each step's inputs with a dozen
+eager launches and copies and only then replays its graph, and the GPU waits for that. The eager
+trace shows this prologue (`prologue`). So, per step (docs/DEFINITIONS.md, "What-if graph step"):
 
-    predicted = prologue_host_ns + graph_launch_lead_ns
-                + device_floor_ns(eager) − prologue_busy_ns + n_kernels × node_gap_ns
+    predicted = prologue_host_ns + graph_launch_prep_ns + graph_launch_lead_ns
+                + max(device_floor_ns − prologue_busy_ns, 0)
+                + forward_kernels × node_gap_ns + forward_memops × memop_gap_ns
 
-prologue_host_ns = end of the prologue's last launch call − step begin (0 without a prologue,
-as in stepscope's torch engine, whose step starts with the embedding); prologue_busy_ns is the
-device time of the prologue's own activities, which ran while the host was still preparing.
-Launches after the forward (vLLM's LM head and sampling, issued by sample_tokens outside the
-graph) cost nothing extra: by the time the replay ends the host has long issued them.
+`graph_step` is that formula as a pure function of a step's figures (floats or polars
+expressions), so it applies to any step of any run. Its four constants are measured on each
+graph capture of a calibration (`measure`):
 
-The device floor is the GPU busy time less what the step's collectives spent waiting for a
-slower rank (floors.py): in an eager TP step most of an all-reduce is one rank waiting for its
-peer's host, which a graph replay removes; the transfer stays. On one GPU it is the busy time.
+* graph_launch_prep_ns: the host between the prologue's end (or step begin) and the
+  cudaGraphLaunch call's start;
+* graph_launch_lead_ns: that call's start → the replay's first node start: one graph launch's
+  host-to-GPU latency (under nsys's node tracing: 0.09 ms on some H200 machines, 1.1 ms on others);
+* node_gap_ns: the device idle inside the replay between two kernels, per kernel;
+* memop_gap_ns: the idle next to a memset/memcpy node, per memop (5–7 µs on the H200, ten times a
+  kernel's: cuDNN's per-layer memset costs more than its kernels' gaps together).
 
-The two constants are measured from graph traces (`graph_constants`); the defaults below are
-the mean over three committed H200 graph captures on two machines (nsys 2025.3 with
---cuda-graph-trace=node), and a test recomputes them from those files. The launch lead varies
-most between machines (0.18 ms to 1.11 ms): give a graph trace of your own machine for better.
+The point prediction takes the median of each constant over the calibration's captures of the
+step's engine (all captures when none is of that engine); the range is the lowest and highest
+prediction with each of those captures' own constants. The bundled calibration
+(stepscope/data/calibration.json) is measured from the committed graph captures; a test measures
+them again. `stepscope calibrate` writes one from the user's own captures.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.errors import InputError
+
+CONSTANTS = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
+BUNDLED = Path(__file__).resolve().parent.parent / "data" / "calibration.json"
+FORMAT = "stepscope-calibration/1"
 
 
 @dataclass(frozen=True)
 class GraphConstants:
-    node_gap_ns: float          # idle per kernel inside a replay (device-side launch latency)
-    graph_launch_lead_ns: float  # end of the prologue (or step begin) → first kernel of the replay
-    source: str
+    graph_launch_prep_ns: float  # prologue end (or step begin) → the cudaGraphLaunch call's start
+    graph_launch_lead_ns: float  # the cudaGraphLaunch call's start → the replay's first node
+    node_gap_ns: float           # idle per kernel inside a replay (device-side launch latency)
+    memop_gap_ns: float          # idle per memset/memcpy node inside a replay
+    source: str = ""
+    prologue_host_ns: float | None = None  # a graph step's host time before its replay (None: the step's own)
+    device_ratio: float = 1.0    # graph-mode device work / eager device floor of the same step
+
+    @property
+    def lead_ns(self) -> float:
+        """The host-and-launch part before the replay's first node, beyond the prologue."""
+        return self.graph_launch_prep_ns + self.graph_launch_lead_ns
 
 
-# Mean of llama8b_decode_b1_graph, _b8_graph (1-GPU H200) and _b1_graph_r4 (2-GPU H200 machine).
-GRAPH_FIXTURES = ("llama8b_decode_b1_graph", "llama8b_decode_b8_graph", "llama8b_decode_b1_graph_r4")
-DEFAULT = GraphConstants(node_gap_ns=683.769, graph_launch_lead_ns=754444.3,
-                         source="mean of the H200 fixtures " + ", ".join(GRAPH_FIXTURES))
+@dataclass(frozen=True)
+class Capture:
+    """One calibration capture: a graph trace's constants (medians over its graph steps)."""
+
+    source: str           # the file's name
+    gpu: str | None
+    engine: str           # "vllm", "torch" (stepscope's torch engine) or "unknown"
+    nodes: int            # kernels of its graph replay (the median step's)
+    memops: int           # memops of its replay
+    steps: int            # graph steps measured
+    step_time_ns: int     # its measured graph step (median)
+    device_floor_ns: int  # its device floor (median)
+    prologue_busy_ns: int  # its prologue's device time (median)
+    graph_launch_prep_ns: float
+    graph_launch_lead_ns: float
+    node_gap_ns: float
+    memop_gap_ns: float | None  # None: the replay has no memop
+    prologue_host_ns: float | None = None  # its prologue's host time (None: no prologue)
+    eager_twin: str | None = None  # the eager capture of the same step, when calibrate was given it
+    device_ratio: float | None = None  # its graph busy / the twin's device floor (None: no twin)
+    residual: float | None = None  # (measured − predicted from the twin with these constants) / measured
+
+    def constants(self, fallback: GraphConstants | None = None) -> GraphConstants:
+        """Its own constants; one it lacks (no memop, no prologue, no twin) from `fallback`."""
+        f = fallback or GraphConstants(0.0, 0.0, 0.0, 0.0)
+        return GraphConstants(
+            self.graph_launch_prep_ns, self.graph_launch_lead_ns, self.node_gap_ns,
+            self.memop_gap_ns if self.memop_gap_ns is not None else f.memop_gap_ns, self.named(),
+            self.prologue_host_ns if self.prologue_host_ns is not None else f.prologue_host_ns,
+            self.device_ratio if self.device_ratio is not None else f.device_ratio)
+
+    def named(self) -> str:
+        return f"{self.source} ({self.gpu or 'GPU not named'}, {self.engine}, {self.nodes} nodes)"
 
 
-def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
-    """Measure the constants from the graph-replay steps of a trace (None if it has none)."""
-    s = _graph_steps(inv)
-    if s.is_empty():
-        return None
-    s = s.join(prologue(inv), on="step", how="left")
-    first_node = inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
-        "step").agg(pl.col("start").min().alias("_node0"))
-    s = s.join(first_node, on="step", how="left").with_columns(
-        (pl.col("_node0") - pl.coalesce("prologue_end", "step_begin")).alias("_lead"))
-    return GraphConstants(
-        node_gap_ns=float((s["idle_ns"] / s["n_kernels"]).mean()),
-        graph_launch_lead_ns=float(s["_lead"].mean()),
-        source=source,
-    )
+@dataclass(frozen=True)
+class Calibration:
+    captures: tuple[Capture, ...]
+    origin: str = "bundled"  # "bundled", or the file it was read from
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def members(self, engine: str | None = None) -> tuple[Capture, ...]:
+        """The captures that calibrate a step of `engine`: those of the same engine, else all."""
+        same = tuple(c for c in self.captures if engine is not None and c.engine == engine)
+        return same or self.captures
+
+    def point(self, engine: str | None = None) -> GraphConstants:
+        """The median of each constant over members(engine) (over those that have it)."""
+        m = self.members(engine)
+
+        def med(k: str, default=None):
+            v = [getattr(c, k) for c in m if getattr(c, k) is not None]
+            return statistics.median(v) if v else default
+
+        memop_all = [c.memop_gap_ns for c in self.captures if c.memop_gap_ns is not None]
+        return GraphConstants(
+            med("graph_launch_prep_ns"), med("graph_launch_lead_ns"), med("node_gap_ns"),
+            med("memop_gap_ns", statistics.median(memop_all) if memop_all else 0.0),
+            f"median of {len(m)} graph capture{'s' * (len(m) != 1)} ({self.origin})",
+            med("prologue_host_ns"), med("device_ratio", 1.0))
+
+    def spread(self, engine: str | None = None) -> list[GraphConstants]:
+        """Each member's own constants (one it lacks: the point's)."""
+        p = self.point(engine)
+        return [c.constants(p) for c in self.members(engine)]
+
+    def residuals(self, engine: str | None = None) -> tuple[float, float]:
+        """The lowest (≤ 0) and highest (≥ 0) relative residual of the members with a twin."""
+        r = [c.residual for c in self.members(engine) if c.residual is not None]
+        return min([0.0, *r]), max([0.0, *r])
+
+    def describe(self, engine: str | None = None) -> dict:
+        """What the output names: the point constants and every capture behind them."""
+        p = self.point(engine)
+        return {"origin": self.origin, "engine": engine,
+                **{k: round(getattr(p, k), 1) for k in CONSTANTS}, "source": p.source,
+                "captures": [asdict(c) for c in self.members(engine)]}
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "captures": [asdict(c) for c in self.captures]}, indent=1) + "\n"
+
+
+def read_calibration(path: str | Path, origin: str | None = None) -> Calibration:
+    """A calibration file (`stepscope calibrate` writes them); InputError saying what is wrong."""
+    from stepscope.paths import input_file, shown
+
+    p = input_file(path, "a calibration file written by `stepscope calibrate`")
+    try:
+        doc = json.loads(p.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, not {FORMAT!r}")
+        caps = tuple(Capture(**c) for c in doc["captures"])
+        if not caps:
+            raise ValueError("no capture in it")
+        for c in caps:
+            for k in CONSTANTS[:3]:
+                v = getattr(c, k)
+                if not isinstance(v, (int, float)) or not 0 <= v < 1e9:
+                    raise ValueError(f"{c.source}: {k} = {v!r}")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{shown(p)}: not a stepscope calibration file ({e}); write one with "
+                         "`stepscope calibrate GRAPH_TRACE... -o FILE`") from None
+    return Calibration(caps, origin or shown(p))
+
+
+def user_calibration_path() -> Path:
+    """$XDG_CONFIG_HOME/stepscope/calibration.json (~/.config/... without XDG_CONFIG_HOME)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "stepscope" / "calibration.json"
+
+
+_BUNDLED: Calibration | None = None
+_CHOSEN: Calibration | None = None
+
+
+def bundled() -> Calibration:
+    global _BUNDLED
+    if _BUNDLED is None:
+        _BUNDLED = read_calibration(BUNDLED, "bundled")
+    return _BUNDLED
+
+
+def use_calibration(path: str | Path | None) -> Calibration:
+    """The calibration later analyses of this process use: `path`, else the user's config file
+    when it exists, else the bundled one (the `--calibration` option calls this)."""
+    global _CHOSEN
+    if path is not None:
+        _CHOSEN = read_calibration(path)
+    else:
+        user = user_calibration_path()
+        _CHOSEN = read_calibration(user) if user.is_file() else bundled()
+    return _CHOSEN
+
+
+def active() -> Calibration:
+    return _CHOSEN if _CHOSEN is not None else use_calibration(None)
+
+
+def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
+               c: GraphConstants):
+    """The what-if graph step of one step from its figures (numbers, or polars expressions for a
+    frame of steps): docs/DEFINITIONS.md's "What-if graph step"."""
+    expr = isinstance(device_floor, pl.Expr)
+    work = device_floor - prologue_busy
+    work = pl.max_horizontal(work, pl.lit(0)) if expr else max(work, 0)
+    if c.prologue_host_ns is not None:  # the calibration's graph-mode prologue, for a step that has one
+        prologue_host = (pl.when(prologue_launches > 0).then(pl.lit(c.prologue_host_ns)).otherwise(prologue_host)
+                         if expr else (c.prologue_host_ns if prologue_launches > 0 else prologue_host))
+    return (prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns + work * c.device_ratio
+            + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns)
+
+
+def step_figures(row: dict) -> tuple:
+    """graph_step's figures from a row of a step's columns (prologue and device floor)."""
+    return tuple(row[k] for k in FIGURES)
+
+
+FIGURES = ("prologue_launches", "prologue_host_ns", "device_floor_ns", "prologue_busy_ns", "forward_kernels",
+           "forward_memops")
+
+
+def _step_expr(c: GraphConstants) -> pl.Expr:
+    return graph_step(*[pl.col(k) for k in FIGURES], c)
+
+
+def engine_of(inv: Inventory) -> str:
+    """The engine the trace's step names say: vLLM's execute_context ranges, stepscope's torch
+    engine's `step phase=…` ranges, else unknown."""
+    from stepscope.analysis.steps import VLLM_STEP_RE
+
+    names = inv.steps["name"].drop_nulls().cast(pl.String)
+    if names.str.contains(VLLM_STEP_RE.pattern).any():
+        return "vllm"
+    if names.str.starts_with("step phase=").any():
+        return "torch"
+    return "unknown"
 
 
 # A forward starts with its embedding. Without a recognized embedding kernel the start is not
@@ -76,23 +250,28 @@ FORWARD_START = ("embedding",)
 def prologue(inv: Inventory) -> pl.DataFrame:
     """Per step, the launches issued before its forward (see the module docstring):
     step, prologue_launches, prologue_end (ns, null without a prologue), prologue_host_ns,
-    prologue_busy_ns. In a graph replay step the forward starts with the graph launch."""
-    a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end")
+    prologue_busy_ns, and the kernels and memops from the forward on (forward_kernels,
+    forward_memops). In a graph replay step the forward starts with the graph launch."""
+    a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end", "is_kernel")
     cls = pl.col("class").cast(pl.String)
     # the forward's first launch, per step (a window over the step-sorted slice: no join of the
     # million activities with a per-step table)
     fwd = pl.coalesce(
         pl.col("launch_start").filter(pl.col("graph_node_id").is_not_null()).min().over("step"),
         pl.col("launch_start").filter(cls.is_in(FORWARD_START)).min().over("step"))
-    pre = (a.filter(pl.col("launch_start") < fwd)
-           .group_by("step").agg(prologue_launches=pl.len().cast(pl.Int64),
-                                 prologue_end=pl.col("launch_end").max(),
-                                 prologue_busy_ns=(pl.col("end") - pl.col("start")).sum()))
-    out = inv.steps.select("step", "step_begin").join(pre, on="step", how="left")
+    a = a.with_columns((pl.col("launch_start") < fwd).fill_null(False).alias("_pre"))
+    per = a.group_by("step").agg(
+        prologue_launches=pl.col("_pre").sum().cast(pl.Int64),
+        prologue_end=pl.col("launch_end").filter(pl.col("_pre")).max(),
+        prologue_busy_ns=(pl.col("end") - pl.col("start")).filter(pl.col("_pre")).sum(),
+        forward_kernels=(pl.col("is_kernel") & ~pl.col("_pre")).sum().cast(pl.Int64),
+        forward_memops=(~pl.col("is_kernel") & ~pl.col("_pre")).sum().cast(pl.Int64))
+    out = inv.steps.select("step", "step_begin").join(per, on="step", how="left")
     return out.select(
         "step", pl.col("prologue_launches").fill_null(0), "prologue_end",
         (pl.col("prologue_end") - pl.col("step_begin")).clip(lower_bound=0).fill_null(0).alias("prologue_host_ns"),
-        pl.col("prologue_busy_ns").fill_null(0)).sort("step")
+        pl.col("prologue_busy_ns").fill_null(0), pl.col("forward_kernels").fill_null(0),
+        pl.col("forward_memops").fill_null(0)).sort("step")
 
 
 def _graph_steps(inv: Inventory) -> pl.DataFrame:
@@ -103,24 +282,119 @@ def is_graph_trace(inv: Inventory) -> bool:
     return not _graph_steps(inv).is_empty()
 
 
-def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
+def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per graph-replay step: the four constants measured on it (module docstring), its nodes and
+    memops, and its step time. Empty without a replay."""
+    g = _graph_steps(inv)
+    if g.is_empty():
+        return pl.DataFrame()
+    pro = prologue(inv) if pro is None else pro
+    names = inv.launch_calls["api_name"].cast(pl.String)
+    gl = (inv.launch_calls.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
+          .group_by("step").agg(pl.col("start").min().alias("_gl")))
+    a = inv.in_steps("step", "start", "end", "prev_end", "graph_node_id", "is_kernel")
+    node = pl.col("graph_node_id").is_not_null()
+    a = a.join(g.select("step"), on="step", how="semi").with_columns(
+        _n0=pl.col("start").filter(node).min().over("step"), _nN=pl.col("end").filter(node).max().over("step"))
+    # the replay: the activities from its first node's start to its last node's end; each idle
+    # stretch before one of them goes to a memop when it or its predecessor is one
+    r = a.filter((pl.col("start") >= pl.col("_n0")) & (pl.col("start") <= pl.col("_nN"))).with_columns(
+        _gap=pl.when(pl.col("start") > pl.col("_n0")).then((pl.col("start") - pl.col("prev_end")).clip(lower_bound=0))
+        .otherwise(0),
+        _mem=(~pl.col("is_kernel") | ~pl.col("is_kernel").shift(1, fill_value=True).over("step")))
+    per = r.group_by("step").agg(
+        node0=pl.col("_n0").first(), nodes=pl.col("is_kernel").sum().cast(pl.Int64),
+        memops=(~pl.col("is_kernel")).sum().cast(pl.Int64),
+        _kgap=pl.col("_gap").filter(~pl.col("_mem")).sum(), _mgap=pl.col("_gap").filter(pl.col("_mem")).sum())
+    return (g.select("step", "step_begin", "step_time_ns").join(per, on="step").join(gl, on="step", how="left")
+            .join(pro.select("step", "prologue_end", "prologue_launches", "prologue_host_ns"), on="step", how="left")
+            .select("step", "step_time_ns", "nodes", "memops",
+                    pl.when(pl.col("prologue_launches") > 0).then(pl.col("prologue_host_ns").cast(pl.Float64))
+                    .alias("prologue_host_ns"),
+                    (pl.col("_gl") - pl.coalesce("prologue_end", "step_begin")).clip(lower_bound=0)
+                    .alias("graph_launch_prep_ns"),
+                    (pl.col("node0") - pl.col("_gl")).clip(lower_bound=0).alias("graph_launch_lead_ns"),
+                    (pl.col("_kgap") / pl.col("nodes")).alias("node_gap_ns"),
+                    pl.when(pl.col("memops") > 0).then(pl.col("_mgap") / pl.col("memops")).alias("memop_gap_ns"))
+            .drop_nulls("graph_launch_lead_ns").sort("step"))
+
+
+def measure(inv: Inventory, source: str, pro: pl.DataFrame | None = None,
+            work: pl.DataFrame | None = None) -> Capture | None:
+    """The calibration capture of a graph trace: the medians of replay_figures over its replay
+    steps (None without one). `work`: (step, device_floor_ns), e.g. floors(); else GPU busy."""
+    pro = prologue(inv) if pro is None else pro
+    f = replay_figures(inv, pro)
+    if f.is_empty():
+        return None
+    w = (inv.steps.select("step", pl.col("gpu_busy_ns").alias("device_floor_ns")) if work is None
+         else work.select("step", "device_floor_ns"))
+    f = f.join(w, on="step", how="left").join(pro.select("step", "prologue_busy_ns"), on="step", how="left")
+    gpu = inv.trace.gpus["name"][0] if inv.trace.gpus.height else None
+    med = {k: f[k].median() for k in ("step_time_ns", "nodes", "memops", "prologue_host_ns", "device_floor_ns",
+                                      "prologue_busy_ns", *CONSTANTS)}
+    return Capture(source=source, gpu=gpu, engine=engine_of(inv), nodes=int(round(med["nodes"])),
+                   memops=int(round(med["memops"])), steps=f.height, step_time_ns=int(round(med["step_time_ns"])),
+                   device_floor_ns=int(round(med["device_floor_ns"])),
+                   prologue_busy_ns=int(round(med["prologue_busy_ns"])),
+                   **{k: None if med[k] is None else round(float(med[k]), 1) for k in (*CONSTANTS, "prologue_host_ns")})
+
+
+def with_twin(c: Capture, eager, source: str) -> Capture:
+    """`c` with its eager twin (`eager`: the Diagnosis of the same step shape run eagerly): the
+    ratio of the replay's device work to the twin's, and the model's residual on the pair with
+    the capture's own constants (both medians over the twin's steps)."""
+    from dataclasses import replace
+
+    work = (eager.floors["device_floor_ns"] - eager.prologue["prologue_busy_ns"]).median()
+    ratio = (c.device_floor_ns - c.prologue_busy_ns) / max(work, 1)
+    own = replace(c.constants(), device_ratio=ratio)
+    p = predict_graph_step(eager.inv, own, work=eager.floors, pro=eager.prologue)["predicted_graph_step_time_ns"]
+    p = p.median()
+    return replace(c, eager_twin=source, device_ratio=round(ratio, 5),
+                   residual=round((c.step_time_ns - p) / c.step_time_ns, 5))
+
+
+def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
+    """A graph trace's own constants (None if it has no replay)."""
+    c = measure(inv, source)
+    return None if c is None else c.constants(active().point(c.engine))
+
+
+def point_of(inv: Inventory, calibration: Calibration | GraphConstants | None = None) -> GraphConstants:
+    """The point constants that apply to `inv`'s steps (its engine's, from `calibration` or active())."""
+    cal = active() if calibration is None else calibration
+    return cal if isinstance(cal, GraphConstants) else cal.point(engine_of(inv))
+
+
+def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants | None = None,
                        work: pl.DataFrame | None = None, pro: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per step: the predicted graph-mode step time (null for a step that already is a replay).
-    `work`: (step, device_floor_ns), e.g. floors(); when not given, from the collectives."""
+    """Per step: the predicted graph-mode step time and its range (null for a step that already is a
+    replay). `calibration`: a Calibration (point and range), or one set of constants (point only);
+    None: active(). `work`: (step, device_floor_ns), e.g. floors(); when not given, from the
+    collectives."""
     if work is None:
         from stepscope.analysis.collectives import collectives
 
         work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
+    cal = active() if calibration is None else calibration
+    eng = engine_of(inv)
+    if isinstance(cal, GraphConstants):
+        point, spread = cal, [cal]
+    else:
+        point, spread = cal.point(eng), cal.spread(eng)
     replayed = _graph_steps(inv)["step"].to_list()
-    predicted = (pl.col("prologue_host_ns") + consts.graph_launch_lead_ns
-                 + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
-                 + pl.col("n_kernels") * consts.node_gap_ns)
-    return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
-        (prologue(inv) if pro is None else pro).select("step", "prologue_host_ns", "prologue_busy_ns"),
-        on="step", how="left",
-        maintain_order="left").select(
-        "step",
-        pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))
-        .cast(pl.Int64).alias("predicted_graph_step_time_ns"),
-    )
+    s = inv.steps.select("step").join(work.select("step", "device_floor_ns"), on="step", how="left",
+                                      maintain_order="left").join(
+        (prologue(inv) if pro is None else pro), on="step", how="left", maintain_order="left")
+    own = pl.col("step").is_in(replayed)
+
+    def out(e: pl.Expr, name: str) -> pl.Expr:
+        return pl.when(own).then(None).otherwise(e.round(0)).cast(pl.Int64).alias(name)
+
+    lo_r, hi_r = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.residuals(eng)
+    each = [_step_expr(c) for c in (point, *spread)]
+    return s.select("step", out(_step_expr(point), "predicted_graph_step_time_ns"),
+                    out(pl.min_horizontal(each) / (1 - lo_r), "predicted_graph_step_low_ns"),
+                    out(pl.max_horizontal(each) / (1 - hi_r), "predicted_graph_step_high_ns"))
