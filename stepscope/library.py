@@ -57,15 +57,19 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-              cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None):
+              cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
+              calibration: str | Path | None = None):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
-    steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace."""
+    steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
+    `calibration`: the what-if's calibration file (else the user's, else the bundled one)."""
     from stepscope.analysis.diagnosis import diagnose
+    from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
-    return diagnose(inv).only_steps(steps)
+    with calibrated(calibration):
+        return diagnose(inv).only_steps(steps)
 
 
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):
@@ -84,16 +88,21 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
     """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
     `calibration`: a calibration file for the what-if (else the user's, else the bundled one)."""
     from stepscope import options as opt
-    from stepscope.analysis.compare import compare as compared
-    from stepscope.analysis.whatif import GraphConstants, active, use_calibration
-    from stepscope.render.sentences import compare_sentence, untraced_source
+    from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
     check_steps(steps_b)
     opt.number(graph_gap_ns, "--graph-gap-ns", 0, opt.MAX_GRAPH_NS)
     opt.number(graph_launch_ns, "--graph-launch-ns", 0, opt.MAX_GRAPH_NS)
-    if calibration is not None:
-        use_calibration(calibration)
+    with calibrated(calibration):
+        return _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache)
+
+
+def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache) -> dict:
+    from stepscope.analysis.compare import compare as compared
+    from stepscope.analysis.whatif import GraphConstants, active
+    from stepscope.render.sentences import compare_sentence, untraced_source
+
     consts = None
     if graph_gap_ns is not None or graph_launch_ns is not None:
         # constants given on the command line replace the point's (no range: one set of constants)
@@ -136,9 +145,12 @@ def _mode(p) -> dict | None:
 def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
-       cache: bool = True) -> dict:
+       cache: bool = True, calibration: str | Path | None = None) -> dict:
     """Equation 1.3 per tensor-parallel width, from a trace (path or Analysis) or from numbers
-    alone (kernels, launch_us, device_ms): the `tp --json` document."""
+    alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
+    calibration file for the graph mode (else the user's, else the bundled one)."""
+    from stepscope.analysis.whatif import calibrated
+
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
     from stepscope.render.sentences import tp_note, tp_sentence
@@ -164,7 +176,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
                 "projections": {"eager": _mode(proj), "graph": None}, "notes": [tp_note(n) for n in proj.notes]}
     if any(v is not None for v in numbers):
         raise InputError("give either a trace or --kernels/--launch-us/--device-ms, not both")
-    d = _diagnosis_of(trace, step_regex, rules, cache, steps)
+    with calibrated(calibration):
+        d = _diagnosis_of(trace, step_regex, rules, cache, steps)
     proj = tpm.project_trace(d, ws, collective_us)
     doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
            "launch_bound_from_tp": proj.own.launch_bound_from_tp,
@@ -273,7 +286,8 @@ class Written:
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
-           step_regex: str | None = None, rules: str | Path | None = None) -> Written:
+           step_regex: str | None = None, rules: str | Path | None = None,
+           calibration: str | Path | None = None) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
@@ -295,8 +309,11 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
         return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
 
-    inv, first = view(trace, steps)
-    other = view(compare, compare_steps)[1] if compare is not None else None
+    from stepscope.analysis.whatif import calibrated
+
+    with calibrated(calibration):
+        inv, first = view(trace, steps)
+        other = view(compare, compare_steps)[1] if compare is not None else None
     budget_rows, note = budget_for(inv, first, cells)
     if output is not None:
         progress.stage(f"writing {Path(output).name}")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -185,20 +186,29 @@ def bundled() -> Calibration:
     return _BUNDLED
 
 
-def use_calibration(path: str | Path | None) -> Calibration:
-    """The calibration later analyses of this process use: `path`, else the user's config file
-    when it exists, else the bundled one (the `--calibration` option calls this)."""
+def default_calibration() -> Calibration:
+    """The user's calibration file (user_calibration_path) when it exists, else the bundled one."""
+    user = user_calibration_path()
+    return read_calibration(user) if user.is_file() else bundled()
+
+
+@contextmanager
+def calibrated(path: str | Path | Calibration | None):
+    """Inside the block, active() is the calibration read from `path` (None: unchanged): what the
+    `--calibration` option of analyze, compare, tp and report sets for their analyses."""
     global _CHOSEN
+    before = _CHOSEN
     if path is not None:
-        _CHOSEN = read_calibration(path)
-    else:
-        user = user_calibration_path()
-        _CHOSEN = read_calibration(user) if user.is_file() else bundled()
-    return _CHOSEN
+        _CHOSEN = path if isinstance(path, Calibration) else read_calibration(path)
+    try:
+        yield active()
+    finally:
+        _CHOSEN = before
 
 
 def active() -> Calibration:
-    return _CHOSEN if _CHOSEN is not None else use_calibration(None)
+    """The calibration the analyses use: the one calibrated() chose, else default_calibration()."""
+    return _CHOSEN if _CHOSEN is not None else default_calibration()
 
 
 def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,

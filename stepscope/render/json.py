@@ -107,6 +107,11 @@ def analyze_json(inv: Inventory, which=None, diag=None) -> str:
     `diag` adds (see steps_text)."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    if diag is not None and getattr(diag, "calibration", None) is not None and hasattr(diag.calibration, "describe"):
+        from stepscope.analysis.whatif import engine_of
+
+        # the constants every step's predicted_graph_step_* used, and the captures they come from
+        head["whatif_calibration"] = diag.calibration.describe(engine_of(inv))
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
     text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"
     return reindent(text) if len(ids) <= INDENT_MAX_STEPS else text
