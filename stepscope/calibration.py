@@ -30,6 +30,8 @@ class GraphConstants:
     source: str = ""
     prologue_host_ns: float | None = None  # a graph step's host time before its replay (None: the step's own)
     device_ratio: float = 1.0    # graph-mode device work / eager device floor of the same step
+    host_after_ns: float | None = None  # the host from the graph launch call's start to its own end
+    prologue_always: bool = False  # the engine always prepares its inputs: P even without a seen prologue
 
     @property
     def lead_ns(self) -> float:
@@ -58,6 +60,8 @@ class Capture:
     eager_twin: str | None = None  # the eager capture of the same step, when calibrate was given it
     device_ratio: float | None = None  # its graph busy / the twin's device floor (None: no twin)
     residual: float | None = None  # (measured − predicted from the twin with these constants) / measured
+    host_after_ns: float | None = None  # its last launch call's end (and the host's own tail) − graph launch start
+    loo_error: float | None = None  # (the twin's what-if with the other captures' point − measured) / measured
 
     def constants(self, fallback: GraphConstants | None = None) -> GraphConstants:
         """Its own constants; one it lacks (no memop, no prologue, no twin) from `fallback`."""
@@ -66,7 +70,8 @@ class Capture:
             self.graph_launch_prep_ns, self.graph_launch_lead_ns, self.node_gap_ns,
             self.memop_gap_ns if self.memop_gap_ns is not None else f.memop_gap_ns, self.named(),
             self.prologue_host_ns if self.prologue_host_ns is not None else f.prologue_host_ns,
-            self.device_ratio if self.device_ratio is not None else f.device_ratio)
+            self.device_ratio if self.device_ratio is not None else f.device_ratio,
+            self.host_after_ns if self.host_after_ns is not None else f.host_after_ns, f.prologue_always)
 
     def named(self) -> str:
         return f"{self.source} ({self.gpu or 'GPU not named'}, {self.engine}, {self.nodes} nodes)"
@@ -96,16 +101,20 @@ class Calibration:
             med("graph_launch_prep_ns"), med("graph_launch_lead_ns"), med("node_gap_ns"),
             med("memop_gap_ns", statistics.median(memop_all) if memop_all else 0.0),
             f"median of {len(m)} graph capture{'s' * (len(m) != 1)} ({self.origin})",
-            med("prologue_host_ns"), med("device_ratio", 1.0))
+            med("prologue_host_ns"), med("device_ratio", 1.0), med("host_after_ns"),
+            # every member is of the step's engine and has a prologue: that engine always prepares
+            # its inputs before the replay, whether or not the eager trace shows where its forward starts
+            bool(engine) and all(c.engine == engine and c.prologue_host_ns is not None for c in m))
 
     def spread(self, engine: str | None = None) -> list[GraphConstants]:
         """Each member's own constants (one it lacks: the point's)."""
         p = self.point(engine)
         return [c.constants(p) for c in self.members(engine)]
 
-    def residuals(self, engine: str | None = None) -> tuple[float, float]:
-        """The lowest (≤ 0) and highest (≥ 0) relative residual of the members with a twin."""
-        r = [c.residual for c in self.members(engine) if c.residual is not None]
+    def errors(self, engine: str | None = None) -> tuple[float, float]:
+        """The lowest (≤ 0) and highest (≥ 0) held-out error of the members with a twin: how far
+        the point calibrated without a capture missed that capture's own step."""
+        r = [c.loo_error for c in self.members(engine) if c.loo_error is not None]
         return min([0.0, *r]), max([0.0, *r])
 
     def describe(self, engine: str | None = None) -> dict:

@@ -356,7 +356,9 @@ def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *,
     (whatif.with_twin); any other trace without a replay is named in the notes. No graph capture
     at all is an InputError."""
     from stepscope.analysis.diagnosis import diagnose
-    from stepscope.analysis.whatif import Calibration, GraphConstants, measure, with_twin
+    from dataclasses import replace
+
+    from stepscope.analysis.whatif import Calibration, GraphConstants, held_out_error, measure, with_twin
     from stepscope.paths import input_file, shown
     from stepscope.render.output import write_atomic
 
@@ -373,10 +375,15 @@ def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *,
             eager[t.resolve()] = (t, d)
         else:
             caps.append((t, c))
-    out = []
+    out, twins = [], []
     for t, c in caps:
         twin = eager.pop(t.with_name(t.name.replace("graph", "eager")).resolve(), None) if "graph" in t.name else None
         out.append(with_twin(c, twin[1], shown(twin[0])) if twin else c)
+        twins.append(twin[1] if twin else None)
+    if len(out) > 1:  # each twin predicted by the others: the spread of held-out errors sets the range
+        whole = Calibration(tuple(out))
+        out = [c if d is None else replace(c, loo_error=round(held_out_error(whole, c, d), 5))
+               for c, d in zip(out, twins)]
     notes += [f"{shown(t)}: no CUDA-graph replay (captured with --cuda-graph-trace=node?) and no graph "
               "capture named like it: not used" for t, _ in eager.values()]
     if not out:

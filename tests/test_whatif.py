@@ -29,18 +29,29 @@ PAIRS = [
     ("vllm/llama8b_decode_b1_eager", "vllm/llama8b_decode_b1_graph"),
     ("vllm/llama8b_decode_b8_eager", "vllm/llama8b_decode_b8_graph"),
     ("vllm/qwen7b_decode_b1_eager", "vllm/qwen7b_decode_b1_graph"),
+    # the seventh device round's pairs (another model size, batch 1-32, both engines): these two
+    # calibrate, the HELD_OUT ones never do
+    ("pairs/torch_llama-3.2-1b_decode_b1_eager", "pairs/torch_llama-3.2-1b_decode_b1_graph"),
+    ("pairs/vllm_llama-3.2-1b_decode_b1_eager", "pairs/vllm_llama-3.2-1b_decode_b1_graph"),
 ]
+HELD_OUT = [(f"pairs/{n}_eager", f"pairs/{n}_graph") for n in (
+    "torch_llama-3.2-1b_decode_b32", "torch_qwen2.5-7b_decode_b16", "vllm_llama-3.2-1b_decode_b32",
+    "vllm_llama-3.1-8b_decode_b32")]
 # vLLM runs a 2048-token prefill eagerly in graph mode too (above its largest capture size): that
 # "graph" capture has no replay, so it neither calibrates nor checks the what-if
 NO_REPLAY = "vllm/llama8b_prefill_b1_graph"
 
 # The point error (%) of each pair, calibrated without the pair's own graph capture (docs/WHATIF.md)
 LEAVE_ONE_OUT = {
-    "llama8b_decode_b1_eager": -14.6, "llama8b_decode_b8_eager": -14.3, "llama8b_decode_b1_eager_r4": -1.5,
-    "llama8b_decode_b1_eager_tp2": -0.9, "round5/llama8b_decode_b1_eager": -1.2,
-    "round5/llama8b_decode_b8_eager": -0.9, "vllm/llama8b_decode_b1_eager": -4.9,
-    "vllm/llama8b_decode_b8_eager": -7.9, "vllm/qwen7b_decode_b1_eager": 14.9,
+    "llama8b_decode_b1_eager": -14.7, "llama8b_decode_b8_eager": -14.2, "llama8b_decode_b1_eager_r4": -0.6,
+    "llama8b_decode_b1_eager_tp2": -0.9, "round5/llama8b_decode_b1_eager": -0.4,
+    "round5/llama8b_decode_b8_eager": 0.1, "vllm/llama8b_decode_b1_eager": -4.2,
+    "vllm/llama8b_decode_b8_eager": -7.4, "vllm/qwen7b_decode_b1_eager": 15.1,
+    "pairs/torch_llama-3.2-1b_decode_b1_eager": -2.9, "pairs/vllm_llama-3.2-1b_decode_b1_eager": -12.5,
 }
+# the point error (%) of the held-out pairs with the bundled calibration (docs/WHATIF.md)
+HELD_OUT_ERRORS = {"pairs/torch_llama-3.2-1b_decode_b32_eager": 1.8, "pairs/torch_qwen2.5-7b_decode_b16_eager": 0.8,
+                   "pairs/vllm_llama-3.2-1b_decode_b32_eager": -10.0, "pairs/vllm_llama-3.1-8b_decode_b32_eager": -9.2}
 
 
 def fx(name: str):
@@ -97,7 +108,7 @@ def test_bundled_calibration_is_the_committed_graph_captures():
     for c in cal.captures:
         path = FIXTURES.parent / c.source
         assert c.graph_launch_lead_ns == pytest.approx(sql_lead(need(path)), abs=0.5)
-        assert c.gpu == "NVIDIA H200" and c.engine == ("vllm" if "/vllm/" in c.source else "torch")
+        assert c.gpu == "NVIDIA H200" and c.engine == ("vllm" if "vllm" in c.source else "torch")
         assert c.nodes == ro(path).execute(
             "SELECT count(*) / count(DISTINCT deviceId) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL"
         ).fetchone()[0]
@@ -110,7 +121,7 @@ def test_bundled_calibration_is_the_committed_graph_captures():
                                           c.residual) for c in cal.captures]
 
 
-@pytest.mark.parametrize("eager,graph", PAIRS, ids=[p[0] for p in PAIRS])
+@pytest.mark.parametrize("eager,graph", PAIRS + HELD_OUT, ids=[p[0] for p in PAIRS + HELD_OUT])
 def test_every_committed_pair_lies_inside_its_range(eager, graph):
     doc = stepscope.compare(fx(eager), fx(graph))
     measured = sql_step_times(fx(graph))[doc["b"]["rank"]["pid"] if "rank" in doc["b"] else
@@ -122,7 +133,7 @@ def test_every_committed_pair_lies_inside_its_range(eager, graph):
     assert doc["prediction_in_range"]
     # the calibration is named: its engine's captures, each with GPU, engine, nodes and file
     g = doc["graph_constants"]
-    assert g["engine"] == ("vllm" if eager.startswith("vllm") else "torch")
+    assert g["engine"] == ("vllm" if "vllm" in eager else "torch")
     assert g["captures"] and all({"source", "gpu", "engine", "nodes"} <= set(c) for c in g["captures"])
     assert all(c["engine"] == g["engine"] for c in g["captures"])
 
@@ -146,11 +157,24 @@ def test_leave_one_out_point_error(eager, graph):
     assert err == pytest.approx(LEAVE_ONE_OUT[eager], abs=0.1)
 
 
+@pytest.mark.parametrize("eager,graph", HELD_OUT, ids=[p[0] for p in HELD_OUT])
+def test_held_out_pairs(eager, graph):
+    """Pairs no calibration capture comes from: the point within 10 % (vLLM llama-3.2-1b b32:
+    −9.96 %), as docs/WHATIF.md reports."""
+    assert not any(graph in c.source for c in bundled().captures)
+    doc = stepscope.compare(fx(eager), fx(graph))
+    err = 100 * doc["prediction_error"]
+    assert err == pytest.approx(HELD_OUT_ERRORS[eager], abs=0.1) and abs(err) < 10
+
+
 def test_point_within_10_percent_except_where_the_lead_differs():
     """Within 10 % on every pair but the first machine's two torch pairs (graph launch lead 0.92 and
-    1.05 ms, eight times the other captures') and the qwen pair (its graph run's host was 30 % faster:
-    prologue 1.55 ms against 2.08–2.19 ms); B's own constants bring each within 2 %."""
-    off = {"llama8b_decode_b1_eager", "llama8b_decode_b8_eager", "vllm/qwen7b_decode_b1_eager"}
+    1.05 ms, eight times the other captures'), the qwen pair (its graph run's host was 30 % faster:
+    prologue 1.55 ms against 2.08–2.48 ms) and the seventh round's vLLM llama-3.2-1b b1 pair (its
+    host slower: prologue 2.48 ms, 3.24 ms after the graph launch against the 2.94 ms median);
+    B's own constants bring each within 2 %."""
+    off = {"llama8b_decode_b1_eager", "llama8b_decode_b8_eager", "vllm/qwen7b_decode_b1_eager",
+           "pairs/vllm_llama-3.2-1b_decode_b1_eager"}
     for eager, graph in PAIRS:
         doc = stepscope.compare(fx(eager), fx(graph))
         assert (abs(doc["prediction_error"]) < 0.10) == (eager not in off), eager

@@ -75,22 +75,22 @@ def project_graph(figures: dict, consts, sharded_ns: float, unsharded_ns: float 
                   base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
                   scale: float = 1.0) -> Projection:
     """Graph mode: per width, whatif.graph_step of a step's `figures` (whatif.FIGURES) with its
-    device floor projected as in project(); cpu_floor_ns is the host part before the replay
-    (prologue + graph launch), device_floor_ns the rest, step_time_ns their sum."""
-    from stepscope.analysis.whatif import graph_step, step_figures
+    device floor projected as in project(): cpu_floor_ns its host path, device_floor_ns its GPU
+    path (whatif.graph_paths), step_time_ns the larger."""
+    from stepscope.analysis.whatif import graph_paths, step_figures
 
     base = project(0, 0.0, sharded_ns, unsharded_ns, widths, base_tp, layers, collective_per_layer_ns, scale)
-    host_only = {**figures, "device_floor_ns": figures["prologue_busy_ns"], "forward_kernels": 0, "forward_memops": 0}
-    host = graph_step(*step_figures(host_only), consts)
+    host = None
     for r in base.rows:
-        total = graph_step(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts)
-        r.update(cpu_floor_ns=int(round(host)), device_floor_ns=int(round(total - host)),
-                 step_time_ns=int(round(total)), bound=verdict_of(host, total - host))
+        host, gpu = graph_paths(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts)
+        cpu = host if host is not None else 0.0
+        r.update(cpu_floor_ns=int(round(cpu)), device_floor_ns=int(round(gpu)),
+                 step_time_ns=int(round(max(cpu, gpu))), bound=verdict_of(cpu, gpu))
     bound_at = [r["tp"] for r in base.rows if r["bound"] == LAUNCH_BOUND]
-    inputs = {**base.inputs, "n_launch": 1, "t_launch_ns": host, "fixed_device_ns": 0.0,
+    inputs = {**base.inputs, "n_launch": 1, "t_launch_ns": host or 0.0, "fixed_device_ns": 0.0,
               "graph_constants": {k: getattr(consts, k) for k in ("graph_launch_prep_ns", "graph_launch_lead_ns",
                                                                   "node_gap_ns", "memop_gap_ns", "prologue_host_ns",
-                                                                  "device_ratio", "source")},
+                                                                  "device_ratio", "host_after_ns", "source")},
               "step_figures": dict(figures)}
     return Projection(base.rows, min(bound_at) if bound_at else None, inputs)
 
@@ -167,7 +167,8 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     if graph_trace and d.replay is not None:
         from dataclasses import replace
 
-        g_consts = replace(d.replay.constants(point_of(inv, d.calibration)), device_ratio=1.0, prologue_host_ns=None)
+        g_consts = replace(d.replay.constants(point_of(inv, d.calibration)), device_ratio=1.0, prologue_host_ns=None,
+                           prologue_always=False)
         notes.append(("graph_own", {"node_gap_ns": g_consts.node_gap_ns, "lead_ns": g_consts.lead_ns}))
     else:
         g_consts = point_of(inv, d.calibration)

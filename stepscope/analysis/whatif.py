@@ -62,18 +62,34 @@ def active() -> Calibration:
     return _CHOSEN if _CHOSEN is not None else default_calibration()
 
 
-def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
-               c: GraphConstants):
-    """The what-if graph step of one step from its figures (numbers, or polars expressions for a
-    frame of steps): docs/DEFINITIONS.md's "What-if graph step"."""
+def graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
+                c: GraphConstants):
+    """(host path, GPU path) of the what-if graph step (docs/DEFINITIONS.md): numbers, or polars
+    expressions for a frame of steps. The host path is None when `c` has no host_after_ns."""
     expr = isinstance(device_floor, pl.Expr)
     work = device_floor - prologue_busy
     work = pl.max_horizontal(work, pl.lit(0)) if expr else max(work, 0)
-    if c.prologue_host_ns is not None:  # the calibration's graph-mode prologue, for a step that has one
-        prologue_host = (pl.when(prologue_launches > 0).then(pl.lit(c.prologue_host_ns)).otherwise(prologue_host)
-                         if expr else (c.prologue_host_ns if prologue_launches > 0 else prologue_host))
-    return (prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns + work * c.device_ratio
-            + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns)
+    if c.prologue_host_ns is not None:  # the calibration's graph-mode prologue
+        if c.prologue_always:
+            prologue_host = pl.lit(c.prologue_host_ns) if expr else c.prologue_host_ns
+        else:  # for a step that has one
+            prologue_host = (pl.when(prologue_launches > 0).then(pl.lit(c.prologue_host_ns)).otherwise(prologue_host)
+                             if expr else (c.prologue_host_ns if prologue_launches > 0 else prologue_host))
+    gpu = (prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns + work * c.device_ratio
+           + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns)
+    host = None if c.host_after_ns is None else prologue_host + c.graph_launch_prep_ns + c.host_after_ns
+    return host, gpu
+
+
+def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
+               c: GraphConstants):
+    """The what-if graph step of one step from its figures (numbers, or polars expressions for a
+    frame of steps): the later of its host and GPU paths (graph_paths)."""
+    host, gpu = graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels,
+                            forward_memops, c)
+    if host is None:
+        return gpu
+    return pl.max_horizontal(host, gpu) if isinstance(gpu, pl.Expr) else max(host, gpu)
 
 
 def step_figures(row: dict) -> tuple:
@@ -153,6 +169,7 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
     names = inv.launch_calls["api_name"].cast(pl.String)
     gl = (inv.launch_calls.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
           .group_by("step").agg(pl.col("start").min().alias("_gl")))
+    last_call = inv.launch_calls.group_by("step").agg(pl.col("end").max().alias("_call_end"))
     a = inv.in_steps("step", "start", "end", "prev_end", "graph_node_id", "is_kernel")
     node = pl.col("graph_node_id").is_not_null()
     a = a.join(g.select("step"), on="step", how="semi").with_columns(
@@ -167,7 +184,8 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
         node0=pl.col("_n0").first(), nodes=pl.col("is_kernel").sum().cast(pl.Int64),
         memops=(~pl.col("is_kernel")).sum().cast(pl.Int64),
         _kgap=pl.col("_gap").filter(~pl.col("_mem")).sum(), _mgap=pl.col("_gap").filter(pl.col("_mem")).sum())
-    return (g.select("step", "step_begin", "step_time_ns").join(per, on="step").join(gl, on="step", how="left")
+    return (g.select("step", "step_begin", "step_end", "last_end", "step_time_ns").join(per, on="step")
+            .join(gl, on="step", how="left").join(last_call, on="step", how="left")
             .join(pro.select("step", "prologue_end", "prologue_launches", "prologue_host_ns"), on="step", how="left")
             .select("step", "step_time_ns", "nodes", "memops",
                     pl.when(pl.col("prologue_launches") > 0).then(pl.col("prologue_host_ns").cast(pl.Float64))
@@ -176,7 +194,12 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
                     .alias("graph_launch_prep_ns"),
                     (pl.col("node0") - pl.col("_gl")).clip(lower_bound=0).alias("graph_launch_lead_ns"),
                     (pl.col("_kgap") / pl.col("nodes")).alias("node_gap_ns"),
-                    pl.when(pl.col("memops") > 0).then(pl.col("_mgap") / pl.col("memops")).alias("memop_gap_ns"))
+                    pl.when(pl.col("memops") > 0).then(pl.col("_mgap") / pl.col("memops")).alias("memop_gap_ns"),
+                    # the host's CUDA work from the graph launch on (the call, the launches after the
+                    # replay's, e.g. vLLM's sampling) and its own tail after its last CUDA work
+                    (pl.col("_call_end") - pl.col("_gl")
+                     + (pl.col("step_end") - pl.max_horizontal("last_end", "_call_end")).clip(lower_bound=0))
+                    .cast(pl.Float64).alias("host_after_ns"))
             .drop_nulls("graph_launch_lead_ns").sort("step"))
 
 
@@ -193,12 +216,14 @@ def measure(inv: Inventory, source: str, pro: pl.DataFrame | None = None,
     f = f.join(w, on="step", how="left").join(pro.select("step", "prologue_busy_ns"), on="step", how="left")
     gpu = inv.trace.gpus["name"][0] if inv.trace.gpus.height else None
     med = {k: f[k].median() for k in ("step_time_ns", "nodes", "memops", "prologue_host_ns", "device_floor_ns",
-                                      "prologue_busy_ns", *CONSTANTS)}
+                                      "prologue_busy_ns", "host_after_ns", *CONSTANTS)}
     return Capture(source=source, gpu=gpu, engine=engine_of(inv), nodes=int(round(med["nodes"])),
                    memops=int(round(med["memops"])), steps=f.height, step_time_ns=int(round(med["step_time_ns"])),
                    device_floor_ns=int(round(med["device_floor_ns"])),
                    prologue_busy_ns=int(round(med["prologue_busy_ns"])),
-                   **{k: None if med[k] is None else round(float(med[k]), 1) for k in (*CONSTANTS, "prologue_host_ns")})
+                   # unrounded: a capture's own constants reproduce its own step to the nanosecond
+                   **{k: None if med[k] is None else float(med[k])
+                      for k in (*CONSTANTS, "prologue_host_ns", "host_after_ns")})
 
 
 def with_twin(c: Capture, eager, source: str) -> Capture:
@@ -212,8 +237,16 @@ def with_twin(c: Capture, eager, source: str) -> Capture:
     own = replace(c.constants(), device_ratio=ratio)
     p = predict_graph_step(eager.inv, own, work=eager.floors, pro=eager.prologue)["predicted_graph_step_time_ns"]
     p = p.median()
-    return replace(c, eager_twin=source, device_ratio=round(ratio, 5),
+    return replace(c, eager_twin=source, device_ratio=ratio,
                    residual=round((c.step_time_ns - p) / c.step_time_ns, 5))
+
+
+def held_out_error(cal: Calibration, c: Capture, eager) -> float:
+    """How far `cal`'s point without capture `c` misses `c`'s own step from its eager twin (a
+    Diagnosis): (predicted − measured) / measured, the median over the twin's steps."""
+    rest = Calibration(tuple(x for x in cal.captures if x is not c), "held out")
+    p = predict_graph_step(eager.inv, rest.point(c.engine), work=eager.floors, pro=eager.prologue)
+    return (p["predicted_graph_step_time_ns"].median() - c.step_time_ns) / c.step_time_ns
 
 
 def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
@@ -252,10 +285,11 @@ def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants
     own = pl.col("step").is_in(replayed)
 
     def out(e: pl.Expr, name: str) -> pl.Expr:
-        return pl.when(own).then(None).otherwise(e.round(0)).cast(pl.Int64).alias(name)
+        return pl.when(own).then(None).otherwise(e).cast(pl.Int64).alias(name)
 
-    lo_r, hi_r = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.residuals(eng)
-    each = [_step_expr(c) for c in (point, *spread)]
-    return s.select("step", out(_step_expr(point), "predicted_graph_step_time_ns"),
-                    out(pl.min_horizontal(each) / (1 - lo_r), "predicted_graph_step_low_ns"),
-                    out(pl.max_horizontal(each) / (1 - hi_r), "predicted_graph_step_high_ns"))
+    lo_e, hi_e = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.errors(eng)
+    p = _step_expr(point)
+    each = [p, *[_step_expr(c) for c in spread]]
+    return s.select("step", out(p.round(0), "predicted_graph_step_time_ns"),
+                    out(pl.min_horizontal(*each, p * (1 + lo_e)).floor(), "predicted_graph_step_low_ns"),
+                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil(), "predicted_graph_step_high_ns"))
