@@ -136,7 +136,7 @@ def test_verdict_line_gives_the_untraced_figure_first():
     path = FIX / "vllm" / "llama8b_decode_b1_eager.sqlite"
     line = verdict_line(step_diagnosis(diagnose(open_trace(path).inventory), 0))
     assert line.startswith("decode step ≈ 25.714 ms untraced (27.649 ms under nsys): launch-bound; "
-                           "CUDA graphs would cut it to about 5.130 ms (8.270 ms under nsys)")
+                           "CUDA graphs would cut it to about 5.132 ms (8.103 ms under nsys)")
     assert os.path.exists(sidecar_path(path))
 
 

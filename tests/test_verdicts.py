@@ -168,7 +168,8 @@ def test_tp_trace_projection_reproduces_its_own_width():
     # (launch, gaps by kernel and memop), which reproduces its own step from its own figures
     c = graph_constants(d.inv)
     s = d.inv.steps.row(0, named=True)
-    assert at1["cpu_floor_ns"] == round(c.graph_launch_prep_ns + c.graph_launch_lead_ns)
+    # its CPU floor: the host path, from step begin to the end of the host's own work after the launch
+    assert at1["cpu_floor_ns"] == round(c.graph_launch_prep_ns + c.host_after_ns)
     assert at1["measured_step_time_ns"] == s["step_time_ns"]
     assert abs(at1["step_time_ns"] - s["step_time_ns"]) < 0.001 * s["step_time_ns"]
     assert any("estimated" in tp_note(n) for n in p.notes)
@@ -204,7 +205,7 @@ def test_tp_cli_on_multi_rank_trace():
     g = doc["projections"]["graph"]
     c = bundled().point("torch")
     assert g["launch_bound_from_tp"] is None
-    assert {r["cpu_floor_ns"] for r in g["rows"]} == {round(c.graph_launch_prep_ns + c.graph_launch_lead_ns)}
+    assert {r["cpu_floor_ns"] for r in g["rows"]} == {round(c.graph_launch_prep_ns + c.host_after_ns)}
     assert doc["launch_bound_from_tp"] == 1
     (group,) = doc["tp_steps"]
     times = [x["steps"][0]["step_time_ns"] for x in doc["ranks"]]
