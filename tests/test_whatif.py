@@ -8,6 +8,8 @@ import json
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.conftest import CliRunner
 
 import stepscope
@@ -267,3 +269,25 @@ def test_a_bad_calibration_file_is_one_line(tmp_path, text, why):
 def test_calibrate_without_a_graph_capture_is_one_line():
     r = CliRunner().invoke(app, ["calibrate", str(fx("llama8b_prefill_b1_eager")), "-o", "/tmp/never.json"])
     assert r.exit_code == 2 and "replays a CUDA graph" in r.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(launches=st.integers(0, 20), host=st.floats(0, 5e6), floor=st.floats(0, 5e7), busy=st.floats(0, 1e5),
+       kernels=st.integers(0, 5000), memops=st.integers(0, 100), extra=st.floats(0, 1e6))
+def test_graph_step_numbers_and_frames_agree_and_grow_with_the_work(launches, host, floor, busy, kernels, memops,
+                                                                     extra):
+    """One function for a step's numbers and for a frame of steps; more device work never makes it
+    shorter, and it is never shorter than either path."""
+    import polars as pl
+
+    from stepscope.analysis.whatif import graph_paths
+
+    for c in (*bundled().spread("vllm"), bundled().point("torch")):
+        figs = (launches, host, floor, busy, kernels, memops)
+        n = graph_step(*figs, c)
+        frame = pl.DataFrame([dict(zip(FIGURES, figs))], schema={k: pl.Float64 for k in FIGURES})
+        e = frame.select(graph_step(*[pl.col(k) for k in FIGURES], c)).item()
+        assert e == pytest.approx(n, rel=1e-12, abs=1e-6)
+        assert graph_step(launches, host, floor + extra, busy, kernels, memops, c) >= n
+        h, g = graph_paths(*figs, c)
+        assert n >= g and (h is None or n >= h)
