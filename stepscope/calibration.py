@@ -65,7 +65,8 @@ class Capture:
 
     def constants(self, fallback: GraphConstants | None = None) -> GraphConstants:
         """Its own constants; one it lacks (no memop, no prologue, no twin) from `fallback`."""
-        f = fallback or GraphConstants(0.0, 0.0, 0.0, 0.0)
+        # alone, a capture whose replay has a prologue stands for an engine that always has one
+        f = fallback or GraphConstants(0.0, 0.0, 0.0, 0.0, prologue_always=self.prologue_host_ns is not None)
         return GraphConstants(
             self.graph_launch_prep_ns, self.graph_launch_lead_ns, self.node_gap_ns,
             self.memop_gap_ns if self.memop_gap_ns is not None else f.memop_gap_ns, self.named(),
