@@ -1,8 +1,9 @@
 """stepscope: where the time and the bytes of one LLM inference engine step go.
 
 The Python API: `open_trace(path)` for one trace's steps, figures and verdicts (an Analysis),
-and the function behind each command — `compare`, `tp`, `budget`, `report`, `export` — each
-returning what its command prints with `--json` (or, for report and export, what it writes).
+and the function behind each command — `compare`, `tp`, `budget`, `report`, `export`,
+`calibrate` — each returning what its command prints with `--json` (or, for report and export,
+what it writes; for calibrate, the Calibration it writes).
 """
 
 __version__ = "0.1.0"
@@ -10,7 +11,7 @@ __version__ = "0.1.0"
 # CLI's --help
 _LAZY = {"open_trace": "stepscope.api", "Analysis": "stepscope.api", "Step": "stepscope.api",
          "compare": "stepscope.library", "tp": "stepscope.library", "budget": "stepscope.library",
-         "report": "stepscope.library", "export": "stepscope.library",
+         "report": "stepscope.library", "export": "stepscope.library", "calibrate": "stepscope.library",
          "StepscopeError": "stepscope.errors", "InputError": "stepscope.errors"}
 __all__ = ["__version__", *_LAZY]
 

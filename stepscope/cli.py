@@ -18,6 +18,7 @@ from stepscope.commands import verdicts as _verdicts  # noqa: F401  isort: skip
 from stepscope.commands import capture as _capture  # noqa: F401  isort: skip
 from stepscope.commands import cells as _cells  # noqa: F401  isort: skip  (and budget)
 from stepscope.commands import report as _report  # noqa: F401  isort: skip
+from stepscope.commands import calibrate as _calibrate  # noqa: F401  isort: skip
 from stepscope.commands.app import app, error_exit
 
 __all__ = ["app", "main", "run"]

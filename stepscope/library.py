@@ -57,15 +57,19 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-              cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None):
+              cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
+              calibration: str | Path | None = None):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
-    steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace."""
+    steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
+    `calibration`: the what-if's calibration file (else the user's, else the bundled one)."""
     from stepscope.analysis.diagnosis import diagnose
+    from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
-    return diagnose(inv).only_steps(steps)
+    with calibrated(calibration):
+        return diagnose(inv).only_steps(steps)
 
 
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):
@@ -80,22 +84,33 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: 
 
 def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
             rules: str | Path | None = None, graph_gap_ns: float | None = None,
-            graph_launch_ns: float | None = None, cache: bool = True) -> dict:
-    """Two traces side by side (paths, or Analysis objects): the `compare --json` document."""
+            graph_launch_ns: float | None = None, cache: bool = True, calibration: str | Path | None = None) -> dict:
+    """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
+    `calibration`: a calibration file for the what-if (else the user's, else the bundled one)."""
     from stepscope import options as opt
-    from stepscope.analysis.compare import compare as compared
-    from stepscope.analysis.whatif import DEFAULT, GraphConstants
-    from stepscope.render.sentences import compare_sentence, untraced_source
+    from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
     check_steps(steps_b)
     opt.number(graph_gap_ns, "--graph-gap-ns", 0, opt.MAX_GRAPH_NS)
     opt.number(graph_launch_ns, "--graph-launch-ns", 0, opt.MAX_GRAPH_NS)
-    consts = GraphConstants(
-        graph_gap_ns if graph_gap_ns is not None else DEFAULT.node_gap_ns,
-        graph_launch_ns if graph_launch_ns is not None else DEFAULT.graph_launch_lead_ns,
-        DEFAULT.source if graph_gap_ns is None and graph_launch_ns is None else "given on the command line",
-    )
+    with calibrated(calibration):
+        return _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache)
+
+
+def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache) -> dict:
+    from stepscope.analysis.compare import compare as compared
+    from stepscope.analysis.whatif import GraphConstants, active
+    from stepscope.render.sentences import compare_sentence, untraced_source
+
+    consts = None
+    if graph_gap_ns is not None or graph_launch_ns is not None:
+        # constants given on the command line replace the point's (no range: one set of constants)
+        p = active().point()
+        consts = GraphConstants(p.graph_launch_prep_ns,
+                                graph_launch_ns if graph_launch_ns is not None else p.graph_launch_lead_ns,
+                                graph_gap_ns if graph_gap_ns is not None else p.node_gap_ns,
+                                p.memop_gap_ns, "given on the command line")
     # compare reads each side's per-step results only: one trace's events are gone before the other's are read
     da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
     db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
@@ -130,9 +145,12 @@ def _mode(p) -> dict | None:
 def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
-       cache: bool = True) -> dict:
+       cache: bool = True, calibration: str | Path | None = None) -> dict:
     """Equation 1.3 per tensor-parallel width, from a trace (path or Analysis) or from numbers
-    alone (kernels, launch_us, device_ms): the `tp --json` document."""
+    alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
+    calibration file for the graph mode (else the user's, else the bundled one)."""
+    from stepscope.analysis.whatif import calibrated
+
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
     from stepscope.render.sentences import tp_note, tp_sentence
@@ -158,7 +176,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
                 "projections": {"eager": _mode(proj), "graph": None}, "notes": [tp_note(n) for n in proj.notes]}
     if any(v is not None for v in numbers):
         raise InputError("give either a trace or --kernels/--launch-us/--device-ms, not both")
-    d = _diagnosis_of(trace, step_regex, rules, cache, steps)
+    with calibrated(calibration):
+        d = _diagnosis_of(trace, step_regex, rules, cache, steps)
     proj = tpm.project_trace(d, ws, collective_us)
     doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
            "launch_bound_from_tp": proj.own.launch_bound_from_tp,
@@ -267,7 +286,8 @@ class Written:
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
-           step_regex: str | None = None, rules: str | Path | None = None) -> Written:
+           step_regex: str | None = None, rules: str | Path | None = None,
+           calibration: str | Path | None = None) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
@@ -291,8 +311,11 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
         return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which)), d
 
-    inv, first, d = view(trace, steps)
-    other = view(compare, compare_steps)[1] if compare is not None else None
+    from stepscope.analysis.whatif import calibrated
+
+    with calibrated(calibration):
+        inv, first, d = view(trace, steps)
+        other = view(compare, compare_steps)[1] if compare is not None else None
     budget_rows, note = budget_for(inv, first, cells)
     from stepscope.analysis.run import run_view
 
@@ -330,3 +353,51 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     gz = Path(output).suffix.lower() == ".gz"
     write_atomic_with(Path(output), lambda tmp: write_export(inv, ids, tmp, gz))
     return Written(None, Path(output), tuple(ids), n, True)
+
+
+def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *, step_regex: str | None = None,
+              rules: str | Path | None = None, cache: bool = True):
+    """The what-if constants measured on graph captures (analysis/whatif.measure), one capture per
+    trace that replays a CUDA graph: a Calibration, written as JSON to `output` when given. An
+    eager trace whose file name is a graph capture's with `graph` replaced by `eager` is its twin
+    (whatif.with_twin); any other trace without a replay is named in the notes. No graph capture
+    at all is an InputError."""
+    from stepscope.analysis.diagnosis import diagnose
+    from dataclasses import replace
+
+    from stepscope.analysis.whatif import Calibration, GraphConstants, held_out_error, measure, with_twin
+    from stepscope.paths import input_file, shown
+    from stepscope.render.output import write_atomic
+
+    if not traces:
+        raise InputError("calibrate needs at least one graph capture (an nsys export of CUDA-graph steps)")
+    paths = [input_file(t, "a graph capture (nsys SQLite export)") for t in traces]
+    caps, eager, notes = [], {}, []
+    for t in paths:
+        progress.stage(f"measuring {t.name}")
+        # the floors and prologues the constants are measured on need no calibration
+        d = diagnose(load(t, step_regex, rules, cache=cache, memory=ONE_PASS), GraphConstants(0, 0, 0, 0))
+        c = measure(d.inv, shown(t), d.prologue, d.floors)
+        if c is None:
+            eager[t.resolve()] = (t, d)
+        else:
+            caps.append((t, c))
+    out, twins = [], []
+    for t, c in caps:
+        twin = eager.pop(t.with_name(t.name.replace("graph", "eager")).resolve(), None) if "graph" in t.name else None
+        out.append(with_twin(c, twin[1], shown(twin[0])) if twin else c)
+        twins.append(twin[1] if twin else None)
+    if len(out) > 1:  # each twin predicted by the others: the spread of held-out errors sets the range
+        whole = Calibration(tuple(out))
+        out = [c if d is None else replace(c, loo_error=round(held_out_error(whole, c, d), 5))
+               for c, d in zip(out, twins)]
+    notes += [f"{shown(t)}: no CUDA-graph replay (captured with --cuda-graph-trace=node?) and no graph "
+              "capture named like it: not used" for t, _ in eager.values()]
+    if not out:
+        raise InputError("none of the traces replays a CUDA graph with per-node rows: give graph captures "
+                         "made with nsys --cuda-graph-trace=node")
+    cal = Calibration(tuple(out), "calibrate" if output is None else shown(output), tuple(notes))
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(output), cal.to_json())
+    return cal

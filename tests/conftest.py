@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 EXTERNAL = Path(os.environ.get("STEPSCOPE_EXTERNAL") or ROOT.parent / "shared" / "external")
 EXTERNAL_FILES = sorted(EXTERNAL.glob("*.sqlite"))
+# the what-if reads the user's calibration file when there is one (whatif.default_calibration):
+# the suite's figures are the bundled calibration's, whatever the machine's config holds
+os.environ["XDG_CONFIG_HOME"] = str(ROOT / "tests" / "no-user-config")
 
 
 def need(path: Path) -> Path:

@@ -240,7 +240,10 @@ def test_trace_mode_both_prints_the_comparison(fake_machine):
     assert cp.returncode == 0, cp.stderr
     cmp = json.loads(cp.stdout)["compare"]
     assert cmp["a"]["n_launch_calls"] == 420 and cmp["b"]["n_launch_calls"] == 1
-    assert cmp["speedup"] > 3 and abs(cmp["prediction_error"]) < 0.1
+    # that machine's graph launch lead is 8× the bundled median (docs/WHATIF.md): the measured
+    # step lies in the range, and B's own constants predict it within 2 %
+    assert cmp["speedup"] > 3 and cmp["prediction_in_range"]
+    assert abs(cmp["with_b_constants"]["prediction_error"]) < 0.02
     cp = cli("trace", "--engine", "torch", "--model", "llama-3.2-1b", "--mode", "both",
              "--out", str(tmp / "out2"), env=env)
     assert cp.returncode == 0, cp.stderr

@@ -29,7 +29,7 @@ def test_json_contract_on_real_trace():
     r = CliRunner().invoke(app, ["analyze", str(EAGER), "--json"])
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
-    assert set(doc) == {"trace", "gpus", "warnings", "steps"}
+    assert set(doc) == {"trace", "gpus", "warnings", "steps", "whatif_calibration"}
     assert doc["trace"]["nsys_version"] == "2025.3.2.0" and doc["trace"]["schema_version"] == "3.20.3"
     assert doc["gpus"][0]["name"] == "NVIDIA H200"
     step = doc["steps"][0]

@@ -196,7 +196,7 @@ def test_terminal_shows_each_ranks_split_and_the_binding_rank():
 
 def test_compare_tp_eager_vs_graph_per_rank_and_prediction_within_15_percent():
     from stepscope.analysis.compare import compare
-    from stepscope.analysis.whatif import DEFAULT
+    from stepscope.analysis.whatif import bundled
 
     we, wg = sql_split(need(EAGER_TP2)), sql_split(need(GRAPH_TP2))
     doc = compare(diagnose(open_trace(EAGER_TP2).inventory), diagnose(open_trace(GRAPH_TP2).inventory))
@@ -206,11 +206,15 @@ def test_compare_tp_eager_vs_graph_per_rank_and_prediction_within_15_percent():
     assert (a["rank"]["device"], b["rank"]["device"]) == (ra, rb)
     assert a["classes"]["comm"]["time_ns"] == we[ra]["time"] and b["classes"]["comm"]["time_ns"] == wg[rb]["time"]
     assert [r["collective_wait_ns"] for r in a["ranks"]] == [we[0]["wait"], we[1]["wait"]]
-    # the what-if: graph launch lead + (busy - wait) + kernels × node gap, from SQL figures
+    # the what-if: graph launch + (busy - wait) × device ratio + kernels × node gap + memops × memop
+    # gap, from SQL figures and the bundled calibration's torch-engine point (no prologue here)
     busy = a["gpu_busy_ns"]
     con = ro(EAGER_TP2)
     n_k = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = ?", (ra,)).fetchone()[0]
-    want = round(DEFAULT.graph_launch_lead_ns + busy - we[ra]["wait"] + n_k * DEFAULT.node_gap_ns)
+    n_m = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE deviceId = ?", (ra,)).fetchone()[0]
+    c = bundled().point("torch")
+    want = round(c.graph_launch_prep_ns + c.graph_launch_lead_ns + (busy - we[ra]["wait"]) * c.device_ratio
+                 + n_k * c.node_gap_ns + n_m * c.memop_gap_ns)
     assert doc["predicted_graph_step_time_ns"] == want
     ref = b["step_time_ns"]  # B's representative step, the one compare quotes
     assert doc["prediction_error"] == round((want - ref) / ref, 4)

@@ -159,13 +159,13 @@ def test_analyze_opens_with_the_run_and_json_has_it():
 
 
 def test_reports_open_with_the_run_and_chart_every_step(tmp_path):
-    html = library.report(export("graph"), tmp_path / "r.html").text
+    html = library.report(export("graph"), tmp_path / "r.html").content
     assert html.index('id="run"') < html.index("<h2>Summary</h2>")
     chart = html[html.index('id="run-chart"'):]
     chart = chart[: chart.index("</svg>")]
     assert chart.count("<circle") == 132
     assert "132 steps in 2.445 s" in html
-    md = library.report(export("graph"), tmp_path / "r.md").text
+    md = library.report(export("graph"), tmp_path / "r.md").content
     assert md.index("### The run") < md.index("| kind | steps |")
     assert "| mixed · eager · 17–32 reqs | 30 |" in md
 

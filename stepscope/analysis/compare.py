@@ -5,8 +5,9 @@ median by step time of the most common kind of steps of its summary rank (on a m
 trace the rank that binds most TP steps, collectives.summary_rank, with every rank's medians
 listed beside it). Every figure of `a` and `b` is that step's: the step time, the floors, the
 classes, the kernels. speedup = A's step time / B's. When A is eager, the graph-mode step time
-is also predicted from A's step alone (whatif.py) and, when B is a graph trace, checked against
-B's step.
+is also predicted from A's step alone (whatif.py: a point and a range, with the calibration's
+captures named) and, when B is a graph trace, checked against B's step and predicted again with
+the constants measured on B itself (what the prediction would have been, calibrated on B).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from stepscope.analysis.diagnosis import Diagnosis
 from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.representative import representative
 from stepscope.analysis.steps import step_shape
-from stepscope.analysis.whatif import DEFAULT, GraphConstants, is_graph_trace, predict_graph_step
+from stepscope.analysis.whatif import Calibration, GraphConstants, engine_of, is_graph_trace, predict_graph_step
 from stepscope.paths import shown
 
+CONSTANT_NAMES = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
 FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_calls")
 
 
@@ -92,8 +94,10 @@ def _name_overlap(a: dict[str, float], b: dict[str, float]) -> float:
     return inter / union if union else 1.0
 
 
-def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dict:
-    """The compare document's figures (render/sentences.py adds its verdict sentence)."""
+def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | None = None) -> dict:
+    """The compare document's figures (render/sentences.py adds its verdict sentence). `consts`:
+    the what-if's calibration, or constants given on the command line; None: the one `a`'s
+    diagnosis used."""
     sa, sb = summarize(a), summarize(b)
     warnings = []
     if sa["model"] and sb["model"] and sa["model"] != sb["model"]:
@@ -134,16 +138,32 @@ def compare(a: Diagnosis, b: Diagnosis, consts: GraphConstants = DEFAULT) -> dic
         "warnings": warnings,
     }
     if not sa["graph"]:
-        frame = (a.graph_prediction if consts == DEFAULT and a.graph_prediction is not None
+        frame = (a.graph_prediction if consts is None or consts is a.calibration
                  else predict_graph_step(a.inv, consts, work=a.floors, pro=a.prologue))
-        pred = frame.filter(pl.col("step").is_in(ids_a))["predicted_graph_step_time_ns"].median()
-        doc["predicted_graph_step_time_ns"] = int(round(pred))
-        doc["graph_constants"] = {"node_gap_ns": consts.node_gap_ns,
-                                  "graph_launch_lead_ns": consts.graph_launch_lead_ns, "source": consts.source}
+        mine = frame.filter(pl.col("step").is_in(ids_a))
+        for k in ("time", "low", "high"):
+            doc[f"predicted_graph_step_{k}_ns"] = _median_int(mine[f"predicted_graph_step_{k}_ns"])
+        cal = a.calibration if consts is None else consts
+        eng = engine_of(a.inv)
+        if isinstance(cal, GraphConstants):
+            doc["graph_constants"] = {"origin": "given on the command line", "engine": eng,
+                                      **{k: cal.__dict__[k] for k in CONSTANT_NAMES}, "source": cal.source,
+                                      "captures": []}
+        else:
+            doc["graph_constants"] = cal.describe(eng)
         if sb["graph"] and sb["step_time_ns"]:
             ref = sb["step_time_ns"]
             doc["prediction_reference_ns"] = ref  # B's quoted step the error is computed against
             doc["prediction_error"] = round((doc["predicted_graph_step_time_ns"] - ref) / ref, 4)
+            doc["prediction_in_range"] = doc["predicted_graph_step_low_ns"] <= ref <= doc["predicted_graph_step_high_ns"]
+            if b.replay is not None:
+                # what A's prediction would have been with the constants measured on B itself
+                own = predict_graph_step(a.inv, b.replay.constants(a.calibration.point(eng)),
+                                         work=a.floors, pro=a.prologue)
+                pb = _median_int(own.filter(pl.col("step").is_in(ids_a))["predicted_graph_step_time_ns"])
+                doc["with_b_constants"] = {
+                    "predicted_graph_step_time_ns": pb, "prediction_error": round((pb - ref) / ref, 4),
+                    "capture": {k: v for k, v in b.replay.__dict__.items()}}
     if sa.get("untraced_measured") and sb.get("untraced_measured"):
         # both sides were timed outside nsys: the speedup and the what-if in the time users see
         ua, ub = sa["untraced_step_time_ns"], sb["untraced_step_time_ns"]

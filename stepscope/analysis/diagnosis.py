@@ -28,7 +28,7 @@ class Diagnosis:
     launch: pl.DataFrame       # one row per step
     launch_by_api: pl.DataFrame
     floors: pl.DataFrame       # one row per step
-    graph_prediction: pl.DataFrame  # step, predicted_graph_step_time_ns (null for graph replays)
+    graph_prediction: pl.DataFrame  # step, predicted_graph_step_{time,low,high}_ns (null for graph replays)
     collectives: Collectives | None = None  # transfer vs wait per collective and step (multi-rank)
     tp: pl.DataFrame | None = None  # per step of a multi-rank trace: the collectives.STEP_SCHEMA
                                     # figures, rank_skew_ns, binding_rank, tp_verdict (else empty)
@@ -36,6 +36,8 @@ class Diagnosis:
     engine: pl.DataFrame | None = None  # per vLLM step: anatomy.SCHEMA (empty for other traces)
     prologue: pl.DataFrame | None = None  # per step: whatif.prologue (the host work before the forward)
     verdicts: pl.DataFrame | None = None  # per step: verdict.SCHEMA, the one verdict every renderer quotes
+    replay: object | None = None  # a graph trace's own what-if constants (whatif.Capture), else None
+    calibration: object | None = None  # the whatif.Calibration its predictions used
     _top_gaps: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -102,7 +104,8 @@ class Diagnosis:
                 .group_by("step", maintain_order=True).head(TOP_GAPS))
 
 
-def diagnose(inv: Inventory) -> Diagnosis:
+def diagnose(inv: Inventory, calibration=None) -> Diagnosis:
+    """`calibration`: the what-if's (whatif.Calibration; None: whatif.active())."""
     gaps = find_gaps(inv)
     hist = histogram(gaps)
     totals = gap_totals(gaps, inv.step_ids(), hist)
@@ -112,14 +115,18 @@ def diagnose(inv: Inventory) -> Diagnosis:
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
     from stepscope.analysis.anatomy import anatomy
     from stepscope.analysis.untraced import untraced
-    from stepscope.analysis.whatif import prologue
+    from stepscope.analysis.whatif import active, measure, prologue
+    from stepscope.paths import shown
 
+    calibration = active() if calibration is None else calibration
     pro = prologue(inv)
-    graph = predict_graph_step(inv, work=f, pro=pro)
-    untr = untraced(inv, launch, f, pro)
+    graph = predict_graph_step(inv, calibration, work=f, pro=pro)
+    untr = untraced(inv, launch, f, pro, calibration)
     return Diagnosis(
         inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
         launch=launch, launch_by_api=by_api, floors=f,
         graph_prediction=graph, collectives=coll, tp=tp,
         untraced=untr, engine=anatomy(inv), prologue=pro, verdicts=verdicts(f, graph, untr),
+        replay=measure(inv, shown(inv.trace.path), pro, f) if not inv.graph_steps.is_empty() else None,
+        calibration=calibration,
     )

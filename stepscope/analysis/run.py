@@ -45,7 +45,7 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
     s = (s.join(v, on="step", how="left")
          .with_columns(kind=kind_expr(), batch=bucket_expr(),
                        step_tokens=pl.coalesce(pl.col("prompt_tokens") + pl.col("decode_tokens"), pl.col("tokens"))))
-    ids = s["step"]
+    ids = s["step"].to_list()
     total = int(s["step_time_ns"].sum())
     wall = int(s["step_end"].max() - s["step_begin"].min())
 
@@ -72,7 +72,7 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
         "prompt_tokens", "decode_reqs", "decode_tokens", "step_tokens", "step_time_ns", "gpu_busy_ns",
         "n_kernels", "n_launch_calls", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns",
         "host_bound_on", "untraced_step_time_ns").to_dicts()
-    top_class = (d.inv.classes.filter(pl.col("step").is_in(slow["step"])).sort("time_ns", descending=True)
+    top_class = (d.inv.classes.filter(pl.col("step").is_in(slow["step"].to_list())).sort("time_ns", descending=True)
                  .group_by("step", maintain_order=True).first().select("step", pl.col("class").cast(pl.String),
                                                                       "time_ns"))
     tc = {r["step"]: r for r in top_class.iter_rows(named=True)}

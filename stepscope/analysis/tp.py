@@ -6,9 +6,11 @@ Per rank at width w (seed 003, "Tensor parallelism across 4 A100s"), in eager mo
                                                  the trace's width w0, C(w) = layers · c_layer
                                                  for w > 1 (the collectives' transfer), 0 at w = 1
   step         = max(CPU floor, device floor)
-and in graph mode the CPU floor is one graph launch, while the device floor gains the replay's
-device-side gap per kernel (whatif.py's constants): more GPUs keep shortening a graph step long
-after an eager one has become launch-bound.
+and in graph mode the step is the what-if graph step (whatif.graph_step, the one model analyze
+and compare quote) of the projected step with its device floor at width w: the host before the
+replay (prologue, graph launch) then the device work and the replay's gaps, so that at the trace's
+own width it is analyze's prediction. More GPUs keep shortening a graph step long after an eager
+one has become launch-bound.
 Sharded: projection GEMMs, attention and their split-K reduces. From a trace, U and S come from
 its class times, scaled so that w = w0 reproduces the device floor of the projected step (its
 device work: GPU busy less the collectives' waiting for a slower rank, collectives.py). The
@@ -69,6 +71,30 @@ def project(
     })
 
 
+def project_graph(figures: dict, consts, sharded_ns: float, unsharded_ns: float = 0.0, widths=(1, 2, 4, 8),
+                  base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
+                  scale: float = 1.0) -> Projection:
+    """Graph mode: per width, whatif.graph_step of a step's `figures` (whatif.FIGURES) with its
+    device floor projected as in project(): cpu_floor_ns its host path, device_floor_ns its GPU
+    path (whatif.graph_paths), step_time_ns the larger."""
+    from stepscope.analysis.whatif import graph_paths, step_figures
+
+    base = project(0, 0.0, sharded_ns, unsharded_ns, widths, base_tp, layers, collective_per_layer_ns, scale)
+    host = None
+    for r in base.rows:
+        host, gpu = graph_paths(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts)
+        cpu = host if host is not None else 0.0
+        r.update(cpu_floor_ns=int(round(cpu)), device_floor_ns=int(round(gpu)),
+                 step_time_ns=int(round(max(cpu, gpu))), bound=verdict_of(cpu, gpu))
+    bound_at = [r["tp"] for r in base.rows if r["bound"] == LAUNCH_BOUND]
+    inputs = {**base.inputs, "n_launch": 1, "t_launch_ns": host or 0.0, "fixed_device_ns": 0.0,
+              "graph_constants": {k: getattr(consts, k) for k in ("graph_launch_prep_ns", "graph_launch_lead_ns",
+                                                                  "node_gap_ns", "memop_gap_ns", "prologue_host_ns",
+                                                                  "device_ratio", "host_after_ns", "source")},
+              "step_figures": dict(figures)}
+    return Projection(base.rows, min(bound_at) if bound_at else None, inputs)
+
+
 @dataclass
 class TraceProjection:
     """Both modes projected from one step of a trace; `mode` is the trace's own."""
@@ -88,7 +114,7 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     """Project the trace's representative step (the median by step time of the most common kind
     of its summary rank's steps: the step compare and report quote), in eager and graph mode.
     `d`: the trace's Diagnosis."""
-    from stepscope.analysis.whatif import DEFAULT, graph_constants, is_graph_trace
+    from stepscope.analysis.whatif import FIGURES, is_graph_trace, point_of
 
     inv = d.inv
     rank = summary_rank(d.collectives.ranks, d.tp)
@@ -134,16 +160,21 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
                         c_layer, scale)
     else:
         notes.append(("eager_not_projected", {}))
-    # graph mode: one launch per step; a graph trace's own launch cost and node gap, else the what-if's
-    own = graph_constants(inv) if graph_trace else None
-    if own is not None:
-        g_launch, g_gap = f["t_launch_ns"], own.node_gap_ns
-        notes.append(("graph_own", {"node_gap_ns": g_gap}))
+    # graph mode: the what-if graph step of this step; a graph trace's own constants (its device
+    # work already is a replay's), else the calibration's, as analyze uses them
+    pro = d.prologue.filter(pl.col("step") == step).row(0, named=True)
+    figs = {**{k: pro[k] for k in FIGURES if k in pro}, "device_floor_ns": device_base}
+    if graph_trace and d.replay is not None:
+        from dataclasses import replace
+
+        g_consts = replace(d.replay.constants(point_of(inv, d.calibration)), device_ratio=1.0, prologue_host_ns=None,
+                           prologue_always=False)
+        notes.append(("graph_own", {"node_gap_ns": g_consts.node_gap_ns, "lead_ns": g_consts.lead_ns}))
     else:
-        g_launch, g_gap = DEFAULT.graph_launch_lead_ns, DEFAULT.node_gap_ns
-        notes.append(("graph_whatif", {"launch_ns": g_launch, "node_gap_ns": g_gap, "source": DEFAULT.source}))
-    graph = project(1, g_launch, sharded, unsharded, widths, base_tp, layers, c_layer, scale,
-                    fixed_device_ns=med["n_kernels"] * g_gap)
+        g_consts = point_of(inv, d.calibration)
+        notes.append(("graph_whatif", {"launch_ns": g_consts.lead_ns, "node_gap_ns": g_consts.node_gap_ns,
+                                       "source": g_consts.source}))
+    graph = project_graph(figs, g_consts, sharded, unsharded, widths, base_tp, layers, c_layer, scale)
     own_rows = (graph if graph_trace else eager).rows
     for r in own_rows:
         if r["tp"] == base_tp:

@@ -44,7 +44,7 @@ from stepscope.analysis.arrays import cummax_within, cumsum_within, group_bounds
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.steps import VLLM_STEP_RE as _VLLM
 from stepscope.analysis.verdict import verdict_expr
-from stepscope.analysis.whatif import DEFAULT, prologue
+from stepscope.analysis.whatif import point_of, prologue
 
 OVERHEAD_PER_LAUNCH_NS = 20_000
 MIN_INTERVAL_NS = 2_000
@@ -62,9 +62,10 @@ def is_vllm_step() -> pl.Expr:
     return pl.col("name").fill_null("").str.contains(_VLLM.pattern)
 
 
-def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
+def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None) -> pl.DataFrame:
     """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
-    device_floor_ns), the device work the steady-state (vLLM) estimate uses.
+    device_floor_ns), the device work the steady-state (vLLM) estimate uses; `calibration`: the
+    what-if's (whatif.point_of), whose node gap that estimate adds.
 
     Linear in the number of activities and launch calls, in numpy over a handful of columns
     (a million-kernel trace is estimated without copying its activity frame)."""
@@ -147,7 +148,7 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
         .fill_null(0).alias("_tail"))
     replay = (pl.max_horizontal("gpu_end", "host_end") + pl.col("_tail") - pl.col("step_begin"))
     steady = pl.max_horizontal(pl.col("host_end") + pl.col("_tail") - pl.col("step_begin"),
-                               pl.col("device_floor_ns") + pl.col("n_kernels") * DEFAULT.node_gap_ns)
+                               pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration).node_gap_ns)
     est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
     return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
 
@@ -197,11 +198,12 @@ def measured(inv: Inventory) -> pl.DataFrame:
 
 
 def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
-             pro: pl.DataFrame | None = None) -> pl.DataFrame:
+             pro: pl.DataFrame | None = None, calibration=None) -> pl.DataFrame:
     """Per step, the SCHEMA columns: the untraced step time and its source, the estimate, and
     the untraced Equation 1.3 (verdict, CPU floor) and graph what-if."""
     work = floors.select("step", "device_floor_ns")
-    est = estimate(inv, work)
+    est = estimate(inv, work, calibration)
+    gc = point_of(inv, calibration)
     meas = measured(inv)
     pro = prologue(inv) if pro is None else pro
     sc = inv.trace.sidecar
@@ -225,7 +227,7 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     pro_u = pl.max_horizontal(pl.col("prologue_host_ns") - pl.col("prologue_launches") * OVERHEAD_PER_LAUNCH_NS,
                               pl.col("prologue_launches") * MIN_INTERVAL_NS)
     dev = ((pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
-           + pl.col("n_kernels") * DEFAULT.node_gap_ns)
+           + pl.col("forward_kernels") * gc.node_gap_ns + pl.col("forward_memops") * gc.memop_gap_ns)
     # untraced, a graph replay's launch costs microseconds; vLLM hides its prologue behind the
     # previous step's GPU work (async scheduling), a synchronous engine does not
     graph = pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)

@@ -1,70 +1,121 @@
-"""What-if CUDA graph: predict a graph-mode step from an eager trace alone.
+"""What-if CUDA graph: predict a graph-mode step from an eager trace alone — one model, with the
+constants it needs measured on graph captures (a calibration) and a range from their spread.
 
-A graph replay removes the host from the model's forward: what remains is the device work, a
-small device-side gap between consecutive graph nodes, and the cost of the one cudaGraphLaunch
-before the first node runs. What an engine does *before* the forward stays on the host under
-CUDA graphs too: vLLM prepares each step's inputs with a dozen eager launches and copies
-(`_prepare_pos_seq_lens_kernel`, `_compute_slot_mappings_kernel`, FA3's scheduler metadata, ...)
-and only then replays its graph, and the GPU waits for that. The eager trace shows this
-prologue: the launches of the step issued before its embedding kernel (a step whose embedding
-is not recognized, e.g. fused into another kernel, has no measured prologue: 0). So
+A graph replay removes the host from the model's forward. What an engine does *before* the
+forward stays on the host under CUDA graphs too: vLLM prepares each step's inputs with a dozen
+eager launches and copies and only then replays its graph, and the GPU waits for that. The eager
+trace shows this prologue (`prologue`). So, per step (docs/DEFINITIONS.md, "What-if graph step"):
 
-    predicted = prologue_host_ns + graph_launch_lead_ns
-                + device_floor_ns(eager) − prologue_busy_ns + n_kernels × node_gap_ns
+    predicted = prologue_host_ns + graph_launch_prep_ns + graph_launch_lead_ns
+                + max(device_floor_ns − prologue_busy_ns, 0)
+                + forward_kernels × node_gap_ns + forward_memops × memop_gap_ns
 
-prologue_host_ns = end of the prologue's last launch call − step begin (0 without a prologue,
-as in stepscope's torch engine, whose step starts with the embedding); prologue_busy_ns is the
-device time of the prologue's own activities, which ran while the host was still preparing.
-Launches after the forward (vLLM's LM head and sampling, issued by sample_tokens outside the
-graph) cost nothing extra: by the time the replay ends the host has long issued them.
+`graph_step` is that formula as a pure function of a step's figures (floats or polars
+expressions), so it applies to any step of any run. Its four constants are measured on each
+graph capture of a calibration (`measure`):
 
-The device floor is the GPU busy time less what the step's collectives spent waiting for a
-slower rank (floors.py): in an eager TP step most of an all-reduce is one rank waiting for its
-peer's host, which a graph replay removes; the transfer stays. On one GPU it is the busy time.
+* graph_launch_prep_ns: the host between the prologue's end (or step begin) and the
+  cudaGraphLaunch call's start;
+* graph_launch_lead_ns: that call's start → the replay's first node start: one graph launch's
+  host-to-GPU latency (under nsys's node tracing: 0.09 ms on some H200 machines, 1.1 ms on others);
+* node_gap_ns: the device idle inside the replay between two kernels, per kernel;
+* memop_gap_ns: the idle next to a memset/memcpy node, per memop (5–7 µs on the H200, ten times a
+  kernel's: cuDNN's per-layer memset costs more than its kernels' gaps together).
 
-The two constants are measured from graph traces (`graph_constants`); the defaults below are
-the mean over three committed H200 graph captures on two machines (nsys 2025.3 with
---cuda-graph-trace=node), and a test recomputes them from those files. The launch lead varies
-most between machines (0.18 ms to 1.11 ms): give a graph trace of your own machine for better.
+The point prediction takes the median of each constant over the calibration's captures of the
+step's engine (all captures when none is of that engine); the range is the lowest and highest
+prediction with each of those captures' own constants. The bundled calibration
+(stepscope/data/calibration.json) is measured from the committed graph captures; a test measures
+them again. `stepscope calibrate` writes one from the user's own captures.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from pathlib import Path
 
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
+from stepscope.calibration import (CONSTANTS, Calibration, Capture, GraphConstants, bundled,  # noqa: F401
+                                   default_calibration, read_calibration, user_calibration_path)
+
+_CHOSEN: Calibration | None = None
 
 
-@dataclass(frozen=True)
-class GraphConstants:
-    node_gap_ns: float          # idle per kernel inside a replay (device-side launch latency)
-    graph_launch_lead_ns: float  # end of the prologue (or step begin) → first kernel of the replay
-    source: str
+@contextmanager
+def calibrated(path: str | Path | Calibration | None):
+    """Inside the block, active() is the calibration read from `path` (None: unchanged): what the
+    `--calibration` option of analyze, compare, tp and report sets for their analyses."""
+    global _CHOSEN
+    before = _CHOSEN
+    if path is not None:
+        _CHOSEN = path if isinstance(path, Calibration) else read_calibration(path)
+    try:
+        yield active()
+    finally:
+        _CHOSEN = before
 
 
-# Mean of llama8b_decode_b1_graph, _b8_graph (1-GPU H200) and _b1_graph_r4 (2-GPU H200 machine).
-GRAPH_FIXTURES = ("llama8b_decode_b1_graph", "llama8b_decode_b8_graph", "llama8b_decode_b1_graph_r4")
-DEFAULT = GraphConstants(node_gap_ns=683.769, graph_launch_lead_ns=754444.3,
-                         source="mean of the H200 fixtures " + ", ".join(GRAPH_FIXTURES))
+def active() -> Calibration:
+    """The calibration the analyses use: the one calibrated() chose, else default_calibration()."""
+    return _CHOSEN if _CHOSEN is not None else default_calibration()
 
 
-def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
-    """Measure the constants from the graph-replay steps of a trace (None if it has none)."""
-    s = _graph_steps(inv)
-    if s.is_empty():
-        return None
-    s = s.join(prologue(inv), on="step", how="left")
-    first_node = inv.acts.filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
-        "step").agg(pl.col("start").min().alias("_node0"))
-    s = s.join(first_node, on="step", how="left").with_columns(
-        (pl.col("_node0") - pl.coalesce("prologue_end", "step_begin")).alias("_lead"))
-    return GraphConstants(
-        node_gap_ns=float((s["idle_ns"] / s["n_kernels"]).mean()),
-        graph_launch_lead_ns=float(s["_lead"].mean()),
-        source=source,
-    )
+def graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
+                c: GraphConstants):
+    """(host path, GPU path) of the what-if graph step (docs/DEFINITIONS.md): numbers, or polars
+    expressions for a frame of steps. The host path is None when `c` has no host_after_ns."""
+    expr = isinstance(device_floor, pl.Expr)
+    work = device_floor - prologue_busy
+    work = pl.max_horizontal(work, pl.lit(0)) if expr else max(work, 0)
+    if c.prologue_host_ns is not None:  # the calibration's graph-mode prologue
+        if c.prologue_always:
+            prologue_host = pl.lit(c.prologue_host_ns) if expr else c.prologue_host_ns
+        else:  # for a step that has one
+            prologue_host = (pl.when(prologue_launches > 0).then(pl.lit(c.prologue_host_ns)).otherwise(prologue_host)
+                             if expr else (c.prologue_host_ns if prologue_launches > 0 else prologue_host))
+    gpu = (prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns + work * c.device_ratio
+           + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns)
+    host = None if c.host_after_ns is None else prologue_host + c.graph_launch_prep_ns + c.host_after_ns
+    return host, gpu
+
+
+def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
+               c: GraphConstants):
+    """The what-if graph step of one step from its figures (numbers, or polars expressions for a
+    frame of steps): the later of its host and GPU paths (graph_paths)."""
+    host, gpu = graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels,
+                            forward_memops, c)
+    if host is None:
+        return gpu
+    return pl.max_horizontal(host, gpu) if isinstance(gpu, pl.Expr) else max(host, gpu)
+
+
+def step_figures(row: dict) -> tuple:
+    """graph_step's figures from a row of a step's columns (prologue and device floor)."""
+    return tuple(row[k] for k in FIGURES)
+
+
+FIGURES = ("prologue_launches", "prologue_host_ns", "device_floor_ns", "prologue_busy_ns", "forward_kernels",
+           "forward_memops")
+
+
+def _step_expr(c: GraphConstants) -> pl.Expr:
+    return graph_step(*[pl.col(k) for k in FIGURES], c)
+
+
+def engine_of(inv: Inventory) -> str:
+    """The engine the trace's step names say: vLLM's execute_context ranges, stepscope's torch
+    engine's `step phase=…` ranges, else unknown."""
+    from stepscope.analysis.steps import VLLM_STEP_RE
+
+    names = inv.steps["name"].drop_nulls().cast(pl.String)
+    if names.str.contains(VLLM_STEP_RE.pattern).any():
+        return "vllm"
+    if names.str.starts_with("step phase=").any():
+        return "torch"
+    return "unknown"
 
 
 # A forward starts with its embedding. Without a recognized embedding kernel the start is not
@@ -76,23 +127,28 @@ FORWARD_START = ("embedding",)
 def prologue(inv: Inventory) -> pl.DataFrame:
     """Per step, the launches issued before its forward (see the module docstring):
     step, prologue_launches, prologue_end (ns, null without a prologue), prologue_host_ns,
-    prologue_busy_ns. In a graph replay step the forward starts with the graph launch."""
-    a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end")
+    prologue_busy_ns, and the kernels and memops from the forward on (forward_kernels,
+    forward_memops). In a graph replay step the forward starts with the graph launch."""
+    a = inv.in_steps("step", "start", "end", "class", "graph_node_id", "launch_start", "launch_end", "is_kernel")
     cls = pl.col("class").cast(pl.String)
     # the forward's first launch, per step (a window over the step-sorted slice: no join of the
     # million activities with a per-step table)
     fwd = pl.coalesce(
         pl.col("launch_start").filter(pl.col("graph_node_id").is_not_null()).min().over("step"),
         pl.col("launch_start").filter(cls.is_in(FORWARD_START)).min().over("step"))
-    pre = (a.filter(pl.col("launch_start") < fwd)
-           .group_by("step").agg(prologue_launches=pl.len().cast(pl.Int64),
-                                 prologue_end=pl.col("launch_end").max(),
-                                 prologue_busy_ns=(pl.col("end") - pl.col("start")).sum()))
-    out = inv.steps.select("step", "step_begin").join(pre, on="step", how="left")
+    a = a.with_columns((pl.col("launch_start") < fwd).fill_null(False).alias("_pre"))
+    per = a.group_by("step").agg(
+        prologue_launches=pl.col("_pre").sum().cast(pl.Int64),
+        prologue_end=pl.col("launch_end").filter(pl.col("_pre")).max(),
+        prologue_busy_ns=(pl.col("end") - pl.col("start")).filter(pl.col("_pre")).sum(),
+        forward_kernels=(pl.col("is_kernel") & ~pl.col("_pre")).sum().cast(pl.Int64),
+        forward_memops=(~pl.col("is_kernel") & ~pl.col("_pre")).sum().cast(pl.Int64))
+    out = inv.steps.select("step", "step_begin").join(per, on="step", how="left")
     return out.select(
         "step", pl.col("prologue_launches").fill_null(0), "prologue_end",
         (pl.col("prologue_end") - pl.col("step_begin")).clip(lower_bound=0).fill_null(0).alias("prologue_host_ns"),
-        pl.col("prologue_busy_ns").fill_null(0)).sort("step")
+        pl.col("prologue_busy_ns").fill_null(0), pl.col("forward_kernels").fill_null(0),
+        pl.col("forward_memops").fill_null(0)).sort("step")
 
 
 def _graph_steps(inv: Inventory) -> pl.DataFrame:
@@ -103,24 +159,137 @@ def is_graph_trace(inv: Inventory) -> bool:
     return not _graph_steps(inv).is_empty()
 
 
-def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
+def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per graph-replay step: the four constants measured on it (module docstring), its nodes and
+    memops, and its step time. Empty without a replay."""
+    g = _graph_steps(inv)
+    if g.is_empty():
+        return pl.DataFrame()
+    pro = prologue(inv) if pro is None else pro
+    names = inv.launch_calls["api_name"].cast(pl.String)
+    gl = (inv.launch_calls.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
+          .group_by("step").agg(pl.col("start").min().alias("_gl")))
+    last_call = inv.launch_calls.group_by("step").agg(pl.col("end").max().alias("_call_end"))
+    a = inv.in_steps("step", "start", "end", "prev_end", "graph_node_id", "is_kernel")
+    node = pl.col("graph_node_id").is_not_null()
+    a = a.join(g.select("step"), on="step", how="semi").with_columns(
+        _n0=pl.col("start").filter(node).min().over("step"), _nN=pl.col("end").filter(node).max().over("step"))
+    # the replay: the activities from its first node's start to its last node's end; each idle
+    # stretch before one of them goes to a memop when it or its predecessor is one
+    r = a.filter((pl.col("start") >= pl.col("_n0")) & (pl.col("start") <= pl.col("_nN"))).with_columns(
+        _gap=pl.when(pl.col("start") > pl.col("_n0")).then((pl.col("start") - pl.col("prev_end")).clip(lower_bound=0))
+        .otherwise(0),
+        _mem=(~pl.col("is_kernel") | ~pl.col("is_kernel").shift(1, fill_value=True).over("step")))
+    per = r.group_by("step").agg(
+        node0=pl.col("_n0").first(), nodes=pl.col("is_kernel").sum().cast(pl.Int64),
+        memops=(~pl.col("is_kernel")).sum().cast(pl.Int64),
+        _kgap=pl.col("_gap").filter(~pl.col("_mem")).sum(), _mgap=pl.col("_gap").filter(pl.col("_mem")).sum())
+    return (g.select("step", "step_begin", "step_end", "last_end", "step_time_ns").join(per, on="step")
+            .join(gl, on="step", how="left").join(last_call, on="step", how="left")
+            .join(pro.select("step", "prologue_end", "prologue_launches", "prologue_host_ns"), on="step", how="left")
+            .select("step", "step_time_ns", "nodes", "memops",
+                    pl.when(pl.col("prologue_launches") > 0).then(pl.col("prologue_host_ns").cast(pl.Float64))
+                    .alias("prologue_host_ns"),
+                    (pl.col("_gl") - pl.coalesce("prologue_end", "step_begin")).clip(lower_bound=0)
+                    .alias("graph_launch_prep_ns"),
+                    (pl.col("node0") - pl.col("_gl")).clip(lower_bound=0).alias("graph_launch_lead_ns"),
+                    (pl.col("_kgap") / pl.col("nodes")).alias("node_gap_ns"),
+                    pl.when(pl.col("memops") > 0).then(pl.col("_mgap") / pl.col("memops")).alias("memop_gap_ns"),
+                    # the host's CUDA work from the graph launch on (the call, the launches after the
+                    # replay's, e.g. vLLM's sampling) and its own tail after its last CUDA work
+                    (pl.col("_call_end") - pl.col("_gl")
+                     + (pl.col("step_end") - pl.max_horizontal("last_end", "_call_end")).clip(lower_bound=0))
+                    .cast(pl.Float64).alias("host_after_ns"))
+            .drop_nulls("graph_launch_lead_ns").sort("step"))
+
+
+def measure(inv: Inventory, source: str, pro: pl.DataFrame | None = None,
+            work: pl.DataFrame | None = None) -> Capture | None:
+    """The calibration capture of a graph trace: the medians of replay_figures over its replay
+    steps (None without one). `work`: (step, device_floor_ns), e.g. floors(); else GPU busy."""
+    pro = prologue(inv) if pro is None else pro
+    f = replay_figures(inv, pro)
+    if f.is_empty():
+        return None
+    w = (inv.steps.select("step", pl.col("gpu_busy_ns").alias("device_floor_ns")) if work is None
+         else work.select("step", "device_floor_ns"))
+    f = f.join(w, on="step", how="left").join(pro.select("step", "prologue_busy_ns"), on="step", how="left")
+    gpu = inv.trace.gpus["name"][0] if inv.trace.gpus.height else None
+    med = {k: f[k].median() for k in ("step_time_ns", "nodes", "memops", "prologue_host_ns", "device_floor_ns",
+                                      "prologue_busy_ns", "host_after_ns", *CONSTANTS)}
+    return Capture(source=source, gpu=gpu, engine=engine_of(inv), nodes=int(round(med["nodes"])),
+                   memops=int(round(med["memops"])), steps=f.height, step_time_ns=int(round(med["step_time_ns"])),
+                   device_floor_ns=int(round(med["device_floor_ns"])),
+                   prologue_busy_ns=int(round(med["prologue_busy_ns"])),
+                   # unrounded: a capture's own constants reproduce its own step to the nanosecond
+                   **{k: None if med[k] is None else float(med[k])
+                      for k in (*CONSTANTS, "prologue_host_ns", "host_after_ns")})
+
+
+def with_twin(c: Capture, eager, source: str) -> Capture:
+    """`c` with its eager twin (`eager`: the Diagnosis of the same step shape run eagerly): the
+    ratio of the replay's device work to the twin's, and the model's residual on the pair with
+    the capture's own constants (both medians over the twin's steps)."""
+    from dataclasses import replace
+
+    work = (eager.floors["device_floor_ns"] - eager.prologue["prologue_busy_ns"]).median()
+    ratio = (c.device_floor_ns - c.prologue_busy_ns) / max(work, 1)
+    own = replace(c.constants(), device_ratio=ratio)
+    p = predict_graph_step(eager.inv, own, work=eager.floors, pro=eager.prologue)["predicted_graph_step_time_ns"]
+    p = p.median()
+    return replace(c, eager_twin=source, device_ratio=ratio,
+                   residual=round((c.step_time_ns - p) / c.step_time_ns, 5))
+
+
+def held_out_error(cal: Calibration, c: Capture, eager) -> float:
+    """How far `cal`'s point without capture `c` misses `c`'s own step from its eager twin (a
+    Diagnosis): (predicted − measured) / measured, the median over the twin's steps."""
+    rest = Calibration(tuple(x for x in cal.captures if x is not c), "held out")
+    p = predict_graph_step(eager.inv, rest.point(c.engine), work=eager.floors, pro=eager.prologue)
+    return (p["predicted_graph_step_time_ns"].median() - c.step_time_ns) / c.step_time_ns
+
+
+def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
+    """A graph trace's own constants (None if it has no replay)."""
+    c = measure(inv, source)
+    return None if c is None else c.constants(active().point(c.engine))
+
+
+def point_of(inv: Inventory, calibration: Calibration | GraphConstants | None = None) -> GraphConstants:
+    """The point constants that apply to `inv`'s steps (its engine's, from `calibration` or active())."""
+    cal = active() if calibration is None else calibration
+    return cal if isinstance(cal, GraphConstants) else cal.point(engine_of(inv))
+
+
+def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants | None = None,
                        work: pl.DataFrame | None = None, pro: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per step: the predicted graph-mode step time (null for a step that already is a replay).
-    `work`: (step, device_floor_ns), e.g. floors(); when not given, from the collectives."""
+    """Per step: the predicted graph-mode step time and its range (null for a step that already is a
+    replay). `calibration`: a Calibration (point and range), or one set of constants (point only);
+    None: active(). `work`: (step, device_floor_ns), e.g. floors(); when not given, from the
+    collectives."""
     if work is None:
         from stepscope.analysis.collectives import collectives
 
         work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
+    cal = active() if calibration is None else calibration
+    eng = engine_of(inv)
+    if isinstance(cal, GraphConstants):
+        point, spread = cal, [cal]
+    else:
+        point, spread = cal.point(eng), cal.spread(eng)
     replayed = _graph_steps(inv)["step"].to_list()
-    predicted = (pl.col("prologue_host_ns") + consts.graph_launch_lead_ns
-                 + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
-                 + pl.col("n_kernels") * consts.node_gap_ns)
-    return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
-        (prologue(inv) if pro is None else pro).select("step", "prologue_host_ns", "prologue_busy_ns"),
-        on="step", how="left",
-        maintain_order="left").select(
-        "step",
-        pl.when(pl.col("step").is_in(replayed)).then(None).otherwise(predicted.round(0))
-        .cast(pl.Int64).alias("predicted_graph_step_time_ns"),
-    )
+    s = inv.steps.select("step").join(work.select("step", "device_floor_ns"), on="step", how="left",
+                                      maintain_order="left").join(
+        (prologue(inv) if pro is None else pro), on="step", how="left", maintain_order="left")
+    own = pl.col("step").is_in(replayed)
+
+    def out(e: pl.Expr, name: str) -> pl.Expr:
+        return pl.when(own).then(None).otherwise(e).cast(pl.Int64).alias(name)
+
+    lo_e, hi_e = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.errors(eng)
+    p = _step_expr(point)
+    each = [p, *[_step_expr(c) for c in spread]]
+    return s.select("step", out(p.round(0), "predicted_graph_step_time_ns"),
+                    out(pl.min_horizontal(*each, p * (1 + lo_e)).floor(), "predicted_graph_step_low_ns"),
+                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil(), "predicted_graph_step_high_ns"))

@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Steps, app
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, app
 
 DefaultTrace = Annotated[Optional[Path], typer.Argument(help="nsys SQLite export (default: a bundled real H200 trace)")]
 
 
 @app.command()
 def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rules = None, as_json: AsJson = False,
-            steps: Steps = "all", no_cache: NoCache = False,
+            steps: Steps = "all", no_cache: NoCache = False, calibration: CalibrationFile = None,
             kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "
                                        "verdict and diagnosis below the run view")) -> None:
     """Split a trace into steps and inventory each step's kernels by class."""
@@ -25,7 +25,8 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rul
 
     check_steps(steps)  # a bad --steps fails before the trace is read
     with progress.shown(not as_json):
-        d = library.diagnosis(trace, step_regex, rules, cache=not no_cache, memory=ONE_SHOT)
+        d = library.diagnosis(trace, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
+                              calibration=calibration)
         ids = parse_steps(steps, d.inv.step_ids())
     if as_json:
         from stepscope.render.json import analyze_json

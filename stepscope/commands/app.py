@@ -82,3 +82,7 @@ TraceArg = Annotated[Path, typer.Argument(help="nsys SQLite export or PyTorch-pr
 def output_option(what: str):
     """-o/--output, the file a command writes (its extension picks the format); `what`: its help."""
     return typer.Option("-o", "--output", help=what)
+CalibrationFile = Annotated[Optional[Path], typer.Option(
+    "--calibration", metavar="F",
+    help="what-if calibration file (`stepscope calibrate`); default: the user's "
+         "$XDG_CONFIG_HOME/stepscope/calibration.json when it exists, else the bundled H200 one")]

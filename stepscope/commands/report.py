@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
+from stepscope.commands.app import CalibrationFile, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
 
 
 @app.command()
@@ -20,7 +20,7 @@ def report(
         "; the report draws the one selected, or a typical one among several (default: all)", old_name=True)] = None,
     compare_steps: Annotated[Optional[str], typer.Option(
         "--compare-steps", "--compare-step", metavar="S", help="the same, for the --compare trace")] = None,
-    step_regex: StepRegex = None, rules: Rules = None,
+    step_regex: StepRegex = None, rules: Rules = None, calibration: CalibrationFile = None,
 ) -> None:
     """Write one step's report: timeline, class breakdown, gaps, floors and verdict."""
     from stepscope import library
@@ -28,7 +28,7 @@ def report(
 
     with progress.shown():
         done = library.report(trace, output, compare=compare, cells=cells, steps=steps, compare_steps=compare_steps,
-                              step_regex=step_regex, rules=rules)
+                              step_regex=step_regex, rules=rules, calibration=calibration)
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
                + (f" vs step {done.steps[1]} of {compare}" if compare is not None else ""))
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, app, steps_option
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, app, steps_option
 
 
 def _echo_json(doc: dict) -> None:
@@ -29,6 +29,7 @@ def compare(
     step_regex: StepRegex = None, rules: Rules = None, no_cache: NoCache = False,
     steps: Annotated[str, steps_option(": the steps whose medians stand for each trace")] = "all",
     steps_b: Annotated[Optional[str], typer.Option("--steps-b", metavar="S", help="B's steps, when not --steps")] = None,
+    calibration: CalibrationFile = None,
 ) -> None:
     """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
     from stepscope import library, options
@@ -37,7 +38,8 @@ def compare(
     options.number(fail_above, "--fail-above", -100, 1e9)
     with progress.shown(not as_json):
         doc = library.compare(a, b, steps=steps, steps_b=steps_b, step_regex=step_regex, rules=rules,
-                              graph_gap_ns=graph_gap_ns, graph_launch_ns=graph_launch_ns, cache=not no_cache)
+                              graph_gap_ns=graph_gap_ns, graph_launch_ns=graph_launch_ns, cache=not no_cache,
+                              calibration=calibration)
     if as_json:
         _echo_json(doc)
     else:
@@ -62,6 +64,7 @@ def tp(
     collective_us: Annotated[Optional[float], typer.Option(help="cost of one all-reduce (µs)")] = None,
     as_json: AsJson = False, step_regex: StepRegex = None, rules: Rules = None, no_cache: NoCache = False,
     steps: Annotated[str, steps_option(": the steps projected")] = "all",
+    calibration: CalibrationFile = None,
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
     from stepscope import library
@@ -70,7 +73,7 @@ def tp(
     with progress.shown(not as_json and trace is not None):
         doc = library.tp(trace, widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
                          collective_us=collective_us, steps=steps, step_regex=step_regex, rules=rules,
-                         cache=not no_cache)
+                         cache=not no_cache, calibration=calibration)
     if as_json:
         _echo_json(doc)
         return

@@ -23,8 +23,14 @@ def compare_sentence(doc: dict) -> str:
         s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}. "
     if "predicted_graph_step_time_ns" in doc:
         s += f"With CUDA graphs A would take about {ms2(doc['predicted_graph_step_time_ns'])}"
-        s += (f" (prediction off by {100 * doc['prediction_error']:+.1f}% against B's "
-              f"{ms2(doc['prediction_reference_ns'])})." if "prediction_error" in doc else ".")
+        if doc.get("predicted_graph_step_low_ns") is not None:
+            s += f" ({ms2(doc['predicted_graph_step_low_ns'])} to {ms2(doc['predicted_graph_step_high_ns'])})"
+        s += (f", off by {100 * doc['prediction_error']:+.1f}% against B's "
+              f"{ms2(doc['prediction_reference_ns'])}"
+              + ("" if doc.get("prediction_in_range") else ", outside the range") if "prediction_error" in doc else "")
+        wb = doc.get("with_b_constants")
+        s += (f"; with the constants measured on B itself, {ms2(wb['predicted_graph_step_time_ns'])} "
+              f"({100 * wb['prediction_error']:+.1f}%)." if wb else ".")
     u = doc.get("untraced")
     if u and u.get("speedup"):
         s += (f" Untraced (both timed outside nsys's capture): {ms2(u['a_step_time_ns'])} → "
@@ -95,11 +101,13 @@ def tp_note(note: tuple[str, dict]) -> str:
     if kind == "eager_not_projected":
         return "eager mode not projected: a graph trace has no per-kernel launch cost"
     if kind == "graph_own":
-        return ("graph mode: CPU floor = this trace's one graph launch; device floor + its measured "
+        return ("graph mode: the what-if graph step with this trace's own constants: host before the replay "
+                f"(prologue + {f['lead_ns'] / 1e6:.3f} ms graph launch) + device work + its measured "
                 f"{f['node_gap_ns']:.0f} ns per kernel between graph nodes")
     if kind == "graph_whatif":
-        return (f"graph mode: CPU floor = one graph launch ({f['launch_ns'] / 1e6:.3f} ms, the what-if's launch "
-                f"lead); device floor + {f['node_gap_ns']:.0f} ns per kernel between graph nodes ({f['source']})")
+        return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
+                f"{f['launch_ns'] / 1e6:.3f} ms graph launch) + device work + {f['node_gap_ns']:.0f} ns per "
+                f"kernel between graph nodes ({f['source']})")
     if kind == "measured_width_missing":
         return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"
     raise ValueError(f"unknown TP note {kind!r}")

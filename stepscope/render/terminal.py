@@ -216,14 +216,20 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
     pred = f.get("predicted_graph_step_time_ns")
     step_ns = v.step_time_ns
     if pred is not None and pred < step_ns:
-        from stepscope.analysis.whatif import DEFAULT
-
         pro = v.prologue
+        w = v.whatif or {}
         host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
                 f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
-        console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
-                      f"{ms(step_ns)} ({host}device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
-                      f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
+        caps = w.get("captures") or []
+        named = "; ".join(f"{c['source']} ({c['gpu'] or 'GPU not named'}, {c['engine']}, {c['nodes']} nodes)"
+                          for c in caps[:4]) + (f"; {len(caps) - 4} more" if len(caps) > 4 else "")
+        low, high = f.get("predicted_graph_step_low_ns"), f.get("predicted_graph_step_high_ns")
+        rng = f", between {ms(low)} and {ms(high)}" if low is not None and high is not None else ""
+        console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)}{rng} instead of "
+                      f"{ms(step_ns)} ({host}device work + {w.get('node_gap_ns', 0) / 1e3:.2f} µs per graph node "
+                      f"+ {ms(w.get('graph_launch_prep_ns', 0) + w.get('graph_launch_lead_ns', 0))} graph launch)")
+        if caps:
+            console.print(f"[dim]  calibration ({w.get('origin')}, {w.get('source')}): {named}[/]")
     u = v.untraced
     if u:
         how = u["source"].split(":")[0]

@@ -31,6 +31,7 @@ class StepDiagnosis:
     untraced: dict | None = None  # UNTRACED_FIELDS
     engine: dict | None = None    # ENGINE_FIELDS, for a vLLM step
     prologue: dict | None = None  # whatif.prologue's row: the host work before the forward
+    whatif: dict | None = None    # the what-if's calibration (whatif.Calibration.describe) for this trace
     top_class: str | None = None  # the class holding most of the step's GPU time, and that time
     top_class_time_ns: int = 0
     class_time_ns: int = 0        # the step's GPU time over every class
@@ -47,6 +48,15 @@ def _plain(frame: pl.DataFrame) -> tuple:
     """Rows as dicts, Enum and Categorical values as their strings."""
     cats = [c for c, t in frame.schema.items() if isinstance(t, (pl.Categorical, pl.Enum))]
     return tuple(frame.with_columns(pl.col(cats).cast(pl.String)).to_dicts() if cats else frame.to_dicts())
+
+
+def _whatif(d) -> dict | None:
+    cal = getattr(d, "calibration", None)
+    if cal is None or not hasattr(cal, "describe"):
+        return None
+    from stepscope.analysis.whatif import engine_of
+
+    return cal.describe(engine_of(d.inv))
 
 
 def step_diagnosis(d, step: int) -> StepDiagnosis:
@@ -74,6 +84,7 @@ def step_diagnosis(d, step: int) -> StepDiagnosis:
                    for k, c in UNTRACED_FIELDS.items()} if has_untraced(d) and _row(d.untraced, step) else None),
         engine=(lambda e: None if e is None else {k: e[k] for k in ENGINE_FIELDS})(_row(d.engine, step)),
         prologue=_row(d.prologue, step),
+        whatif=_whatif(d),
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
         class_time_ns=c["time_ns"].sum() or 1,
     )
