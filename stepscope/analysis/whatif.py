@@ -103,6 +103,14 @@ def is_graph_trace(inv: Inventory) -> bool:
     return not _graph_steps(inv).is_empty()
 
 
+def predicted_expr(consts: GraphConstants = DEFAULT) -> pl.Expr:
+    """The what-if graph step of a step that is not a replay, from its columns prologue_host_ns,
+    device_floor_ns, prologue_busy_ns and n_kernels (unrounded)."""
+    return (pl.col("prologue_host_ns") + consts.graph_launch_lead_ns
+            + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
+            + pl.col("n_kernels") * consts.node_gap_ns)
+
+
 def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
                        work: pl.DataFrame | None = None, pro: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: the predicted graph-mode step time (null for a step that already is a replay).
@@ -113,9 +121,7 @@ def predict_graph_step(inv: Inventory, consts: GraphConstants = DEFAULT,
         work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
     replayed = _graph_steps(inv)["step"].to_list()
-    predicted = (pl.col("prologue_host_ns") + consts.graph_launch_lead_ns
-                 + (pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
-                 + pl.col("n_kernels") * consts.node_gap_ns)
+    predicted = predicted_expr(consts)
     return inv.steps.join(work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
         (prologue(inv) if pro is None else pro).select("step", "prologue_host_ns", "prologue_busy_ns"),
         on="step", how="left",
