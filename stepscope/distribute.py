@@ -135,7 +135,10 @@ def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processe
     cores = os.cpu_count() or 1
     progress.stage(f"starting {n} dask worker(s) for {len(args)} reports")
     # a worker that dies fails its report at once: a retry would only kill the next worker
+    # one task per worker at a time (no second report queued on it: a dying worker takes only
+    # its own report with it, and a worker never holds two reports)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False}):
         kw = dict(n_workers=n, threads_per_worker=1, processes=processes, dashboard_address=None,
                   silence_logs=logging.CRITICAL)
@@ -161,13 +164,15 @@ def _gather(client, args, step_regex, rules, cache, timeout, fn, where) -> list[
             except TimeoutError:
                 done = set()
             now = time.monotonic()
-            for f in done:
+            killed = sorted(index[f.key] for f in done if f.status == "error" and isinstance(f.exception(), KilledWorker))
+            if killed:
+                also = f" (and {len(killed) - 1} more report(s) queued on that worker)" if len(killed) > 1 else ""
+                raise ReportError(f"{args[killed[0]]}: the dask worker analyzing it died{also} (out of memory? each "
+                                  "worker needs one report's analysis in memory): not analyzed", 2)
+            for f in sorted(done, key=lambda f: index[f.key]):
                 i = index[f.key]
                 if f.status == "error":
                     exc = f.exception()
-                    if isinstance(exc, KilledWorker):
-                        raise ReportError(f"{args[i]}: the dask worker analyzing it died (out of memory? each "
-                                          "worker needs one report's analysis in memory): not analyzed", 2)
                     raise ReportError(f"{args[i]}: failed on {where} ({type(exc).__name__}: {exc})", 3)
                 if f.status != "finished":
                     raise ReportError(f"{args[i]}: its task was {f.status} on {where}", 3)
@@ -180,7 +185,9 @@ def _gather(client, args, step_regex, rules, cache, timeout, fn, where) -> list[
                 progress.stage(f"{sum(o is not None for o in out)} of {len(args)} reports analyzed on {where}")
             if client.scheduler_info().get("workers"):
                 workerless = now
-            elif now - workerless > WORKERLESS_S:
+            else:
+                last = now  # the no-progress clock runs only while some worker could make progress
+            if now - workerless > WORKERLESS_S:
                 raise ReportError(f"{where} has had no worker for {WORKERLESS_S:.0f} s: "
                                   f"{len(pending)} report(s) not analyzed, e.g. {args[index[next(iter(pending)).key]]}", 2)
             if pending and now - last > timeout:
