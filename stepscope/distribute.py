@@ -32,8 +32,9 @@ DEFAULT_TIMEOUT_S = 3600.0
 WORKERLESS_S = 60.0
 CONNECT_TIMEOUT_S = 20.0
 POLL_S = 0.5
-# a worker's memory per report: a 1M-kernel export (0.9 GB of SQLite) peaks near 3 GB in one
-# process (docs/MANY_REPORTS.md); smaller reports need less, but a worker must hold the largest
+# a worker's memory per report: one rank's 1M-kernel export (0.31 GB of SQLite) peaks at 0.53 GB
+# analyzed alone (benchmarks/many_reports.py, docs/MANY_REPORTS.md): 4× the file leaves room,
+# and a worker must hold the largest report
 MEMORY_PER_REPORT_FACTOR = 4
 MEMORY_PER_REPORT_MIN = 1 << 30
 
