@@ -116,19 +116,26 @@ def expand_reports(args: list[str | Path]) -> list[Path]:
     for a in args:
         text = os.fspath(a)
         p = Path(text)
-        if p.is_dir():
+        try:
+            is_dir, exists = p.is_dir(), p.exists()
+        except OSError:  # a name too long, a symlink loop: reading it says what is wrong
+            is_dir, exists = False, True
+        if is_dir:
             found = sorted(glob.glob(os.path.join(glob.escape(text), REPORT_GLOB)), key=_natural)
             if not found:
-                raise InputError(f"{shown(text)} holds no nsys SQLite export ({REPORT_GLOB}); export each report "
-                                 "with nsys export --type sqlite first")
+                raise InputError(f"{shown(text)} is a directory with no nsys SQLite export ({REPORT_GLOB}) in it: give "
+                                 "an export, or a directory of a run's exports (nsys export --type sqlite REPORT)")
             out += [Path(f) for f in found]
-        elif not p.exists() and glob.has_magic(text):
+        elif not exists and glob.has_magic(text):
             found = sorted((f for f in glob.glob(text) if Path(f).is_file()), key=_natural)
             if not found:
                 raise InputError(f"{shown(text)} matches no file")
             out += [Path(f) for f in found]
         else:
             out.append(p)
+    from stepscope.paths import input_file
+
+    out = [input_file(p, "an nsys SQLite export") for p in out]  # before any worker starts
     seen: dict = {}
     for p in out:
         try:

@@ -224,7 +224,7 @@ def test_directories_globs_and_natural_order(run_dir, tmp_path):
         "report_1.sqlite", "report_2.sqlite", "report_10.sqlite"]
     with pytest.raises(StepscopeError, match="given twice"):
         expand_reports([run_dir[0], run_dir[0]])
-    with pytest.raises(StepscopeError, match="holds no nsys SQLite export"):
+    with pytest.raises(StepscopeError, match="is a directory with no nsys SQLite export"):
         expand_reports([tmp_path / "empty"] if (tmp_path / "empty").mkdir() is None else [])
     with pytest.raises(StepscopeError, match="matches no file"):
         expand_reports([str(tmp_path / "nothing_*.sqlite")])

@@ -53,7 +53,10 @@ def _is_many(p: Path) -> bool:
     """A directory, or a glob pattern that names no file itself: the reports of a run."""
     import glob
 
-    return p.is_dir() or (not p.exists() and glob.has_magic(str(p)))
+    try:
+        return p.is_dir() or (not p.exists() and glob.has_magic(str(p)))
+    except OSError:  # a name too long, a loop: the one-file path says what is wrong with it
+        return False
 
 
 def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers) -> None:
