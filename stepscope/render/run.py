@@ -84,7 +84,8 @@ def render_run(doc: dict, console: Console | None = None) -> None:
               title_justify="left")
     for col in ("rank", "host", "pid", "GPU", "steps", "step ms", "comm ms", "transfer ms", "wait ms",
                 "device floor ms", "CPU floor ms", "verdict", "binds"):
-        t.add_column(col, justify="left" if col in ("host", "verdict") else "right")
+        t.add_column(col, justify="left" if col in ("host", "verdict") else "right",
+                     no_wrap=col == "verdict", min_width=12 if col == "verdict" else None)
     notes = set()
     for x in doc["run_ranks"]:
         st = pl.DataFrame(x["steps"], infer_schema_length=None) if x["steps"] else None
