@@ -56,7 +56,8 @@ def run_dict(view: RunView) -> dict:
 
 
 def render_run(doc: dict, console: Console | None = None) -> None:
-    """The run on the terminal: its reports, one row per rank (medians over its steps), the
+    """The run on the terminal: its reports, one row per rank (medians over its steps; pids in
+    --json), the
     binding rank and its share, each TP step's skew and verdict (the first MAX_TP_LINES)."""
     console = console or Console()
     run = doc["run"]
@@ -82,16 +83,17 @@ def render_run(doc: dict, console: Console | None = None) -> None:
                       "every rank)")
     t = Table(show_edge=False, header_style="bold", title="ranks (medians over each rank's steps)",
               title_justify="left")
-    for col in ("rank", "host", "pid", "GPU", "steps", "step ms", "comm ms", "transfer ms", "wait ms",
+    # figures are never cut: a narrow terminal wraps the headers and the host instead
+    for col in ("rank", "host", "GPU", "steps", "step ms", "comm ms", "transfer ms", "wait ms",
                 "device floor ms", "CPU floor ms", "verdict", "binds"):
-        t.add_column(col, justify="left" if col in ("host", "verdict") else "right",
-                     no_wrap=col == "verdict", min_width=12 if col == "verdict" else None)
+        t.add_column(col, justify="left" if col in ("host", "verdict") else "right", no_wrap=col == "verdict",
+                     min_width={"verdict": 12, "binds": 8}.get(col, 7 if "ms" in col else None))
     notes = set()
     for x in doc["run_ranks"]:
         st = pl.DataFrame(x["steps"], infer_schema_length=None) if x["steps"] else None
         med = (lambda c: st[c].median() if st is not None and st[c].null_count() < st.height else None)  # noqa: E731
         verdicts = st["verdict"].mode().sort().to_list() if st is not None else []
-        t.add_row(str(x["rank"]), term(x["host"] or "?"), str(x["pid"]), str(x["device"]),
+        t.add_row(str(x["rank"]), term(x["host"] or "?"), str(x["device"]),
                   str(x["n_steps"] or 0), ms_num(med("step_time_ns")), ms_num(med("collective_ns")),
                   ms_num(med("collective_transfer_ns")), ms_num(med("collective_wait_ns")),
                   ms_num(med("device_floor_ns")), ms_num(med("cpu_floor_ns")), verdicts[0] if verdicts else "",
