@@ -401,3 +401,34 @@ def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *,
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(output), cal.to_json())
     return cal
+
+
+def run(reports: Sequence[str | Path], *, step_regex: str | None = None, rules: str | Path | None = None,
+        steps: str = "all", cache: bool = True, scheduler: str | None = None, workers: int | None = None,
+        processes: bool = True, timeout: float | None = None):
+    """Several reports of one run (files, directories of exports, glob patterns): each analyzed
+    alone (stepscope/reports.py, on dask when it is installed: stepscope/distribute.py), then one
+    run view (analysis/reports_run.py): the RunView, narrowed to the TP steps `steps` selects."""
+    from stepscope.analysis.reports_run import combine, only_groups
+    from stepscope.distribute import map_reports
+    from stepscope import options as opt
+    from stepscope.reports import expand_reports
+
+    check_steps(steps)
+    opt.integer(workers, "--workers", 1, opt.MAX_WORKERS)
+    paths = expand_reports(list(reports))
+    results = map_reports(paths, step_regex, None if rules is None else str(rules), cache, scheduler=scheduler,
+                          workers=workers, processes=processes, timeout=timeout)
+    progress.stage(f"matching the collectives of {len(results)} reports")
+    view = combine(results)
+    if steps not in (None, "", "all"):
+        groups = sorted(set(view.steps["group"].drop_nulls().to_list()))
+        view = only_groups(view, parse_steps(steps, groups))
+    return view
+
+
+def run_document(reports: Sequence[str | Path], **kw) -> dict:
+    """The `analyze --json R1 R2 …` document of several reports (render/reports_run.py)."""
+    from stepscope.render.reports_run import run_dict
+
+    return run_dict(run(reports, **kw))

@@ -47,3 +47,4 @@ MAX_GRAPH_NS = 1e12
 MAX_WIDTH = 65_536
 MAX_BATCH = 100_000
 MAX_CONTEXT = 10_000_000
+MAX_WORKERS = 4_096        # dask workers of a local cluster

@@ -131,3 +131,58 @@ def test_recipe_class_runs_under_a_stand_in_nsys_recipe(tmp_path, monkeypatch):
     files = pd.read_parquet(out / "files.parquet")
     assert files["report"].tolist() == sorted(p.name for p in REPORTS)  # the bad report is logged and skipped
     assert (out / "analysis.json").exists()
+
+
+class DaskFuturesContext:
+    """What nsys recipe's `--mode dask-futures` hands the mapper: map() submits to a dask
+    client and returns futures, wait() gathers their results."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def map(self, fn, items, **kw):
+        return self.client.map(fn, list(items), pure=False, **kw)
+
+    def wait(self, futures):
+        return self.client.gather(futures)
+
+
+def test_recipe_in_dask_futures_mode_gives_the_run_view(tmp_path, monkeypatch):
+    """The recipe's mapper on dask workers runs stepscope.reports.report_result, and its reducer
+    adds the run's tables: the same figures as `stepscope analyze R1 R2 --json`."""
+    pytest.importorskip("distributed")
+    import cloudpickle
+    from distributed import Client, LocalCluster
+
+    from stepscope import distribute, library
+    from stepscope.render.reports_run import run_dict
+
+    spec = importlib.util.spec_from_file_location("stepscope_split_reports", ROOT / "benchmarks" / "split_reports.py")
+    split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split)
+    reports = split.split_by_process(FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite", tmp_path / "r")
+    for rel, text in STUB.items():
+        f = tmp_path / "stub" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    for m in [m for m in sys.modules if m.startswith("nsys_recipe")]:
+        monkeypatch.delitem(sys.modules, m)
+    mod = load_recipe_module("stepscope_inventory_on_dask")
+    sys.modules[mod.__name__] = mod
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    cloudpickle.register_pickle_by_value(mod)
+    args = mod.StepscopeInventory.get_argument_parser().parse_args(
+        ["--input", *map(str, reports), "--output", str(tmp_path / "out")])
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, Client(c) as cl:
+        mod.StepscopeInventory(args).run(DaskFuturesContext(cl))
+    got = pd.read_parquet(tmp_path / "out" / "run_ranks.parquet")
+    tp = pd.read_parquet(tmp_path / "out" / "tp_steps.parquet")
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    doc = run_dict(library.run(reports, cache=False))
+    want = [s for r in doc["run_ranks"] for s in r["steps"]]
+    assert got["collective_wait_ns"].tolist() == [s["collective_wait_ns"] for s in want]
+    assert got["device_floor_ns"].tolist() == [s["device_floor_ns"] for s in want]
+    assert got["rank"].tolist() == [r["rank"] for r in doc["run_ranks"] for _ in r["steps"]]
+    assert tp["verdict"].tolist() == [g["verdict"] for g in doc["tp_steps"]]
+    assert tp["binding_rank"].tolist() == [1]

@@ -3,13 +3,17 @@
     NSYS_RECIPE_PATH=/path/to/stepscope/recipes nsys recipe stepscope_inventory --input rank0.nsys-rep rank1.nsys-rep
     NSYS_RECIPE_PATH=/path/to/stepscope/recipes nsys recipe stepscope_inventory --input reports_dir/ --csv
 
-Each report is analyzed by stepscope itself (the same code as `stepscope analyze`) on its SQLite
+Each report is analyzed by stepscope itself (stepscope.reports.report_result, the per-report
+function of `stepscope analyze R1 R2 …`) on its SQLite
 export: `<report>.sqlite` next to the report when it exists, else exported once with
 `nsys export --type sqlite`. The map step runs per report (in parallel, or on a dask cluster
 with nsys recipe's `--mode dask-futures`); the reduce step concatenates and summarizes.
 
 Outputs (parquet, and CSV with --csv):
-  files      report → rank index
+  files      report → its index (column rank: its place in name order)
+  run_ranks  (several reports) one row per rank and step of the run: the collectives matched
+             across the reports (transfer vs wait), floors, verdict (`stepscope analyze R1 R2 …`)
+  tp_steps   (several reports) one row per TP step: rank skew, binding rank, verdict
   steps      one row per (report, step): stepscope's per-step figures
   inventory  one row per (report, step, class): count, time_ns
   summary    one row per (report, class): steps, median count and median time per step
@@ -71,18 +75,39 @@ def _nsys_next_to_recipe_package() -> str | None:
     return None
 
 
-def inventory_of(report: str | Path, step_regex: str | None = None) -> tuple[str, pd.DataFrame, pd.DataFrame] | None:
-    """(report name, steps frame, class inventory frame) of one report, as pandas for the recipe."""
-    from stepscope.analysis.inventory import analyze_trace
-    from stepscope.ingest import read_trace
+def inventory_of(report: str | Path, step_regex: str | None = None) -> tuple:
+    """(report name, steps frame, class inventory frame, the report's ReportResult) of one
+    report: stepscope.reports.report_result, the per-report function `stepscope analyze R1 R2 …`
+    runs on its dask workers, here on nsys recipe's (`--mode dask-futures`) or in its processes."""
+    from stepscope.reports import report_result
 
-    inv = analyze_trace(read_trace(sqlite_for(report)), step_regex)
+    res = report_result(sqlite_for(report), step_regex)
     name = Path(report).name
-    steps = inv.steps.select(list(STEP_COLUMNS)).to_pandas()
+    steps = res.steps.select(list(STEP_COLUMNS)).to_pandas()
     steps.insert(0, "report", name)
-    classes = inv.classes.to_pandas()
+    classes = res.classes.to_pandas()
     classes.insert(0, "report", name)
-    return name, steps, classes
+    return name, steps, classes, res
+
+
+def run_tables(results: list) -> dict[str, pd.DataFrame]:
+    """The run view of the reports (analysis/reports_run.py: the collectives matched across them), as
+    `stepscope analyze --json R1 R2 …` gives it: one row per rank and step, one per TP step."""
+    import polars as pl
+
+    from stepscope.analysis.reports_run import combine, tp_groups
+    from stepscope.render.reports_run import RUN_STEP_FIELDS
+    from stepscope.render.sentences import tp_sentence
+
+    view = combine([r[3] for r in results])
+    paths = pl.DataFrame({"report": list(range(len(results))), "report_name": [r[0] for r in results]})
+    ranks = (view.steps.join(paths, on="report").sort("rank", "group", "step")
+             .select("rank", "report_name", "host", "pid", "device", *RUN_STEP_FIELDS).rename({"report_name": "report"}))
+    groups = tp_groups(view)
+    verdicts = [tp_sentence(g) for g in groups.to_dicts()]
+    tp = groups.select("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank").with_columns(
+        verdict=pl.Series(verdicts, dtype=pl.String))
+    return {"run_ranks": ranks.to_pandas(), "tp_steps": tp.to_pandas()}
 
 
 def reduce_inventories(results: list) -> dict[str, pd.DataFrame]:
@@ -102,7 +127,10 @@ def reduce_inventories(results: list) -> dict[str, pd.DataFrame]:
                     total_time_ns=("time_ns", "sum"))
                .reset_index().merge(n_steps, on="report")
                .sort_values(["report", "total_time_ns"], ascending=[True, False], ignore_index=True))
-    return {"files": files, "steps": steps, "inventory": inventory, "summary": summary}
+    out = {"files": files, "steps": steps, "inventory": inventory, "summary": summary}
+    if len(results) > 1 and all(len(r) > 3 for r in results):
+        out.update(run_tables(results))
+    return out
 
 
 def _map_one(report_path, parsed_args):

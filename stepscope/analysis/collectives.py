@@ -54,9 +54,16 @@ def rank_ids(steps: pl.DataFrame) -> pl.DataFrame:
             .with_columns(rank=pl.int_range(pl.len(), dtype=pl.Int64)))
 
 
+def rank_keys(ranks: pl.DataFrame) -> list[str]:
+    """The columns that name a rank in `ranks` besides its number: (pid, device) in one trace,
+    (report, pid, device) across the reports of a run (analysis/reports_run.py)."""
+    return [c for c in ranks.columns if c not in ("rank", "host")]
+
+
 def step_groups(steps: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     """(step, rank, group): each rank's steps numbered in begin order."""
-    return (steps.select("step", "pid", "device", "step_begin").join(ranks, on=["pid", "device"])
+    keys = rank_keys(ranks)
+    return (steps.select("step", *keys, "step_begin").join(ranks.select(*keys, "rank"), on=keys)
             .sort("rank", "step_begin", "step")
             .select("step", "rank", pl.int_range(pl.len(), dtype=pl.Int64).over("rank").alias("group")))
 
@@ -64,7 +71,8 @@ def step_groups(steps: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 def match_collectives(kernels: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     """Every collective kernel with its counterparts on the other ranks (see the module doc)."""
     n_ranks = ranks.height
-    c = kernels.join(ranks, on=["pid", "device"], how="inner")
+    keys = rank_keys(ranks)
+    c = kernels.join(ranks.select(*keys, "rank"), on=keys, how="inner")
     # the j-th collective stream of a rank: stream ids are numbered per process, so rank 0's
     # stream 7 may be rank 1's stream 15 (nsysai_mfu_2gpu_*); order of first use is what matches
     first_use = c.group_by("rank", "stream").agg(pl.col("start").min().alias("_first"))
@@ -81,8 +89,8 @@ def match_collectives(kernels: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFram
     transfer = pl.when(pl.col("matched")).then(pl.col("first_end") - pl.col("last_start"))
     return c.with_columns(matched=matched).with_columns(transfer_ns=transfer).with_columns(
         wait_ns=pl.col("end") - pl.col("start") - pl.col("transfer_ns"),
-    ).select("step", "rank", "pid", "device", "stream", "name", "start", "end", "matched", "last_start",
-             "first_end", "transfer_ns", "wait_ns").sort("rank", "start")
+    ).select("step", "rank", *dict.fromkeys(("pid", "device", *keys)), "stream", "name", "start", "end", "matched",
+             "last_start", "first_end", "transfer_ns", "wait_ns").sort("rank", "start")
 
 
 _OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|$)")
@@ -98,7 +106,7 @@ def op_name(kernel: str | None) -> str:
     return "collectives"
 
 
-def _declared_tp(steps: pl.DataFrame) -> int | None:
+def declared_tp(steps: pl.DataFrame) -> int | None:
     """The largest tp=N recorded in the step names (stepscope's own ranges carry it)."""
     tps = [step_shape(n).get("tp") for n in steps["name"].unique().to_list()]
     tps = [t for t in tps if isinstance(t, int)]
@@ -109,11 +117,19 @@ def collectives(inv: Inventory) -> Collectives:
     steps = inv.steps
     ranks = rank_ids(steps)
     kernels = match_collectives(inv.collectives, ranks)
-    tp = _declared_tp(steps)
+    tp = declared_tp(steps)
     needed = ranks.height > 1 or kernels.height > 0 or (tp or 1) > 1
     if not needed:  # one GPU, no collectives: nothing to split, no section (single-GPU figures stay)
         return Collectives(ranks, kernels, pl.DataFrame(schema=STEP_SCHEMA),
                            pl.DataFrame(schema={"step": pl.Int64, "device_work_ns": pl.Int64}))
+    steps_out = step_collectives(steps, ranks, kernels, tp)
+    waited = steps_out.filter(pl.col("split") & (pl.col("collective_wait_ns") > 0)).select("step")
+    return Collectives(ranks, kernels, steps_out, device_work(inv, kernels, waited))
+
+
+def step_collectives(steps: pl.DataFrame, ranks: pl.DataFrame, kernels: pl.DataFrame, tp: int | None) -> pl.DataFrame:
+    """STEP_SCHEMA, one row per step: its group, its collectives' time split into transfer and
+    wait (match_collectives' `kernels`), or why not; `tp`: the width the step names declare."""
     groups = step_groups(steps, ranks)
     dur = pl.col("end") - pl.col("start")
     inside = kernels.filter(pl.col("step").is_not_null())
@@ -148,9 +164,7 @@ def collectives(inv: Inventory) -> Collectives:
         *[pl.when(pl.col("split")).then(pl.col(c).fill_null(0)).otherwise(None).alias(c)
           for c in ("collective_transfer_ns", "collective_wait_ns")],
     )
-    steps_out = s.select([pl.col(c).cast(t) for c, t in STEP_SCHEMA.items()]).sort("step")
-    waited = steps_out.filter(pl.col("split") & (pl.col("collective_wait_ns") > 0)).select("step")
-    return Collectives(ranks, kernels, steps_out, device_work(inv, kernels, waited))
+    return s.select([pl.col(c).cast(t) for c, t in STEP_SCHEMA.items()]).sort("step")
 
 
 def device_work(inv: Inventory, kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -159,26 +173,47 @@ def device_work(inv: Inventory, kernels: pl.DataFrame, steps: pl.DataFrame) -> p
     if steps.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "device_work_ns": pl.Int64})
     acts = inv.in_steps("step", "start", "end", "prev_end", "class", "is_kernel")
-    # a step whose collectives overlap no other activity (the committed captures: NCCL shares
-    # the compute stream): cutting each to its transfer shortens the union by exactly its wait,
-    # without re-sorting a million rows. acts are in (step, start) order, so a collective is
-    # alone when the union before it ended by its start and the next activity starts after it.
-    comm = pl.col("is_kernel") & (pl.col("class") == "comm")
-    touching = (acts.lazy().with_columns(_next=pl.col("start").shift(-1), _next_step=pl.col("step").shift(-1))
-                .filter(comm & ((pl.col("prev_end") > pl.col("start"))
-                                | ((pl.col("_next_step") == pl.col("step")) & (pl.col("_next") < pl.col("end")))))
-                .select("step").unique().collect())
+    touching = touching_steps(acts)
+    return work_of(inv.steps.select("step", "gpu_busy_ns"), kernels, steps, touching,
+                   other_activities(acts, steps.join(touching, on="step", how="semi")))
+
+
+_COMM = pl.col("is_kernel") & (pl.col("class") == "comm")
+
+
+def touching_steps(acts: pl.DataFrame) -> pl.DataFrame:
+    """(step) of the steps where a collective overlaps another activity. In the others (the
+    committed captures: NCCL shares the compute stream) cutting each collective to its transfer
+    shortens the union by exactly its wait, without re-sorting a million rows. acts are in
+    (step, start) order, so a collective is alone when the union before it ended by its start
+    and the next activity starts after it."""
+    return (acts.lazy().with_columns(_next=pl.col("start").shift(-1), _next_step=pl.col("step").shift(-1))
+            .filter(_COMM & ((pl.col("prev_end") > pl.col("start"))
+                             | ((pl.col("_next_step") == pl.col("step")) & (pl.col("_next") < pl.col("end")))))
+            .select("step").unique().collect())
+
+
+def other_activities(acts: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """(step, start, end): the activities of `steps` other than the collectives."""
+    return acts.join(steps, on="step", how="semi").filter(~_COMM).select("step", "start", "end")
+
+
+def work_of(busy: pl.DataFrame, kernels: pl.DataFrame, steps: pl.DataFrame, touching: pl.DataFrame,
+            other: pl.DataFrame) -> pl.DataFrame:
+    """(step, device_work_ns) of `steps` from (step, gpu_busy_ns), the matched collective
+    `kernels`, the `touching` steps (touching_steps) and their `other` activities
+    (other_activities); every other step's work is its busy time less its collectives' wait."""
+    if steps.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64, "device_work_ns": pl.Int64})
     overlapping = steps.join(touching, on="step", how="semi")
     plain = steps.join(overlapping, on="step", how="anti")
-    exact = (inv.steps.join(plain, on="step", how="semi").select("step", "gpu_busy_ns")
+    exact = (busy.join(plain, on="step", how="semi").select("step", "gpu_busy_ns")
              .join(kernels.group_by("step").agg(pl.col("wait_ns").sum()), on="step")
              .select("step", (pl.col("gpu_busy_ns") - pl.col("wait_ns")).cast(pl.Int64).alias("device_work_ns")))
-    steps = steps.join(overlapping, on="step", how="semi")
+    steps = overlapping
     if steps.is_empty():
         return exact.sort("step")
-    other = (acts.join(steps, on="step", how="semi")
-             .filter(~comm)
-             .select("step", "start", "end"))
+    other = other.join(steps, on="step", how="semi").select("step", "start", "end")
     transfer = kernels.join(steps, on="step", how="semi").select(
         "step", pl.col("last_start").alias("start"), pl.col("first_end").alias("end"))
     a = pl.concat([other, transfer]).sort("step", "start", "end")

@@ -105,12 +105,24 @@ def _step_expr(c: GraphConstants) -> pl.Expr:
     return graph_step(*[pl.col(k) for k in FIGURES], c)
 
 
+def predicted_expr(consts: GraphConstants | None = None) -> pl.Expr:
+    """The what-if graph step (unrounded) of a step that is not a replay, as an expression over
+    its FIGURES columns: graph_step, the one model, with `consts` (else the active calibration's
+    point over every engine). The run view of several reports applies it to each rank's step."""
+    return _step_expr(active().point() if consts is None else consts)
+
+
 def engine_of(inv: Inventory) -> str:
     """The engine the trace's step names say: vLLM's execute_context ranges, stepscope's torch
     engine's `step phase=…` ranges, else unknown."""
+    return engine_of_names(inv.steps["name"])
+
+
+def engine_of_names(names: pl.Series) -> str:
+    """engine_of for a column of step names."""
     from stepscope.analysis.steps import VLLM_STEP_RE
 
-    names = inv.steps["name"].drop_nulls().cast(pl.String)
+    names = names.drop_nulls().cast(pl.String)
     if names.str.contains(VLLM_STEP_RE.pattern).any():
         return "vllm"
     if names.str.starts_with("step phase=").any():

@@ -1,37 +1,49 @@
-"""`stepscope analyze`: a trace → its steps, each with its classes, gaps, floors and verdict."""
+"""`stepscope analyze`: a trace → its steps, each with its classes, gaps, floors and verdict;
+several reports of one run → one run view (stepscope/reports.py, analysis/reports_run.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
 from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, app
 
-DefaultTrace = Annotated[Optional[Path], typer.Argument(help="nsys SQLite export (default: a bundled real H200 trace)")]
+DefaultTrace = Annotated[Optional[List[Path]], typer.Argument(
+    help="nsys SQLite export (default: a bundled real H200 trace); several, a directory of exports or a glob: "
+         "the reports of one run (one per rank or node), analyzed as one run")]
+Scheduler = Annotated[Optional[str], typer.Option(
+    "--scheduler", metavar="ADDRESS", help="several reports: analyze them on this dask cluster (tcp://host:8786); "
+    "its workers must see the reports' paths")]
+Workers = Annotated[Optional[int], typer.Option(
+    "--workers", metavar="N", help="several reports: the local dask cluster's workers (default: sized to the machine)")]
 
 
 @app.command()
 def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rules = None, as_json: AsJson = False,
             steps: Steps = "all", no_cache: NoCache = False, calibration: CalibrationFile = None,
             kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "
-                                       "verdict and diagnosis below the run view")) -> None:
-    """Split a trace into steps and inventory each step's kernels by class."""
+                                       "verdict and diagnosis below the run view"),
+            scheduler: Scheduler = None, workers: Workers = None) -> None:
+    """Split a trace into steps and inventory each step's kernels by class; several reports of
+    one run: every rank's steps, the cross-rank skew, the binding rank, transfer vs wait."""
     from stepscope import library
     from stepscope.analysis.memory import ONE_SHOT
+    from stepscope.analysis.run import run_view
     from stepscope.render import progress
     from stepscope.selection import check_steps, parse_steps
 
     check_steps(steps)  # a bad --steps fails before the trace is read
+    traces = list(trace or [])
+    if len(traces) > 1 or (traces and _is_many(traces[0])):
+        return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers)
     with progress.shown(not as_json):
-        d = library.diagnosis(trace, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
+        d = library.diagnosis(traces[0] if traces else None, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
                               calibration=calibration)
         ids = parse_steps(steps, d.inv.step_ids())
     if as_json:
         from stepscope.render.json import analyze_json
-
-        from stepscope.analysis.run import run_view
 
         run = run_view(d)
         ONE_SHOT.results_ready(d)  # the document needs only the per-step results
@@ -39,6 +51,30 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rul
         return
     from stepscope.render.terminal import render_steps
 
-    from stepscope.analysis.run import run_view
-
     render_steps(d, ids, run=run_view(d), kinds=kinds)
+
+
+def _is_many(p: Path) -> bool:
+    """A directory, or a glob pattern that names no file itself: the reports of a run."""
+    import glob
+
+    try:
+        return p.is_dir() or (not p.exists() and glob.has_magic(str(p)))
+    except OSError:  # a name too long, a loop: the one-file path says what is wrong with it
+        return False
+
+
+def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers) -> None:
+    from stepscope import library
+    from stepscope.render import progress
+    from stepscope.render.reports_run import render_run, run_dict
+
+    with progress.shown(not as_json):
+        doc = run_dict(library.run(traces, step_regex=step_regex, rules=rules, steps=steps, cache=not no_cache,
+                                   scheduler=scheduler, workers=workers))
+    if as_json:
+        from stepscope.render.json import dumps
+
+        typer.echo(dumps(doc))
+        return
+    render_run(doc)

@@ -1,0 +1,202 @@
+"""Where the per-report work runs: one after another, or on dask.distributed.
+
+- one report, or dask not installed: in this process, one report after another (the same
+  function, so the same result; without dask a notice says how to get it)
+- several reports: a dask LocalCluster sized to the machine (one worker per report up to the
+  cores and the memory; one thread each, so a worker holds one report at a time and its memory
+  is bounded by one report's analysis; polars in each worker gets its share of the cores)
+- `scheduler`: an existing cluster (`tcp://host:8786`); its workers read the reports from the
+  paths given, so those must be on storage every worker sees; only the small result frames of
+  stepscope/reports.py travel back
+
+Never a hang: a report that fails stops the run with one line naming it (the other reports'
+tasks are cancelled); a worker that dies while analyzing a report fails that report at once
+(the local cluster allows no retry; an existing cluster's own `allowed-failures` applies); a run
+in which no report finishes for `timeout_s` (STEPSCOPE_REPORT_TIMEOUT_S, default 3600 s) stops
+naming the reports still running; a cluster without a worker for WORKERLESS_S stops too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from stepscope.errors import StepscopeError
+from stepscope.paths import shown
+from stepscope.render import progress
+from stepscope.reports import ReportFailure, ReportResult, report_outcome
+
+DEFAULT_TIMEOUT_S = 3600.0
+WORKERLESS_S = 60.0
+CONNECT_TIMEOUT_S = 20.0
+POLL_S = 0.5
+# a worker's memory per report: one rank's 1M-kernel export (0.31 GB of SQLite) peaks at 0.53 GB
+# analyzed alone (benchmarks/many_reports.py, docs/MANY_REPORTS.md): 4× the file leaves room,
+# and a worker must hold the largest report
+MEMORY_PER_REPORT_FACTOR = 4
+MEMORY_PER_REPORT_MIN = 1 << 30
+
+
+class ReportError(StepscopeError):
+    """A report of the run could not be analyzed: the message names it."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def have_dask() -> bool:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def timeout_s() -> float:
+    raw = os.environ.get("STEPSCOPE_REPORT_TIMEOUT_S")
+    try:
+        t = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        t = DEFAULT_TIMEOUT_S
+    return t if t > 0 else DEFAULT_TIMEOUT_S
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def local_workers(paths: list[Path], requested: int | None = None) -> int:
+    """The local cluster's size: `requested`, else one worker per report up to the cores and to
+    what the machine's memory holds of the largest report's analysis."""
+    if requested:
+        return max(1, min(int(requested), len(paths)))
+    cores = os.cpu_count() or 1
+    n = min(len(paths), cores)
+    mem = _total_memory()
+    if mem:
+        largest = max((p.stat().st_size for p in paths if p.is_file()), default=0)
+        per = max(MEMORY_PER_REPORT_MIN, MEMORY_PER_REPORT_FACTOR * largest)
+        n = min(n, max(1, mem // per))
+    return max(1, n)
+
+
+def _fail(outcome: ReportFailure):
+    raise ReportError(f"{outcome.path}: {outcome.message}", outcome.exit_code)
+
+
+def map_reports(paths: list[Path], step_regex: str | None = None, rules: str | None = None, cache: bool = True, *,
+                scheduler: str | None = None, workers: int | None = None, processes: bool = True,
+                timeout: float | None = None, fn: Callable = report_outcome) -> list[ReportResult]:
+    """Each report's ReportResult, in the order of `paths` (see the module doc for where they run)."""
+    args = [shown(p) for p in paths]
+    if scheduler is None and (len(paths) == 1 or not have_dask()):
+        if len(paths) > 1:
+            progress.notice(f"dask is not installed: the {len(paths)} reports are analyzed one after another "
+                            "(pip install 'stepscope[dask]' to spread them over the machine's cores)")
+        return _serial(args, step_regex, rules, cache, fn)
+    if not have_dask():
+        raise StepscopeError("--scheduler needs dask.distributed: pip install 'stepscope[dask]'")
+    return _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processes,
+                    timeout or timeout_s(), fn)
+
+
+def _serial(args, step_regex, rules, cache, fn) -> list[ReportResult]:
+    out = []
+    for i, a in enumerate(args):
+        if len(args) > 1:
+            progress.stage(f"report {i + 1} of {len(args)}: {Path(a).name}")
+        o = fn(a, step_regex, rules, cache)
+        if isinstance(o, ReportFailure):
+            _fail(o)
+        out.append(o)
+    return out
+
+
+def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processes, timeout, fn):
+    import logging
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as e:
+            raise StepscopeError(f"--scheduler {scheduler}: no dask scheduler answers there ({e}); start one "
+                                 "(dask scheduler) or leave --scheduler out to use this machine's cores") from None
+        with client:
+            return _gather(client, args, step_regex, rules, cache, timeout, fn, f"the dask cluster at {scheduler}")
+    n = local_workers(paths, workers)
+    cores = os.cpu_count() or 1
+    progress.stage(f"starting {n} dask worker(s) for {len(args)} reports")
+    # a worker that dies fails its report at once: a retry would only kill the next worker
+    # one task per worker at a time (no second report queued on it: a dying worker takes only
+    # its own report with it, and a worker never holds two reports)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.scheduler.worker-saturation": 1.0,
+                          "distributed.worker.daemon": False}):
+        kw = dict(n_workers=n, threads_per_worker=1, processes=processes, dashboard_address=None,
+                  silence_logs=logging.CRITICAL)
+        if processes:
+            kw["env"] = {"POLARS_MAX_THREADS": str(max(1, cores // n))}
+        with LocalCluster(**kw) as cluster, Client(cluster) as client:
+            return _gather(client, args, step_regex, rules, cache, timeout, fn, "the local dask cluster")
+
+
+def _gather(client, args, step_regex, rules, cache, timeout, fn, where) -> list[ReportResult]:
+    from distributed import wait
+    from distributed.scheduler import KilledWorker
+
+    futures = client.map(fn, args, step_regex=step_regex, rules=rules, cache=cache, pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    out: list = [None] * len(args)
+    pending = set(futures)
+    last = workerless = time.monotonic()
+    try:
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = set()
+            now = time.monotonic()
+            killed = sorted(index[f.key] for f in done if f.status == "error" and isinstance(f.exception(), KilledWorker))
+            if killed:
+                also = f" (and {len(killed) - 1} more report(s) queued on that worker)" if len(killed) > 1 else ""
+                raise ReportError(f"{args[killed[0]]}: the dask worker analyzing it died{also} (out of memory? each "
+                                  "worker needs one report's analysis in memory): not analyzed", 2)
+            for f in sorted(done, key=lambda f: index[f.key]):
+                i = index[f.key]
+                if f.status == "error":
+                    exc = f.exception()
+                    raise ReportError(f"{args[i]}: failed on {where} ({type(exc).__name__}: {exc})", 3)
+                if f.status != "finished":
+                    raise ReportError(f"{args[i]}: its task was {f.status} on {where}", 3)
+                o = f.result()
+                if isinstance(o, ReportFailure):
+                    _fail(o)
+                out[i] = o
+                last = now
+            if done:
+                progress.stage(f"{sum(o is not None for o in out)} of {len(args)} reports analyzed on {where}")
+            if client.scheduler_info().get("workers"):
+                workerless = now
+            else:
+                last = now  # the no-progress clock runs only while some worker could make progress
+            if now - workerless > WORKERLESS_S:
+                raise ReportError(f"{where} has had no worker for {WORKERLESS_S:.0f} s: "
+                                  f"{len(pending)} report(s) not analyzed, e.g. {args[index[next(iter(pending)).key]]}", 2)
+            if pending and now - last > timeout:
+                left = sorted(index[f.key] for f in pending)
+                raise ReportError(f"{args[left[0]]}: not analyzed after {timeout:.0f} s on {where} (no report "
+                                  f"finished meanwhile; {len(left)} still running; STEPSCOPE_REPORT_TIMEOUT_S "
+                                  "sets the limit)", 2)
+    finally:
+        if pending:
+            client.cancel(list(pending), force=True)
+    return out

@@ -1,0 +1,255 @@
+"""Several reports of one run (issue 29): the TP=2 fixtures split per rank into separate SQLite
+files (with SQL, in tmp_path: benchmarks/split_reports.py) give the figures of the one export
+that holds both ranks; copies under other host names make a run of 8 reports, which a dask
+LocalCluster of 2 workers analyzes to exactly the serial result; a damaged report, a worker that
+dies and one that hangs each end in one line naming the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from stepscope import distribute, library
+from stepscope.errors import StepscopeError
+from stepscope.render.reports_run import run_dict
+from tests.conftest import FIXTURES, ROOT, CliRunner, ro, sha256
+
+_spec = importlib.util.spec_from_file_location("stepscope_split_reports", ROOT / "benchmarks" / "split_reports.py")
+split = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(split)
+
+TP2 = FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite"
+TP2_GRAPH = FIXTURES / "llama8b_decode_b1_graph_tp2.sqlite"
+SAME = ("step_time_ns", "gpu_busy_ns", "collectives", "collective_ns", "collective_transfer_ns",
+        "collective_wait_ns", "split", "split_note", "cpu_floor_ns", "device_floor_ns", "verdict")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """4 hosts × the 2 ranks of the eager TP=2 fixture: 8 reports of one TP=8 run."""
+    d = tmp_path_factory.mktemp("run")
+    return split.run_of(TP2, d, hosts=4)
+
+
+@pytest.fixture(scope="module")
+def serial_doc(run_dir):
+    real = distribute.have_dask
+    distribute.have_dask = lambda: False
+    try:
+        return run_dict(library.run(run_dir, cache=False))
+    finally:
+        distribute.have_dask = real
+
+
+def _joint(path: Path) -> tuple[dict, dict]:
+    """tp --json and analyze --json of the export that holds every rank."""
+    doc = library.tp(path, cache=False)
+    d = library.diagnosis(path, cache=False)
+    from stepscope.render.json import analyze_document
+
+    return doc, analyze_document(d.inv, None, d)
+
+
+def _comm_kernels_per_pid(path: Path) -> dict[int, int]:
+    """An independent count: NCCL kernels per process, in plain SQL."""
+    con = ro(path)
+    try:
+        return dict(con.execute(
+            "SELECT (k.globalPid >> 24) & 16777215, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            "JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'nccl%' GROUP BY 1").fetchall())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("src", [TP2, TP2_GRAPH], ids=["eager", "graph"])
+def test_ranks_split_into_reports_give_the_joint_exports_figures(src, tmp_path, monkeypatch):
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    before = sha256(src)
+    reports = split.split_by_process(src, tmp_path)
+    assert len(reports) == 2
+    doc = run_dict(library.run(reports, cache=False))
+    tp, analyzed = _joint(src)
+    assert [r["rank"] for r in doc["run_ranks"]] == [r["rank"] for r in tp["ranks"]]
+    counts = _comm_kernels_per_pid(src)
+    for mine, theirs in zip(doc["run_ranks"], tp["ranks"]):
+        assert (mine["pid"], mine["device"]) == (theirs["pid"], theirs["device"])
+        assert len(mine["steps"]) == len(theirs["steps"])
+        for a, b in zip(mine["steps"], theirs["steps"]):
+            assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+            assert a["group"] == b["group"]
+            joint_step = next(s for s in analyzed["steps"] if s["index"] == b["step"])
+            assert a["predicted_graph_step_time_ns"] == joint_step["floors"]["predicted_graph_step_time_ns"]
+        assert sum(s["collectives"] for s in mine["steps"]) <= counts[mine["pid"]]
+        assert mine["collectives"] == sum(s["collectives"] for s in mine["steps"])
+    assert doc["tp_steps"] == tp["tp_steps"]
+    assert doc["rank_skew_ns"] == tp["rank_skew_ns"]
+    assert sha256(src) == before
+
+
+def test_the_eager_run_names_rank_1_binding_the_whole_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    doc = run_dict(library.run(split.split_by_process(TP2, tmp_path), cache=False))
+    b = doc["binding_rank"]
+    assert (b["rank"], b["tp_steps"], b["of"], b["share"]) == (1, 1, 1, 1.0)
+    assert b["time_ns"] == doc["tp_steps"][0]["step_time_ns"] == max(
+        s["step_time_ns"] for r in doc["run_ranks"] for s in r["steps"])
+    r0, r1 = doc["run_ranks"]
+    # the README's figures of this capture: rank 0 waits 13.80 ms, 0.46 ms of transfer per rank
+    assert round(r0["collective_wait_ns"] / 1e6, 2) == 13.80
+    assert r0["collective_transfer_ns"] == r1["collective_transfer_ns"]
+    assert round(r0["collective_transfer_ns"] / 1e6, 2) == 0.46
+    assert r0["collective_ns"] == r0["collective_transfer_ns"] + r0["collective_wait_ns"]
+    assert (r0["binding_steps"], r1["binding_steps"]) == (0, 1)
+
+
+def test_a_report_on_a_later_session_clock_lands_on_the_same_timeline(tmp_path, monkeypatch):
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    r0, r1 = split.split_by_process(TP2, tmp_path / "s")
+    shifted = split.shift_clock(r1, tmp_path / "rank1_later.sqlite", 5_000_000_000)
+    a = run_dict(library.run([r0, r1], cache=False))
+    b = run_dict(library.run([r0, shifted], cache=False))
+    assert [r["clock_offset_ns"] for r in b["reports"]] == [0, 5_000_000_000]
+    assert b["run_ranks"] == a["run_ranks"] and b["tp_steps"] == a["tp_steps"]
+    # without the session start the two clocks do not meet: nothing overlaps, nothing is split
+    con = sqlite3.connect(shifted)
+    con.execute("DROP TABLE TARGET_INFO_SESSION_START_TIME")
+    con.commit()
+    con.close()
+    c = run_dict(library.run([r0, shifted], cache=False))
+    assert c["warnings"] and "no session start" in c["warnings"][0]
+    assert all(not s["split"] for r in c["run_ranks"] for s in r["steps"])
+    assert c["binding_rank"] is None
+
+
+def test_eight_reports_on_four_hosts(serial_doc, run_dir):
+    doc = serial_doc
+    assert doc["run"] == {"reports": 8, "ranks": 8, "hosts": ["node0", "node1", "node2", "node3"], "tp_steps": 1}
+    # ranks by host, then device: node h's GPU d is rank 2h + d
+    assert [(r["host"], r["device"]) for r in doc["run_ranks"]] == [(f"node{h}", d) for h in range(4) for d in (0, 1)]
+    # identical copies: every collective of a rank overlaps its 7 counterparts exactly as in the
+    # TP=2 export, so each rank's figures are its original rank's
+    tp, _ = _joint(TP2)
+    for r in doc["run_ranks"]:
+        orig = tp["ranks"][r["device"]]["steps"][0]
+        assert {k: r["steps"][0][k] for k in SAME} == {k: orig[k] for k in SAME}
+    # ties between the four copies of rank 1 go to the lowest
+    assert doc["binding_rank"]["rank"] == 1
+    assert doc["tp_steps"][0]["ranks"] == 8
+
+
+def test_a_dask_cluster_of_two_workers_gives_the_serial_result(serial_doc, run_dir):
+    pytest.importorskip("distributed")
+    doc = run_dict(library.run(run_dir, cache=False, workers=2, processes=False))
+    assert doc == serial_doc
+
+
+def test_without_dask_the_reports_run_one_after_another(run_dir, monkeypatch, capsys):
+    from stepscope.render import progress
+
+    notices = []
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    monkeypatch.setattr(progress, "notice", notices.append)
+    distribute.map_reports(run_dir[:2], cache=False)
+    assert notices and "one after another" in notices[0] and "stepscope[dask]" in notices[0]
+    with pytest.raises(StepscopeError, match="--scheduler needs dask"):
+        distribute.map_reports(run_dir[:2], scheduler="tcp://127.0.0.1:1")
+
+
+def _damaged(run_dir, tmp_path) -> list[Path]:
+    bad = tmp_path / "node9_truncated.sqlite"
+    raw = run_dir[3].read_bytes()
+    bad.write_bytes(raw[: len(raw) // 3])
+    return [*run_dir[:3], bad, *run_dir[4:]]
+
+
+def test_a_damaged_report_ends_in_one_line_naming_it(run_dir, tmp_path):
+    reports = _damaged(run_dir, tmp_path)
+    before = sha256(reports[3])
+    for args in ([], ["--workers", "2"]):
+        res = CliRunner().invoke(__import__("stepscope.cli", fromlist=["app"]).app,
+                                 ["analyze", "--json", "--no-cache", *args, *map(str, reports)])
+        assert res.exit_code == 2, res.output
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "node9_truncated.sqlite" in lines[0], lines
+    assert sha256(reports[3]) == before
+
+
+def _dies_on_rank1_of_node1(path, step_regex=None, rules=None, cache=True):
+    from stepscope.reports import report_outcome
+
+    if "node1_" in path and "rank1" in path:
+        os._exit(13)  # the worker process dies, as when the kernel kills it for memory
+    return report_outcome(path, step_regex, rules, cache)
+
+
+def _hangs_on_node2(path, step_regex=None, rules=None, cache=True):
+    from stepscope.reports import report_outcome
+
+    if "node2_" in path:
+        time.sleep(600)
+    return report_outcome(path, step_regex, rules, cache)
+
+
+@pytest.mark.parametrize("fn, timeout, match", [
+    (_dies_on_rank1_of_node1, 120, "node1_.*rank1.*worker analyzing it died"),
+    (_hangs_on_node2, 12, "node2_.*rank0.*not analyzed after 12 s")], ids=["dies", "hangs"])
+def test_a_worker_that_dies_or_hangs_ends_in_one_line_naming_the_report(run_dir, fn, timeout, match):
+    pytest.importorskip("distributed")
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(__import__(__name__))  # the worker processes cannot import tests/
+    t0 = time.monotonic()
+    with pytest.raises(distribute.ReportError) as e:
+        distribute.map_reports(run_dir, cache=False, workers=2, processes=True, timeout=timeout, fn=fn)
+    assert re.search(match, str(e.value)), str(e.value)
+    assert "\n" not in str(e.value)
+    assert time.monotonic() - t0 < 120
+
+
+def test_directories_globs_and_natural_order(run_dir, tmp_path):
+    from stepscope.reports import expand_reports
+
+    d = run_dir[0].parent
+    assert expand_reports([d]) == sorted(d.glob("*.sqlite"), key=lambda p: p.name)
+    for i in (10, 2, 1):
+        (tmp_path / f"report_{i}.sqlite").write_bytes(b"")
+    assert [p.name for p in expand_reports([str(tmp_path / "report_*.sqlite")])] == [
+        "report_1.sqlite", "report_2.sqlite", "report_10.sqlite"]
+    with pytest.raises(StepscopeError, match="given twice"):
+        expand_reports([run_dir[0], run_dir[0]])
+    with pytest.raises(StepscopeError, match="is a directory with no nsys SQLite export"):
+        expand_reports([tmp_path / "empty"] if (tmp_path / "empty").mkdir() is None else [])
+    with pytest.raises(StepscopeError, match="matches no file"):
+        expand_reports([str(tmp_path / "nothing_*.sqlite")])
+
+
+def test_one_path_keeps_todays_document(tmp_path):
+    """A single report (a path, not a directory) is today's analyze: its document, not a run's."""
+    from stepscope.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--json", "--no-cache", str(TP2)])
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert "steps" in doc and "run_ranks" not in doc
+    d = library.diagnosis(TP2, cache=False)
+    from stepscope.render.json import analyze_json
+
+    assert res.stdout == analyze_json(d.inv, None, d) + "\n"
+
+
+def test_the_run_on_the_terminal(run_dir):
+    from stepscope.cli import app
+
+    res = CliRunner().invoke(app, ["analyze", "--no-cache", str(run_dir[0].parent)], env={"COLUMNS": "160"})
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "run: 8 reports · 8 ranks on 4 host(s) · 1 TP step(s)" in out
+    assert "rank 1 binds 1 of 1 TP step(s), 100% of the run's time" in out
+    assert "13.800" in out  # rank 0's wait, in ms
