@@ -83,9 +83,7 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
             graph_launch_ns: float | None = None, cache: bool = True) -> dict:
     """Two traces side by side (paths, or Analysis objects): the `compare --json` document."""
     from stepscope import options as opt
-    from stepscope.analysis.compare import compare as compared
     from stepscope.analysis.whatif import DEFAULT, GraphConstants
-    from stepscope.render.sentences import compare_sentence, untraced_source
 
     check_steps(steps)
     check_steps(steps_b)
@@ -99,7 +97,16 @@ def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex:
     # compare reads each side's per-step results only: one trace's events are gone before the other's are read
     da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
     db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
-    doc = compared(da, db, consts)
+    return _compared(da, db, consts)
+
+
+def _compared(da, db, consts=None) -> dict:
+    """The compare document of two Diagnoses, its verdict sentence included."""
+    from stepscope.analysis.compare import compare as compared
+    from stepscope.analysis.whatif import DEFAULT
+    from stepscope.render.sentences import compare_sentence, untraced_source
+
+    doc = compared(da, db, consts or DEFAULT)
     for tag, d in (("a", da), ("b", db)):
         if "untraced_source" in doc[tag]:
             doc[tag]["untraced_source"] = untraced_source(doc[tag]["untraced_source"], d.inv.trace.sidecar)
@@ -185,7 +192,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     import polars as pl
 
     from stepscope import options as opt
-    from stepscope.analysis.steps import step_shape
+    from stepscope.analysis.steps import budget_shape
     from stepscope.bytes.budget import budget as budgeted
     from stepscope.bytes.budget import budget_order, step_kernels_from_inventory, step_sequence_from_inventory
     from stepscope.bytes.cells import read_cells
@@ -205,23 +212,23 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     if steps not in (None, "") and len(picked) > 1:
         progress.notice(f"budget of step {sid}, the first of the {len(picked)} steps selected")
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
-    # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
-    # carry neither the model nor the context) fills the rest
-    shape = {**((inv.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
-    model = model or shape.get("model")
-    phase = phase or shape.get("phase") or fig.get("phase")
-    batch = batch or shape.get("batch")
-    context = context or shape.get("context")
-    lacking = [n for n, v in (("--model", model), ("--phase", phase), ("--batch", batch),
-                              ("--context", context)) if not v]
+    shape, lacking = budget_shape(fig, inv.trace.sidecar, {"model": model, "phase": phase, "batch": batch,
+                                                             "context": context})
     if lacking:
-        raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
+        raise InputError(f"the step's name does not record {', '.join('--' + k for k in lacking)}: pass them")
+    model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
     gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.render.headline import step_rows
+    from stepscope.render.views import step_diagnosis
+
+    # the verdict block analyze opens with, so the budget is read beside the step's verdict
+    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(diagnose(inv), sid))]
     progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
-    width = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
+    width = shape["tp"]
     if is_step_cells(table):  # the step's own kernels, measured one by one in launch order
         res = budget_order(step_sequence_from_inventory(inv, sid), table, model, int(batch), int(context),
                            str(phase), gpu_name, peak, tp=width, memops=sk)
@@ -230,6 +237,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     doc = {"trace": shown(Path(trace)), "cells": shown(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
+    doc["verdict_block"] = block
     return doc
 
 
@@ -267,11 +275,15 @@ class Written:
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
-           step_regex: str | None = None, rules: str | Path | None = None) -> Written:
+           step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
+           batch: int | None = None, context: int | None = None, phase: str | None = None) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
-    (all or nothing) when given."""
+    (all or nothing) when given. `trace` and `compare`: paths or Analysis objects; model, batch,
+    context and phase: the byte budget's shape, as `budget` takes it (default: the step's name,
+    then the capture's sidecar)."""
+    from stepscope import options as opt
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import write_atomic
@@ -280,21 +292,30 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     render = renderer(format or (Path(output).suffix if output is not None else ".html"), output)
     check_steps(steps)  # a bad selection fails before any trace is read
     check_steps(compare_steps)
+    opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
+    opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
+    shape = {"model": model, "batch": batch, "context": context, "phase": phase}
     if output is not None:
-        refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, compare, cells, rules)])
+        refuse_overwrite(Path(output), [Path(p) for p in (trace, compare, cells, rules) if isinstance(p, (str, Path))])
 
-    def view(path, which):
-        inv = load(path, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
-        progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
-        d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+    def view(x, which):
+        if hasattr(x, "diagnosis"):  # an Analysis
+            inv, d = x.inventory, x.diagnosis
+        else:
+            inv = load(x, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
+            progress.stage(f"finding gaps, launch overhead and floors of {Path(x).name}")
+            d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
+        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
 
-    inv, first = view(trace, steps)
-    other = view(compare, compare_steps)[1] if compare is not None else None
-    budget_rows, note = budget_for(inv, first, cells)
+    inv, d, first = view(trace, steps)
+    other = comparison = None
+    if compare is not None:
+        _, db, other = view(compare, compare_steps)
+        comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
+    budget_rows, note = budget_for(inv, first, cells, shape)
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note))
+    text = render(ReportView(first, other, budget_rows, note, comparison))
     if output is not None:
         write_atomic(Path(output), text)
     return Written(text, None if output is None else Path(output),

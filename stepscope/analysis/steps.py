@@ -608,3 +608,16 @@ def step_shape(name: str | None) -> dict:
     if shape.get("phase") not in ("prefill", "decode"):
         shape.pop("phase", None)
     return shape
+
+
+def budget_shape(fig: dict, sidecar: dict | None, given: dict | None = None) -> tuple[dict, list[str]]:
+    """Model, phase, batch and context of a step for its byte budget, and the ones still lacking:
+    what was given (`--model` etc.), else the step's name, else what `stepscope trace` recorded
+    beside the export (vLLM's step names carry neither the model nor the context), and for the
+    phase the one the inventory read. `budget` and `report --cells` both ask here."""
+    shape = {**((sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
+    given = {k: v for k, v in (given or {}).items() if v}
+    out = {k: given.get(k) or shape.get(k) for k in ("model", "phase", "batch", "context")}
+    out["phase"] = out["phase"] or fig.get("phase")
+    out["tp"] = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
+    return out, [k for k in ("model", "phase", "batch", "context") if not out[k]]

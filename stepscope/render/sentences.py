@@ -5,7 +5,7 @@ section's source). The analyses give the fields, these functions the words."""
 
 from __future__ import annotations
 
-from stepscope.render.units import ms2
+from stepscope.render.units import ms2, node_gap
 
 
 def compare_sentence(doc: dict) -> str:
@@ -96,10 +96,10 @@ def tp_note(note: tuple[str, dict]) -> str:
         return "eager mode not projected: a graph trace has no per-kernel launch cost"
     if kind == "graph_own":
         return ("graph mode: CPU floor = this trace's one graph launch; device floor + its measured "
-                f"{f['node_gap_ns']:.0f} ns per kernel between graph nodes")
+                f"{node_gap(f['node_gap_ns'])} per kernel between graph nodes")
     if kind == "graph_whatif":
         return (f"graph mode: CPU floor = one graph launch ({f['launch_ns'] / 1e6:.3f} ms, the what-if's launch "
-                f"lead); device floor + {f['node_gap_ns']:.0f} ns per kernel between graph nodes ({f['source']})")
+                f"lead); device floor + {node_gap(f['node_gap_ns'])} per kernel between graph nodes ({f['source']})")
     if kind == "measured_width_missing":
         return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"
     raise ValueError(f"unknown TP note {kind!r}")

@@ -10,6 +10,7 @@ from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
 from stepscope.paths import shown
+from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
 from stepscope.render.names import term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 from stepscope.render.units import ms, us, us_num
@@ -26,51 +27,6 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return out
 
 
-def verdict_line(v: StepDiagnosis) -> str:
-    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
-    for a rank of a multi-rank trace, also which rank binds the TP step and why."""
-    f, tp, s = v.floors, v.tp, {"phase": v.phase, "step_time_ns": v.step_time_ns, "gpu_busy_ns": v.gpu_busy_ns}
-    total = v.class_time_ns
-    top = {"class": v.top_class, "time_ns": v.top_class_time_ns} if v.top_class is not None else None
-    phase = s["phase"] or "this"
-    u = v.untraced
-    pred = f.get("predicted_graph_step_time_ns")
-    if u and u.get("measured_ns"):
-        # the time users see first, the traced one beside it (nsys inflates the host side)
-        out = (f"{phase} step ≈ {ms(u['step_time_ns'])} untraced ({ms(s['step_time_ns'])} under "
-               f"nsys): {u['verdict']}")
-        upred = u.get("predicted_graph_step_time_ns")
-        if u["verdict"] == "launch-bound" and upred is not None and upred < u["step_time_ns"]:
-            out += f"; CUDA graphs would cut it to about {ms(upred)}"
-            if pred is not None:
-                out += f" ({ms(pred)} under nsys)"
-        elif u["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1):.0f}% of it"
-        if u["verdict"] != f["verdict"]:
-            out += f" (under nsys: {f['verdict']})"
-    else:
-        out = f"{phase} step is {f['verdict']} ({ms(s['step_time_ns'])}"
-        if u and u.get("estimated_ns"):
-            out += f"; ≈ {ms(u['estimated_ns'])} without nsys, estimated"
-        out += ")"
-        if f["verdict"] == "launch-bound" and pred is not None and pred < s["step_time_ns"]:
-            out += f"; CUDA graphs would cut it to about {ms(pred)}"
-        elif f["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
-    if top:
-        out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
-        wait = (tp or {}).get("collective_wait_ns")
-        if top["class"] == "comm" and wait:
-            # most of a waiting rank's NCCL time is not device work: say so where the share is
-            out += f" ({100 * wait / max(top['time_ns'], 1):.0f}% of it waiting for the slowest rank)"
-        elif top["class"] == "comm" and tp and not tp["split"]:
-            out += " (how much of it is waiting for another rank cannot be told from this trace)"
-    out += "."
-    if tp and tp.get("verdict"):
-        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
-    return out
-
-
 def render_steps(d, ids: list[int], console: Console | None = None) -> None:
     """`analyze` on the terminal: each kind of step told by its representative step, with its
     verdict and diagnosis (Diagnosis `d`, the steps `ids`)."""
@@ -84,9 +40,13 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
                    headline=None) -> None:
     console = console or Console()
     t = inv.trace
-    console.print(f"[bold]{term(shown(t.path), 1000)}[/]  nsys {term(t.nsys_version or '?')} · schema "
-                  f"{term(t.schema_version or '?')}"
-                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {len(inv.step_ids())} steps")
+    # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
+    source = (f"nsys {term(t.nsys_version or '?')} · schema {term(t.schema_version or '?')}"
+              if t.format.startswith("nsys") else
+              f"torch.profiler trace · {term(t.schema_version or t.format)}" if t.format == "kineto-json" else term(t.format))
+    n = len(inv.step_ids())
+    console.print(f"[bold]{term(shown(t.path), 1000)}[/]  {source}"
+                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {n} step{'' if n == 1 else 's'}")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
@@ -103,7 +63,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     med = first
     phase = first["phase"] or "phase unknown"
     title = (f"{phase} step · {first['delimiter']} “{term(first['name'])}” · pid {first['pid']} · "
-             f"device {first['device']} · {len(members)} step(s)")
+             f"device {first['device']} · {len(members)} step{'' if len(members) == 1 else 's'}")
     console.rule(f"[bold]{title}")
     evidence = phase_line(first)
     if evidence:
@@ -175,40 +135,14 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
         f"{us(f['t_launch_ns'])}) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
-    pred = f.get("predicted_graph_step_time_ns")
-    step_ns = v.step_time_ns
-    if pred is not None and pred < step_ns:
-        from stepscope.analysis.whatif import DEFAULT
-
-        pro = v.prologue
-        host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
-                f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
-        console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)} instead of "
-                      f"{ms(step_ns)} ({host}device work + {DEFAULT.node_gap_ns / 1e3:.2f} µs per graph node "
-                      f"+ {ms(DEFAULT.graph_launch_lead_ns)} graph launch, measured on H200 graph captures)")
-    u = v.untraced
-    if u:
-        how = u["source"].split(":")[0]
-        line = (f"untraced ({how}): step {ms(u['step_time_ns'])} (under nsys {ms(step_ns)}); host per launch "
-                f"{us(u['t_launch_ns'])}, CPU floor {ms(u['cpu_floor_ns'])}: {u['verdict']}")
-        if u.get("predicted_graph_step_time_ns") is not None and pred is not None:
-            line += f"; with CUDA graphs about {ms(u['predicted_graph_step_time_ns'])}"
-        console.print(line)
-        if how == "estimated":
-            console.print(f"[dim]  {u['source']}[/]")
-    e = v.engine
-    if e:
-        parts = [f"forward {ms(e['forward_ns'])}", f"sampling {ms(e['sample_ns'])} (host, after the "
-                 "execute_context range)", f"GPU tail after the last launch {ms(e['gpu_tail_ns'])}"]
-        if e.get("schedule_ns") is not None:
-            parts.append(f"next iteration's scheduling {ms(e['schedule_ns'])} ({e['schedule_ranges']} ranges)")
-        if e.get("get_output_ns") is not None:
-            parts.append(f"frontend get_output {ms(e['get_output_ns'])}")
-        if e.get("process_outputs_ns") is not None:
-            parts.append(f"frontend process_outputs {ms(e['process_outputs_ns'])}")
-        console.print("[bold]vLLM engine step:[/] " + " · ".join(parts))
-        if e.get("note"):
-            console.print(f"[dim]  {e['note']}[/]")
+    # the verdict block's other rows (render/headline.py), the verdict itself being the headline
+    for label, text in step_rows(v)[1:]:
+        if label.endswith((", how", ", note")):
+            console.print(f"[dim]  {term(text, 2000)}[/]")
+        elif label.startswith(("what-if", "vLLM")):
+            console.print(f"[bold]{label}:[/] {term(text, 2000)}")
+        else:
+            console.print(f"{label}: {term(text, 2000)}")
 
 
 def _render_collectives(tp: dict, console: Console) -> None:
