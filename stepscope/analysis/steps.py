@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from stepscope import apinames
-from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
+from stepscope.analysis.frames import FAR_END, group_by_packed, join_key, lookup, small_ids, sorted_by
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 
@@ -37,7 +37,7 @@ def api_names(name_ids: pl.Series, strings: dict[int, str], ids: pl.Series | Non
     when the caller has them), then one gather (a trace calls a few dozen APIs a million times)."""
     ids = (name_ids.unique() if ids is None else ids).drop_nulls().sort()
     table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
-    if ids.len() and 0 <= ids.min() and ids.max() < (1 << 24):
+    if ids.len() and small_ids(ids.min(), ids.max()):
         # string ids are small integers: a lookup table indexed by id
         slot = name_ids.to_frame("id").select(lookup("id", ids, pl.int_range(ids.len(), eager=True))).to_series()
     else:
@@ -206,7 +206,7 @@ def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-OPEN_END = (1 << 62)  # the end of a capture range whose stop call was not recorded
+OPEN_END = FAR_END  # the end of a capture range whose stop call was not recorded
 _WINDOW_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
                   "name": pl.String, "delimiter": pl.String}
 
