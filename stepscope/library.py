@@ -284,6 +284,8 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     context and phase: the byte budget's shape, as `budget` takes it (default: the step's name,
     then the capture's sidecar)."""
     from stepscope import options as opt
+    import polars as pl
+
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import write_atomic
@@ -313,9 +315,14 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         _, db, other = view(compare, compare_steps)
         comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
     budget_rows, note = budget_for(inv, first, cells, shape)
+    from stepscope.analysis.run import run_view
+
+    run = run_view(d)
+    run_steps = () if run is None else tuple(inv.steps.select(
+        pl.col("step").alias("index"), pl.col("step_begin").alias("begin_ns"), "step_time_ns", "phase").to_dicts())
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note, comparison))
+    text = render(ReportView(first, other, budget_rows, note, run=run, run_steps=run_steps, comparison=comparison))
     if output is not None:
         write_atomic(Path(output), text)
     return Written(text, None if output is None else Path(output),

@@ -53,7 +53,10 @@ KNOWN = {
         n_launch_calls=4, launch_call_ns=400,
         gaps={"host_bound": (1, 800), "sync": (0, 0), "device_side": (1, 300)},
         # launch starts 1,100 1,400 3,000 3,300: intervals 300, 1,600, 300 -> median 300
-        t_launch_ns=300, cpu_floor_ns=1_200, verdict="device-bound",
+        t_launch_ns=300, cpu_floor_ns=1_200,
+        # the GPU waits on the host 300 (before 1,300) + 800 (the host-bound gap) + 5,400 (after
+        # 4,600, to the range's end) = 6,500 ns, over a quarter of the 9,000 ns step
+        host_wait_ns=300 + 800 + 5_400, verdict="host-bound",
         classes={"gemm": (2, 2_000), "norm": (1, 100), "rope": (1, 100)},
     ),
     1: dict(
@@ -63,7 +66,9 @@ KNOWN = {
         step_time_ns=10_000, n_launch_calls=4, launch_call_ns=400,
         # the synchronize returns at 22,900, inside the 22,400-23,200 gap
         gaps={"host_bound": (0, 0), "sync": (1, 800), "device_side": (0, 0)},
-        t_launch_ns=300, cpu_floor_ns=1_200, verdict="device-bound",
+        t_launch_ns=300, cpu_floor_ns=1_200,
+        # 300 before 20,300 + 5,700 after 24,300 (the sync gap is not the host's per-step work)
+        host_wait_ns=300 + 5_700, verdict="host-bound",
         classes={"gemm": (2, 2_000), "norm": (1, 1_100), "rope": (1, 100)},
     ),
     2: dict(

@@ -44,6 +44,8 @@ def test_every_figure_by_hand(known, step):
     f = sec["floors"]
     assert (f["t_launch_ns"], f["cpu_floor_ns"], f["device_floor_ns"], f["verdict"]) == (
         want["t_launch_ns"], want["cpu_floor_ns"], want["gpu_busy_ns"], want["verdict"])
+    if "host_wait_ns" in want:
+        assert f["host_wait_ns"] == want["host_wait_ns"]
     c = inv.classes.filter(pl.col("step") == step)
     assert {r["class"]: (r["count"], r["time_ns"]) for r in c.iter_rows(named=True)} == want["classes"]
 

@@ -62,7 +62,8 @@ class Diagnosis:
             assert (self.untraced["untraced_estimated_ns"] > 0).all()
         v = self.verdicts
         assert v["step"].to_list() == sorted(s["step"].to_list()), "a step without a verdict"
-        assert v.select((pl.col("verdict") == verdict_expr()).all()).item(), "a verdict that is not Equation 1.3's"
+        assert v.select((pl.col("verdict") == verdict_expr(wait="host_wait_ns", step="step_time_ns")).all()).item(), \
+            "a verdict that is not Equation 1.3's"
 
     def only_steps(self, spec: str | None) -> "Diagnosis":
         """The diagnosis narrowed to the steps `spec` selects (stepscope.selection's grammar),

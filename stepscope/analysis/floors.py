@@ -30,7 +30,8 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         totals = gap_totals(find_gaps(inv) if gaps is None else gaps, inv.step_ids())
     host = totals.filter(pl.col("kind") == "host_bound").select(
         "step", pl.col("time_ns").alias("host_bound_gap_ns"))
-    s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns").join(
+    s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns", "step_begin", "step_end",
+                         "first_start", "last_end").join(
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
     ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left")
     t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
@@ -39,10 +40,23 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         cpu_floor_ns=(pl.col("n_launch_calls") * t_launch).cast(pl.Int64),
         device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"),
     ).with_columns(
-        verdict=verdict_expr(),
+        # the GPU waiting on the host's per-step work: before the step's first GPU activity (input
+        # preparation), in host-bound gaps (launching), after its last (sampling, output)
+        host_prep_ns=(pl.col("first_start") - pl.col("step_begin")).clip(lower_bound=0),
+        host_after_ns=(pl.col("step_end") - pl.col("last_end")).clip(lower_bound=0),
+        host_bound_gap_ns=pl.col("host_bound_gap_ns").fill_null(0),
+    ).with_columns(
+        host_wait_ns=pl.col("host_prep_ns") + pl.col("host_bound_gap_ns") + pl.col("host_after_ns"),
+        host_bound_on=pl.when((pl.col("host_prep_ns") >= pl.col("host_after_ns"))
+                              & (pl.col("host_prep_ns") >= pl.col("host_bound_gap_ns"))).then(pl.lit("input preparation"))
+        .when(pl.col("host_after_ns") >= pl.col("host_bound_gap_ns")).then(pl.lit("sampling and output"))
+        .otherwise(pl.lit("launches")),
+    ).with_columns(
+        verdict=verdict_expr(wait="host_wait_ns", step="step_time_ns"),
         # how many times the binding floor exceeds the other one
         margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                 / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
     )
     return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
-                    "host_bound_gap_ns")
+                    "host_bound_gap_ns", "host_prep_ns", "host_after_ns", "host_wait_ns", "host_bound_on",
+                    "step_time_ns")

@@ -18,6 +18,7 @@ from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
+from stepscope.analysis.composition import with_composition
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
 from stepscope.launch_config import DIMS, LaunchConfigReader
@@ -196,10 +197,12 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
     collectives = collective_kernels(acts)
-    graph_steps = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).select(
-        pl.col("step").unique().sort()).collect()
+    graph_nodes = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
+        "step").agg(n_graph_nodes=pl.len().cast(pl.Int64)).sort("step").collect()
+    graph_steps = graph_nodes.select("step")
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
+    steps = with_composition(steps, graph_nodes, calls)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     warnings = list(trace.warnings) + seg.warnings
@@ -337,11 +340,13 @@ def _attention_by_phase(acts: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFram
     """Prefill vs decode attention: the step's phase decides, the kernel name only hints."""
     is_attention = pl.col("class").is_in(list(ATTENTION))
     resolved = pl.col("class")
-    for phase in ("prefill", "decode"):
+    # a mixed step's attention kernel is the varlen prefill kernel, serving the prompt chunks and
+    # the decodes in one launch: its class is the prompt work's (DEFINITIONS.md, "Serving runs")
+    for phase, cls in (("prefill", "prefill"), ("mixed", "prefill"), ("decode", "decode")):
         steps_of = phases.filter(pl.col("phase") == phase)["step"]
         if steps_of.len():
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
-                pl.lit(f"attention_{phase}", CLASS_DTYPE)).otherwise(resolved)
+                pl.lit(f"attention_{cls}", CLASS_DTYPE)).otherwise(resolved)
     return acts.with_columns(resolved.alias("class"))
 
 

@@ -1,8 +1,10 @@
 """Launch overhead of each step: launch calls by API, host inter-launch interval, latency, queue.
 
 Definitions (DEFINITIONS.md): inter-launch interval = time between the starts of consecutive
-launch calls on one thread; launch latency = kernel start − start of its launching call;
-queue time = kernel start − end of its launching call, when positive.
+launch calls on one thread; launch latency = kernel start − the later of the start of its
+launching call and the end of the device's earlier work; queued behind = that earlier work's end −
+the call's start, when positive; queue time = kernel start − end of its launching call, when
+positive.
 """
 
 from __future__ import annotations
@@ -47,10 +49,22 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
     )
     # activities without a launching call have null latency and queue, which the statistics
     # skip: no filtered copy of a million rows
-    k = inv.in_steps("step", "start", "launch_start", "launch_end")
+    # launch latency measures launching: from the later of the call's start and the moment the
+    # device had finished the work ahead of the activity (the step's earlier activities, or the
+    # previous step's on the device, behind which an asynchronously scheduled step queues). The
+    # wait behind that earlier work is its own figure, queued_behind.
+    k = inv.in_steps("step", "start", "launch_start", "launch_end", "prev_end")
+    before = inv.steps.select("step", "device", "step_begin", "last_end").sort("device", "step_begin").with_columns(
+        prev_step_end=pl.col("last_end").shift(1).over("device")).select("step", "prev_step_end")
+    k = k.join(before, on="step", how="left").with_columns(
+        _busy=pl.max_horizontal("prev_end", "prev_step_end"))
+    ready = pl.max_horizontal("launch_start", "_busy")
+    behind = pl.when(pl.col("launch_start").is_not_null()).then(
+        (pl.col("_busy") - pl.col("launch_start")).clip(lower_bound=0).fill_null(0))
     lat = k.group_by("step").agg(
-        *_stats(pl.col("start") - pl.col("launch_start"), "latency"),
+        *_stats(pl.when(pl.col("launch_start").is_not_null()).then(pl.col("start") - ready), "latency"),
         *_stats((pl.col("start") - pl.col("launch_end")).filter(pl.col("start") > pl.col("launch_end")), "queue"),
+        *_stats(behind, "queued_behind"),
     )
     base = inv.steps.select("step")
     return base.join(interval, on="step", how="left").join(lat, on="step", how="left").sort("step"), by_api

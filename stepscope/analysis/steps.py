@@ -25,7 +25,10 @@ from stepscope.analysis.frames import FAR_END, group_by_packed, join_key, lookup
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 
-DEFAULT_STEP_REGEX = r"^(execute_context_\d+\(\d+\)_generation_\d+\(\d+\)|step(\s.*)?|ProfilerStep#\d+)$"
+# vLLM's step range in both of its spellings: `execute_context_2(2030)_generation_18(18)` and, with
+# the profiler's detailed_trace_annotation, `execute_2048_context_2(sq2030sk…)_generation_18(sq18…)`
+DEFAULT_STEP_REGEX = (r"^(execute_(\d+_)?context_\d+\([^)]*\)_generation_\d+\([^)]*\)|step(\s.*)?"
+                      r"|ProfilerStep#\d+)$")
 
 MEMOP_DTYPE = pl.Enum(["memcpy", "memset"])
 
@@ -585,12 +588,23 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
     return Segmentation(step_rows_frame, acts, warnings, window_steps)
 
 
-_VLLM = ours(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+_VLLM = ours(r"execute_(?:\d+_)?context_(\d+)\((?:sq)?(\d+)[^)]*\)_generation_(\d+)\((?:sq)?(\d+)[^)]*\)")
 # (?<!\w): a key starts a word. Without it every position inside a long word without "="
 # was tried again, each scanning to the word's end: quadratic (a 1 MB step name hung the run);
 # the matches are the same, since a key that starts inside a word starts at its first letter
 _KV = ours(r"(?<!\w)(\w+)=([\w.\-/]+)")
 VLLM_STEP_RE = _VLLM  # vLLM's step range names
+
+
+PHASES = ("prefill", "decode", "mixed")
+
+
+def composed_phase(prompt_reqs: int, decode_reqs: int) -> str:
+    """A step's phase from its composition (DEFINITIONS.md, "Serving runs"): prompt work and
+    decodes in one step is `mixed` (chunked prefill beside continuous batching)."""
+    if prompt_reqs and decode_reqs:
+        return "mixed"
+    return "prefill" if prompt_reqs else "decode"
 
 
 def step_shape(name: str | None) -> dict:
@@ -600,12 +614,13 @@ def step_shape(name: str | None) -> dict:
     m = _VLLM.search(name)
     if m:
         n_ctx, t_ctx, n_gen, t_gen = map(int, m.groups())
-        return {"phase": "prefill" if n_ctx else "decode", "batch": n_ctx + n_gen,
-                "tokens": t_ctx + t_gen}
+        return {"phase": composed_phase(n_ctx, n_gen), "batch": n_ctx + n_gen,
+                "tokens": t_ctx + t_gen, "prompt_reqs": n_ctx, "prompt_tokens": t_ctx,
+                "decode_reqs": n_gen, "decode_tokens": t_gen}
     shape: dict = {}
     for k, v in _KV.findall(name):
         shape[k] = int(v) if v.isdigit() else v
-    if shape.get("phase") not in ("prefill", "decode"):
+    if shape.get("phase") not in PHASES:
         shape.pop("phase", None)
     return shape
 

@@ -152,10 +152,39 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None) -> pl.DataFrame:
     return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
 
 
+SERVING_KEY = ("prompt_reqs", "prompt_tokens", "decode_reqs", "decode_tokens")
+
+
+def serving_measured(inv: Inventory, per_step: list) -> pl.DataFrame:
+    """Per step of a serving run: the untraced step time of the same step in the sidecar's run of
+    the same workload (DEFINITIONS.md, "Serving runs"). The k-th vLLM step of a process (by
+    begin) is the sidecar's k-th step when their compositions agree; otherwise the median of the
+    sidecar's steps of that composition; otherwise null (the estimate stands)."""
+    rows = [r for r in per_step if isinstance(r, dict) and (r.get("tokens") or 0) > 0]
+    side = pl.DataFrame(
+        {"_k": list(range(len(rows))),
+         **{k: [r.get(c) for r in rows] for k, c in zip(SERVING_KEY, ("ctx_reqs", "ctx_tokens", "gen_reqs",
+                                                                      "gen_tokens"))},
+         # the CUDA-event span from execute_model's entry to sample_tokens' exit: like the traced
+         # step, it starts when the stream reaches the step (after the previous step's work)
+         "_v": [r.get("step_time_ns") if isinstance(r.get("step_time_ns"), int) and r.get("step_time_ns") > 0
+                else None for r in rows]},
+        schema={"_k": pl.Int64, **{k: pl.Int64 for k in SERVING_KEY}, "_v": pl.Int64})
+    s = inv.steps.filter(is_vllm_step()).select("step", "pid", "step_begin", *SERVING_KEY).sort("pid", "step_begin")
+    s = s.with_columns(_k=pl.int_range(pl.len(), dtype=pl.Int64).over("pid"))
+    by_order = s.join(side, on=["_k", *SERVING_KEY], how="inner").select("step", "_v")
+    by_shape = side.group_by(SERVING_KEY).agg(pl.col("_v").median().round(0).cast(pl.Int64).alias("_m"))
+    out = (s.join(by_order, on="step", how="left").join(by_shape, on=SERVING_KEY, how="left")
+           .select("step", pl.coalesce("_v", "_m").alias("measured_ns")))
+    return inv.steps.select("step").join(out, on="step", how="left")
+
+
 def measured(inv: Inventory) -> pl.DataFrame:
     """Per step: the sidecar's untraced step time for it (null without a sidecar)."""
     sc = inv.trace.sidecar
     u = (sc or {}).get("untraced") or {}
+    if u.get("kind") == "serving" and isinstance(u.get("per_step"), list):
+        return serving_measured(inv, u["per_step"])
 
     def med(key: str) -> int | None:
         v = (u.get(key) or {}).get("median") if isinstance(u.get(key), dict) else None
@@ -181,6 +210,8 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     # launch call of the step (estimated: the traced interval less the tracing)
     host = ((sc or {}).get("untraced") or {}).get("host_ns") or {}
     host_ns = host.get("median") if isinstance(host.get("median"), int) else None
+    if ((sc or {}).get("untraced") or {}).get("kind") == "serving":
+        host_ns = None  # a median over steps of every composition stands for none of them
     if host_ns:
         t_launch = pl.when(pl.col("measured_ns").is_not_null() & (pl.col("n_launch_calls") > 0)).then(
             pl.lit(host_ns, pl.Int64) // pl.col("n_launch_calls")).otherwise(t_launch)
@@ -198,6 +229,13 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     # untraced, a graph replay's launch costs microseconds; vLLM hides its prologue behind the
     # previous step's GPU work (async scheduling), a synchronous engine does not
     graph = pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)
+    # a vLLM step's untraced estimate never exceeds its traced step: taking nsys out of the host
+    # shortens a step, never lengthens it (DEFINITIONS.md, "Serving runs"); a measurement stands
+    # as measured
+    s = s.join(inv.steps.select("step", "step_time_ns"), on="step", how="left")
+    cap = pl.when(is_vllm_step()).then(pl.col("step_time_ns"))
+    s = s.with_columns(pl.when(pl.col("estimated_ns").is_not_null()).then(pl.min_horizontal("estimated_ns", cap))
+                       .alias("estimated_ns"))
     return s.select(
         "step",
         pl.coalesce("measured_ns", "estimated_ns").alias("untraced_step_time_ns"),

@@ -2,8 +2,9 @@
 Python API all quote.
 
 Equation 1.3 of the seed (`t_step = max(N_k · t_launch, t_GPU)`): a step is **launch-bound**
-when its CPU floor exceeds its device floor (analysis/floors.py defines both), else
-**device-bound**. Beside it: how many times the binding floor exceeds the other (`margin`), the
+when its CPU floor exceeds its device floor (analysis/floors.py defines both); else
+**host-bound** when its GPU waits on the host's other per-step work (input preparation,
+sampling and output) for more than HOST_BOUND_SHARE of the step; else **device-bound**. Beside it: how many times the binding floor exceeds the other (`margin`), the
 host-bound gap time, the what-if CUDA-graph step time (analysis/whatif.py; null for a step that
 already is a graph replay) and the untraced figures (analysis/untraced.py), whose verdict is the
 same comparison with the untraced CPU floor — and whose graph what-if is null, like the traced
@@ -14,11 +15,16 @@ from __future__ import annotations
 
 import polars as pl
 
-LAUNCH_BOUND, DEVICE_BOUND = "launch-bound", "device-bound"
+LAUNCH_BOUND, DEVICE_BOUND, HOST_BOUND = "launch-bound", "device-bound", "host-bound"
+# a step whose GPU waits on the host for more than this share of the step (before its first GPU
+# work, in host-bound gaps, after its last) is host-bound unless its launches already bind it
+HOST_BOUND_SHARE = 0.25
 
 SCHEMA = {
     "step": pl.Int64, "verdict": pl.String, "cpu_floor_ns": pl.Int64, "device_floor_ns": pl.Int64,
     "t_launch_ns": pl.Int64, "margin": pl.Float64, "host_bound_gap_ns": pl.Int64,
+    "host_prep_ns": pl.Int64, "host_after_ns": pl.Int64, "host_wait_ns": pl.Int64, "host_bound_on": pl.String,
+    "step_time_ns": pl.Int64,
     "predicted_graph_step_time_ns": pl.Int64,
     "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String, "untraced_measured_ns": pl.Int64,
     "untraced_estimated_ns": pl.Int64, "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
@@ -26,10 +32,17 @@ SCHEMA = {
 }
 
 
-def verdict_expr(cpu: str | pl.Expr = "cpu_floor_ns", dev: str | pl.Expr = "device_floor_ns") -> pl.Expr:
-    """The one definition of the verdict: launch-bound when the CPU floor is the larger."""
+def verdict_expr(cpu: str | pl.Expr = "cpu_floor_ns", dev: str | pl.Expr = "device_floor_ns",
+                 wait: str | pl.Expr | None = None, step: str | pl.Expr | None = None) -> pl.Expr:
+    """The one definition of the verdict: launch-bound when the CPU floor is the larger; else,
+    given the host wait and the step time, host-bound when the GPU waits on the host for more
+    than HOST_BOUND_SHARE of the step; else device-bound."""
     cpu, dev = (pl.col(x) if isinstance(x, str) else x for x in (cpu, dev))
-    return pl.when(cpu > dev).then(pl.lit(LAUNCH_BOUND)).otherwise(pl.lit(DEVICE_BOUND))
+    out = pl.when(cpu > dev).then(pl.lit(LAUNCH_BOUND))
+    if wait is not None and step is not None:
+        wait, step = (pl.col(x) if isinstance(x, str) else x for x in (wait, step))
+        out = out.when(wait.fill_null(0) > HOST_BOUND_SHARE * step).then(pl.lit(HOST_BOUND))
+    return out.otherwise(pl.lit(DEVICE_BOUND))
 
 
 def verdict_of(cpu_floor_ns: float, device_floor_ns: float) -> str:

@@ -14,7 +14,9 @@ DefaultTrace = Annotated[Optional[Path], typer.Argument(help="nsys SQLite export
 
 @app.command()
 def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rules = None, as_json: AsJson = False,
-            steps: Steps = "all", no_cache: NoCache = False) -> None:
+            steps: Steps = "all", no_cache: NoCache = False,
+            kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "
+                                       "verdict and diagnosis below the run view")) -> None:
     """Split a trace into steps and inventory each step's kernels by class."""
     from stepscope import library
     from stepscope.analysis.memory import ONE_SHOT
@@ -28,9 +30,14 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rul
     if as_json:
         from stepscope.render.json import analyze_json
 
+        from stepscope.analysis.run import run_view
+
+        run = run_view(d)
         ONE_SHOT.results_ready(d)  # the document needs only the per-step results
-        typer.echo(analyze_json(d.inv, ids, d))
+        typer.echo(analyze_json(d.inv, ids, d, run=run))
         return
     from stepscope.render.terminal import render_steps
 
-    render_steps(d, ids)
+    from stepscope.analysis.run import run_view
+
+    render_steps(d, ids, run=run_view(d), kinds=kinds)

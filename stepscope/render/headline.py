@@ -21,6 +21,14 @@ def times(x: float | None) -> str:
     return MISSING if x is None else f"{x:.2f}×"
 
 
+def host_clause(f: dict, s: dict) -> str:
+    """What a host-bound step waits on: the share of the step the GPU idles for the host and
+    the largest part of it (input preparation, launching, sampling and output)."""
+    wait = f.get("host_wait_ns") or 0
+    return (f"; the GPU waits on the host {100 * wait / max(s['step_time_ns'], 1):.0f}% of it"
+            f" ({ms(wait)}), most of it in {f.get('host_bound_on')}")
+
+
 def verdict_line(v) -> str:
     """One sentence for the top of a step's report (a StepDiagnosis `v`, render/views.py): the
     bound, the fix, where GPU time goes; for a rank of a multi-rank trace, also which rank binds
@@ -40,7 +48,9 @@ def verdict_line(v) -> str:
             if pred is not None:
                 out += f" ({ms(pred)} under {v.tracer})"
         elif u["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * v.gpu_busy_ns / max(u['step_time_ns'], 1):.0f}% of it"
+            out += f"; the GPU is busy {min(100, 100 * v.gpu_busy_ns / max(u['step_time_ns'], 1)):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, {"step_time_ns": v.step_time_ns})
         if u["verdict"] != f["verdict"]:
             out += f" (under {v.tracer}: {f['verdict']})"
     else:
@@ -52,6 +62,8 @@ def verdict_line(v) -> str:
             out += f"; CUDA graphs would cut it to about {ms(pred)}"
         elif f["verdict"] == "device-bound":
             out += f"; the GPU is busy {100 * v.gpu_busy_ns / max(v.step_time_ns, 1):.0f}% of it"
+        elif f["verdict"] == "host-bound":
+            out += host_clause(f, {"step_time_ns": v.step_time_ns})
     if v.top_class is not None:
         out += f"; {v.top_class} holds {100 * v.top_class_time_ns / total:.0f}% of GPU time"
         wait = (tp or {}).get("collective_wait_ns")

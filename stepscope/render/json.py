@@ -101,12 +101,22 @@ def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:
                      .alias("phase_evidence"))
 
 
-def analyze_json(inv: Inventory, which=None, diag=None) -> str:
+_NO_RUN = object()
+
+
+def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
     """The document as JSON text: the steps `which` selects (a list of step ids, or a spec in
     stepscope.selection's grammar: an InputError when it selects none), with the sections
-    `diag` adds (see steps_text)."""
+    `diag` adds (see steps_text) and, for a trace of several steps, the run view (`run`:
+    analysis/run.py's, computed from `diag` when not given) as a top-level `run` section."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    if run is _NO_RUN:
+        from stepscope.analysis.run import run_view
+
+        run = run_view(diag) if diag is not None else None
+    if run is not None:
+        head["run"] = run
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
     text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"
     return reindent(text) if len(ids) <= INDENT_MAX_STEPS else text

@@ -36,11 +36,15 @@ def verdict_block(blocks) -> list[str]:
 
 
 def render_markdown(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                    budget_note: str | None = None, blocks=()) -> str:
+                    budget_note: str | None = None, run: dict | None = None, blocks=()) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
     out = [f"## stepscope: {view.label}" + (f" vs {other.label}" if other else ""), ""]
     out += verdict_block(blocks)
+    if run is not None:
+        from stepscope.render.run import run_markdown
+
+        out += ["### The run", ""] + run_markdown(run, _cell)
     for i, v in enumerate(views):
         gpu = f", {v.gpu_name}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
@@ -191,5 +195,5 @@ def _short(name, n: int = 50) -> str:
 
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
-    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note,
+    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
                            blocks=view.verdict_block())

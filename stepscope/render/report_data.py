@@ -240,6 +240,8 @@ class ReportView:
     other: StepView | None = None
     budget: tuple | None = None    # per class (rows): class, measured_bytes, min_bytes, ...
     budget_note: str | None = None
+    run: dict | None = None        # the first trace's run view (analysis/run.py), when it is a run
+    run_steps: tuple = ()          # its steps for the chart: index, begin_ns, step_time_ns, phase
     comparison: dict | None = None  # with `other`: the compare document of the two traces
 
     def verdict_block(self) -> list[tuple[str | None, list[tuple[str, str]]]]:

@@ -27,17 +27,30 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     return out
 
 
-def render_steps(d, ids: list[int], console: Console | None = None) -> None:
-    """`analyze` on the terminal: each kind of step told by its representative step, with its
-    verdict and diagnosis (Diagnosis `d`, the steps `ids`)."""
+MAX_KIND_SECTIONS = 3  # a run of more kinds shows its per-kind sections on request (--kinds)
+
+
+def render_steps(d, ids: list[int], console: Console | None = None, run: dict | None = None,
+                 kinds: bool = False) -> None:
+    """`analyze` on the terminal: the run view first when the trace is a run (`run`,
+    analysis/run.py), then each kind of step told by its representative step, with its verdict
+    and diagnosis (Diagnosis `d`, the steps `ids`) — for a run of more than MAX_KIND_SECTIONS
+    kinds only when `kinds` asks."""
     from stepscope.render.views import step_diagnosis
 
-    render_analyze(d.inv, ids, console, extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
-                   headline=lambda step: verdict_line(step_diagnosis(d, step)))
+    console = console or Console()
+    n_kinds = len(step_kinds(d.inv, ids))
+    show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
+    render_analyze(d.inv, ids if show else [], console,
+                   extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
+                   headline=lambda step: verdict_line(step_diagnosis(d, step)), run=run)
+    if not show:
+        console.print(f"[dim]{n_kinds} kinds of step (process, delimiter, phase, kernel count): "
+                      "--kinds shows each one's verdict and diagnosis[/]")
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
-                   headline=None) -> None:
+                   headline=None, run: dict | None = None) -> None:
     console = console or Console()
     t = inv.trace
     # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
@@ -51,6 +64,10 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
         console.print(f"[yellow]warning:[/] {term(w, 2000)}")
+    if run is not None:
+        from stepscope.render.run import render_run
+
+        render_run(run, console)
     for first, members in step_kinds(inv, ids):
         _render_kind(inv, first, members, console, headline)
         if extra is not None:
