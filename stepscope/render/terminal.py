@@ -198,10 +198,17 @@ def _render_histogram(hist: list[dict], console: Console) -> None:
     console.print(t)
 
 
+def _name(path: str) -> str:
+    from pathlib import PurePath
+
+    return PurePath(path).name or path
+
+
 def render_compare(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     a, b = doc["a"], doc["b"]
-    console.rule(f"[bold]A {term(a['path'])}  vs  B {term(b['path'])}")
+    # the files' names: what tells A from B fits 80 columns (their paths are in --json)
+    console.rule(f"[bold]A {term(_name(a['path']))}  vs  B {term(_name(b['path']))}")
     t = Table(show_edge=False, header_style="bold")
     console.print(f"[dim]A: step {a['step']} of its {a['steps']}: {a['chosen']} · B: step {b['step']} of its "
                   f"{b['steps']}: {b['chosen']}[/]")
@@ -250,8 +257,10 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
         if names:
             listed = ", ".join(f"{term(n['name'])} ×{n['count_per_step']:g}" for n in names[:6])
             console.print(f"kernels {label}: {listed}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
-    console.print(f"[bold]speedup (A/B): {doc['speedup']}×[/]")
-    console.print(term(doc["verdict"], 2000))
+    from stepscope.render.headline import compare_rows
+
+    for label, text in compare_rows(doc):  # the verdict block of two traces, as the compare report opens with it
+        console.print(term(text, 2000) if label == "comparison" else f"[bold]{label}:[/] {term(text, 2000)}")
 
 
 def render_tp(doc: dict, console: Console | None = None) -> None:
