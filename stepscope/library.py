@@ -204,7 +204,8 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
     cells_path = Path(cells)
     table = read_cells(cells_path)
-    inv = load(trace, memory=ONE_PASS)  # the step's grid/block, the join to cells: Inventory.step_acts
+    inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
+           else load(trace, memory=ONE_PASS))  # the step's grid/block, the join to cells: Inventory.step_acts
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
     picked = parse_steps(steps, inv.step_ids())
@@ -234,7 +235,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
                            str(phase), gpu_name, peak, tp=width, memops=sk)
     else:
         res = budgeted(sk, table, model, int(batch), int(context), str(phase), gpu_name, peak, tp=width)
-    doc = {"trace": shown(Path(trace)), "cells": shown(cells_path), "step_index": sid, "model": model,
+    doc = {"trace": shown(Path(trace) if isinstance(trace, (str, Path)) else Path(inv.trace.path)), "cells": shown(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
     doc["verdict_block"] = block
@@ -254,6 +255,13 @@ class Written:
     steps: tuple[int, ...]
     activities: int | None = None
     is_export: bool = False
+
+    def __repr__(self) -> str:
+        # short: the content (a whole HTML page, an export) is one attribute away
+        where = str(self.path) if self.path is not None else "not written"
+        what = f", {self.activities:,} GPU activities" if self.activities is not None else ""
+        size = f", {len(self._content):,} characters" if self._content is not None else ""
+        return f"Written({where}, steps {list(self.steps)}{what}{size})"
 
     @functools.cached_property
     def content(self) -> str | bytes:
@@ -340,9 +348,10 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     from stepscope.render.perfetto import export_chunks, write_export
 
     if output is not None:
-        refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
+        refuse_overwrite(Path(output), [Path(p) for p in (trace, rules) if isinstance(p, (str, Path))])
     check_steps(steps)  # a bad selection fails before the trace is read
-    inv = load(trace, step_regex, rules, memory=EXPORT)  # grid/block: read while writing (render/perfetto.py)
+    inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
+           else load(trace, step_regex, rules, memory=EXPORT))  # grid/block: read while writing (render/perfetto.py)
     ids = parse_steps(steps, inv.step_ids())
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
