@@ -13,7 +13,7 @@ from stepscope.paths import shown
 from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
 from stepscope.render.names import term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
-from stepscope.render.units import ms, us, us_num
+from stepscope.render.units import ms, ms_num, us, us_num
 from stepscope.render.views import StepDiagnosis
 
 
@@ -263,31 +263,47 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
         console.print(term(text, 2000) if label == "comparison" else f"[bold]{label}:[/] {term(text, 2000)}")
 
 
+NARROW = 110  # below this many columns a wide table shows fewer columns (the rest: --json, a wider terminal)
+
+
 def render_tp(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     modes = [(m, doc["projections"][m]) for m in ("eager", "graph") if doc["projections"].get(m)]
-    t = Table(show_edge=False, header_style="bold", title="Equation 1.3 per TP width", title_justify="left")
-    t.add_column("TP", justify="right")
-    for m, _ in modes:
-        for col in ("CPU floor", "device floor", "step", "bound"):
-            t.add_column(f"{m} {col}", justify="left" if col == "bound" else "right")
-    t.add_column(f"measured ({doc['mode']})", justify="right")
-    by_width = {}
+    own = {r["tp"]: r for r in doc["projection"]}
+    # one table per mode (stacked: both fit 80 columns), every cell a bare number under a header
+    # that names its unit
+    groups = [[m] for m, _ in modes]
+    narrow = True
+    by_width: dict = {}
     for m, p in modes:
         for r in p["rows"]:
             by_width.setdefault(r["tp"], {})[m] = r
-    own = {r["tp"]: r for r in doc["projection"]}
-    for w, per in by_width.items():
-        cells = [str(w)]
-        for m, _ in modes:
-            r = per[m]
-            colour = "red" if r["bound"] == "launch-bound" else "green"
-            cells += [ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
-                      f"[{colour}]{r['bound']}[/]"]
-        measured = own.get(w, {}).get("measured_step_time_ns")
-        cells.append(ms(measured) if measured is not None else "")
-        t.add_row(*cells)
-    console.print(t)
+    for group in groups:
+        own_mode = group[0] == doc["mode"]  # the measured step sits beside its own mode's projection
+        title = f"Equation 1.3 per TP width, {group[0]} mode" + (" (measured: the trace's own step)" if own_mode else "")
+        t = Table(show_edge=False, header_style="bold", title=title, title_justify="left")
+        t.add_column("TP", justify="right", no_wrap=True, min_width=2)
+        for m in group:
+            tag = "" if narrow else f"{m} "
+            for col in ("CPU floor ms", "device floor ms", "step ms", "bound"):
+                t.add_column(f"{tag}{col}", justify="left" if col == "bound" else "right", no_wrap=True)
+        if own_mode:
+            t.add_column("measured ms", justify="right", no_wrap=True)
+        for w, per in by_width.items():
+            cells = [str(w)]
+            for m in group:
+                r = per.get(m)
+                if r is None:
+                    cells += ["", "", "", ""]
+                    continue
+                colour = "red" if r["bound"] == "launch-bound" else "green"
+                cells += [ms_num(r["cpu_floor_ns"]), ms_num(r["device_floor_ns"]), ms_num(r["step_time_ns"]),
+                          f"[{colour}]{r['bound']}[/]"]
+            measured = own.get(w, {}).get("measured_step_time_ns")
+            if own_mode:
+                cells.append(ms_num(measured) if measured is not None else "")
+            t.add_row(*cells)
+        console.print(t)
     for m, p in modes:
         w = p["launch_bound_from_tp"]
         console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
@@ -295,16 +311,24 @@ def render_tp(doc: dict, console: Console | None = None) -> None:
     for n in doc["notes"]:
         console.print(f"[dim]{term(n, 2000)}[/]")
     if "ranks" in doc:
-        r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
-        for col in ("rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
-                    "device floor", "CPU floor", "verdict"):
-            r.add_column(col, justify="left" if col == "verdict" else "right")
+        narrow = console.width < NARROW
+        r = Table(show_edge=False, header_style="bold", title="ranks" + (" (pid, GPU, collectives and transfer: "
+                  "--json or a wider terminal)" if narrow else ""), title_justify="left")
+        cols = (("rank", "pid", "GPU", "step", "step ms", "collectives ms", "transfer ms", "waiting ms",
+                 "device floor ms", "CPU floor ms", "verdict") if not narrow else
+                ("rank", "step", "step ms", "waiting ms", "device floor ms", "CPU floor ms", "verdict"))
+        for col in cols:
+            r.add_column(col, justify="left" if col == "verdict" else "right",
+                         no_wrap=col in ("verdict", "rank", "step"), min_width=len(col) if col in ("rank", "step") else None)
         notes = []
         for x in doc["ranks"]:
             for st in x["steps"]:
-                r.add_row(str(x["rank"]), str(x["pid"]), str(x["device"]), str(st["step"]), ms(st["step_time_ns"]),
-                          ms(st["collective_ns"]), ms(st["collective_transfer_ns"]), ms(st["collective_wait_ns"]),
-                          ms(st["device_floor_ns"]), ms(st["cpu_floor_ns"]), st["verdict"])
+                cells = {"rank": str(x["rank"]), "pid": str(x["pid"]), "GPU": str(x["device"]), "step": str(st["step"]),
+                         "step ms": ms_num(st["step_time_ns"]), "collectives ms": ms_num(st["collective_ns"]),
+                         "transfer ms": ms_num(st["collective_transfer_ns"]),
+                         "waiting ms": ms_num(st["collective_wait_ns"]), "device floor ms": ms_num(st["device_floor_ns"]),
+                         "CPU floor ms": ms_num(st["cpu_floor_ns"]), "verdict": st["verdict"]}
+                r.add_row(*[cells[c] for c in cols])
                 if st["split_note"]:
                     notes.append(st["split_note"])
         console.print(r)
