@@ -13,7 +13,11 @@ BLOCKING_COPY = re.compile(r"^(cudaMemcpy(2D|3D)?(ToSymbol|FromSymbol|Peer)?|cuM
 COPY_SET = ("cudaMemcpy", "cuMemcpy", "cudaMemset", "cuMemset")
 PROFILER_START = ("cudaProfilerStart", "cuProfilerStart")
 PROFILER_STOP = ("cudaProfilerStop", "cuProfilerStop")
+# Stream capture into a CUDA graph and its instantiation: an engine's start-up (DEFINITIONS.md,
+# "Start-up"); a captured launch runs nothing until the graph is replayed.
+GRAPH_CAPTURE = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cuStreamBeginCapture",
+                 "cuStreamEndCapture", "cuGraphInstantiate")
 
 # Every call an analysis uses: launches (incl. memcpy/memset calls, which launch memops), syncs,
-# and the profiler's capture-range calls.
-KEPT = LAUNCH + COPY_SET + SYNC + PROFILER_START + PROFILER_STOP
+# the profiler's capture-range calls and graph capture.
+KEPT = LAUNCH + COPY_SET + SYNC + PROFILER_START + PROFILER_STOP + GRAPH_CAPTURE

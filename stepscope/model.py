@@ -12,6 +12,8 @@ kernels   pid[i32] device[i32] stream[i32] corr[i64] start[i64] end[i64]
           graph_node_id[i64, null when not a graph node]
           (grid/block are absent when the reader was asked to skip them: launch_config=False)
 memops    pid device stream [i32], corr start end [i64], kind[str: memcpy|memset], bytes[i64]
+          copy_kind[i32: a memcpy's direction, nsys's copyKind (1 host-to-device, 2
+          device-to-host, 8 device-to-device, ...); null for memsets and when unknown]
 api       pid tid [i32], corr start end [i64], name_id[i32]; runtime *and* driver calls
 nvtx      pid tid [i32], start end [i64], name[str]; ranges only (instant markers dropped)
 strings   id[i32] value[str]; only the ids that occur in the frames above
@@ -43,7 +45,7 @@ KERNEL_SCHEMA = {
 }
 MEMOP_SCHEMA = {
     "pid": I32, "device": I32, "stream": I32, "corr": I64, "start": I64, "end": I64,
-    "kind": pl.String, "bytes": I64,
+    "kind": pl.String, "bytes": I64, "copy_kind": I32,
 }
 API_SCHEMA = {"pid": I32, "tid": I32, "corr": I64, "start": I64, "end": I64, "name_id": I32}
 NVTX_SCHEMA = {"pid": I32, "tid": I32, "start": I64, "end": I64, "name": pl.String}

@@ -57,7 +57,7 @@ def bucket_expr(col: str = "requests") -> pl.Expr:
 def kind_expr() -> pl.Expr:
     """The serving kind label of a step: `mixed · piecewise · 17–32 reqs`."""
     b = bucket_expr()
-    return pl.concat_str([pl.col("phase").fill_null("phase?"), pl.col("graph_mode"),
-                          pl.when(b.is_null()).then(pl.lit("batch ?")).otherwise(
-                              pl.concat_str([b, pl.when(pl.col("requests") == 1).then(pl.lit(" req"))
-                                             .otherwise(pl.lit(" reqs"))]))], separator=" · ")
+    head = pl.concat_str([pl.col("phase").fill_null("phase unknown"), pl.col("graph_mode")], separator=" · ")
+    reqs = pl.concat_str([b, pl.when(pl.col("requests") == 1).then(pl.lit(" req")).otherwise(pl.lit(" reqs"))])
+    # a step whose name records no requests is told by its phase and graph mode alone
+    return pl.when(b.is_null()).then(head).otherwise(pl.concat_str([head, reqs], separator=" · "))

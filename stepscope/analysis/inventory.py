@@ -19,6 +19,7 @@ from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
+from stepscope.analysis.startup import STARTUP_SCHEMA, startup
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
 from stepscope.launch_config import DIMS, LaunchConfigReader
@@ -58,6 +59,8 @@ class Inventory:
     # reads grid/block of chosen kernels from the export (stepscope.launch_config) when the
     # trace was read without them; see step_acts()
     launch_config: LaunchConfigReader | None = None
+    # what a serving process ran before its first engine step (analysis/startup.py): one row per process
+    startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
 
     def step_acts(self, step: int) -> pl.DataFrame:
         """One step's activities, with every kernel's grid and block (with_launch_config)."""
@@ -188,6 +191,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
     acts, phases, names, by_nvtx = _classify(acts, seg.steps, trace, rules, strings, launch_config)
+    started = startup(seg.steps, acts, api)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
@@ -206,6 +210,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     warnings = list(trace.warnings) + seg.warnings
+    if step_regex and not (seg.steps["delimiter"] == "nvtx").any():
+        used = ", ".join(seg.steps["delimiter"].unique(maintain_order=True).to_list())
+        warnings.append(f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
+                        f"delimited by {used} instead")
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
         warnings.append(
@@ -221,7 +229,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "they count only in steps delimited by the kernel sequence"
         )
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                    class_by, families, ops, graph_steps, launch_config)
+                    class_by, families, ops, graph_steps, launch_config, started)
     memory.inventory_built(inv)
     return inv
 

@@ -54,7 +54,7 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
         count=pl.len().cast(pl.Int64), time_ns=pl.col("step_time_ns").sum(),
         p50_ns=pl.col("step_time_ns").quantile(0.5, "nearest").cast(pl.Int64),
         p90_ns=pl.col("step_time_ns").quantile(0.9, "nearest").cast(pl.Int64), max_ns=pl.col("step_time_ns").max(),
-        tokens=pl.col("step_tokens").sum(), tokens_p50=pl.col("step_tokens").quantile(0.5, "nearest").cast(pl.Int64),
+        tokens=pl.when(pl.col("step_tokens").is_not_null().any()).then(pl.col("step_tokens").sum()), tokens_p50=pl.col("step_tokens").quantile(0.5, "nearest").cast(pl.Int64),
         first_step=pl.col("step").min())
         .with_columns(share=pl.col("time_ns") / max(total, 1))
         .sort("time_ns", "first_step", descending=[True, False]))

@@ -2,6 +2,8 @@
 
 Delimiters, in order of preference, chosen per process (DEFINITIONS.md, "A step and its kernels"):
   nvtx     an NVTX range whose name matches the step regex, on the launching thread
+  schedule vLLM's scheduler ranges (`schedule: …`): one engine iteration to the next
+  engine   vLLM's engine loop itself: one step per input preparation, cut after each output
   capture  a cudaProfilerStart → cudaProfilerStop capture range
   graph    one cudaGraphLaunch replay (to the next replay on the same thread)
   period   the repeat period of the kernel sequence, for traces without markers
@@ -64,6 +66,8 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
         names.alias("api_name"),
         flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
         flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
+        flag(lambda n: n.startswith(apinames.COPY_SET), "is_copy"),
+        flag(lambda n: n.startswith(apinames.GRAPH_CAPTURE), "is_graph_capture"),
         flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
         flag(lambda n: n.startswith(apinames.PROFILER_START), "is_prof_start"),
         flag(lambda n: n.startswith(apinames.PROFILER_STOP), "is_prof_stop"),
@@ -76,7 +80,7 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
     The launching call brings its thread, times, name and the step window it started in (the
     `window` column of `api`, when present)."""
     k = kernels.with_columns(pl.lit(True).alias("is_kernel"), pl.lit(None, MEMOP_DTYPE).alias("memop"),
-                             pl.lit(None, pl.Int64).alias("bytes"))
+                             pl.lit(None, pl.Int64).alias("bytes"), pl.lit(None, pl.Int32).alias("copy_kind"))
     if memops.height:
         m = memops.rename({"kind": "memop"}).with_columns(pl.lit(False).alias("is_kernel"))
         m = m.select([pl.col(c) if c in m.columns else pl.lit(None, t).alias(c) for c, t in k.schema.items()])
@@ -171,6 +175,171 @@ def _extend_vllm_windows(w: pl.DataFrame, nvtx: pl.DataFrame) -> pl.DataFrame:
     new_end = [ends.get(i) for i in idx]
     return w.with_columns(pl.Series("_e", new_end, dtype=pl.Int64)).with_columns(
         pl.coalesce("_e", "w_end").alias("w_end")).drop("_e")
+
+
+def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """Engine iterations from vLLM's own scheduler ranges (VLLM_NVTX_SCOPES_FOR_PROFILING=1,
+    no step range): the `schedule: …` ranges of one thread with no launch call of the process
+    between them are one iteration's scheduling; the iteration runs from its first one to the
+    next iteration's (the last to the end of the process's recorded work). The work before a
+    process's first scheduling is a step only inside a capture range opened before it (the
+    capture began in the middle of an iteration); otherwise it is the engine's start-up, in no
+    step. An iteration that launched nothing is no step."""
+    if nvtx.is_empty():
+        return _no_windows()
+    sched = nvtx.filter(pl.col("name").str.starts_with(VLLM_SCHEDULE_PREFIX)).select(
+        pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), "start").sort("pid", "tid", "start")
+    if sched.is_empty():
+        return _no_windows()
+    calls = api.select(pl.col("pid").cast(pl.Int64), "start", "end", (pl.col("is_launch") | pl.col("is_copy")),
+                       "is_prof_start").filter(pl.col("is_launch") | pl.col("is_prof_start"))
+    rows = []
+    for (pid, tid), grp in sched.group_by(["pid", "tid"], maintain_order=True):
+        mine = calls.filter(pl.col("pid") == pid)
+        launch = np.sort(mine.filter(pl.col("is_launch"))["start"].to_numpy())
+        at = grp["start"].to_numpy()
+        before = np.searchsorted(launch, at, side="left")  # launches of the process before each range
+        first = np.concatenate(([True], before[1:] > before[:-1]))
+        starts = at[first]
+        ends = np.concatenate((starts[1:] - 1, [OPEN_END]))
+        opened = mine.filter(pl.col("is_prof_start") & (pl.col("end") < int(starts[0])))["end"]
+        if opened.len():
+            rows.append((pid, None, int(opened.max()), int(starts[0]) - 1, "capture start to the first schedule",
+                         "schedule"))
+        for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist())):
+            rows.append((pid, None, lo, hi, f"schedule #{i + 1}", "schedule"))
+    w = pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row")
+    # keep the iterations that launched something
+    lc = calls.filter(pl.col("is_launch")).select("pid", "start").sort("pid", "start")
+    hit = w.with_row_index("_i").sort("w_start").join_asof(
+        lc.rename({"start": "_call"}), left_on="w_start", right_on="_call", by="pid", strategy="forward",
+        check_sortedness=False)
+    keep = hit.filter(pl.col("_call").is_not_null() & (pl.col("_call") <= pl.col("w_end")))["_i"]
+    return w.with_row_index("_i").filter(pl.col("_i").is_in(keep.implode())).drop("_i")
+
+
+# vLLM's engine loop without any range (model runner V2): each iteration prepares its inputs with
+# a few Triton kernels of its own before the forward, and ends by copying the sampled tokens to
+# the host and updating its state after them
+VLLM_INPUT_PREP = ours(r"^_(prepare_pos_seq_lens|prepare_prefill_inputs|prepare_inputs|"
+                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings)_kernel$")
+VLLM_OUTPUT = ours(r"^_(post_update|get_num_sampled_and_rejected)_kernel$")
+
+
+def _engine_marks(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame | None:
+    """Launch calls of vLLM's input preparation and output side (pid, start, end, name, prep):
+    the input-preparation kernels, the output kernels and the device-to-host copies."""
+    k = trace.kernels
+    if k.is_empty() or not pids:
+        return None
+    ids = k["short_id"].unique().drop_nulls()
+    names = trace.strings.filter(pl.col("id").is_in(ids.implode()))
+    prep = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if VLLM_INPUT_PREP.search(v or "")]
+    if not prep:
+        return None
+    out = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if VLLM_OUTPUT.search(v or "")]
+    marks = [k.filter(pl.col("short_id").is_in(prep + out) & pl.col("pid").is_in(list(pids))).select(
+        "pid", "corr", pl.col("short_id").alias("name"), pl.col("short_id").is_in(prep).alias("prep"))]
+    if "copy_kind" in trace.memops.columns:
+        marks.append(trace.memops.filter((pl.col("copy_kind") == DEVICE_TO_HOST) & pl.col("pid").is_in(list(pids)))
+                     .select("pid", "corr", pl.lit(None, pl.Int32).alias("name"), pl.lit(False).alias("prep")))
+    marks = pl.concat(marks)
+    calls = api.filter(pl.col("corr").is_in(marks["corr"].unique().implode())).select(
+        "pid", "corr", "start", "end").unique(["pid", "corr"], keep="first")
+    return marks.join(calls, on=["pid", "corr"], how="inner").select(
+        pl.col("pid").cast(pl.Int64), "start", "end", "name", "prep").sort("pid", "start")
+
+
+def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
+    """Engine steps from vLLM's loop itself, for processes with no range at all: one step per
+    occurrence of its input preparation (the preparation kernel whose count is the most common
+    among them, first launched first), from just after the previous step's last output (its last
+    device-to-host copy or output kernel) to just after its own. Occurrences before the end of
+    the process's last graph capture (or before its capture range opened) are start-up, in no
+    step."""
+    marks = _engine_marks(trace, api, pids)
+    if marks is None or marks.is_empty():
+        return _no_windows()
+    work = api.filter(pl.col("is_launch") | pl.col("is_copy")).select(
+        pl.col("pid").cast(pl.Int64), "start", "end").sort("pid", "start")
+    rows = []
+    for (pid,), m in marks.group_by(["pid"], maintain_order=True):
+        mine = api.filter(pl.col("pid") == pid)
+        floor = -1
+        cap = mine.filter(pl.col("is_graph_capture"))["end"]
+        if cap.len():
+            floor = int(cap.max())
+        opened = mine.filter(pl.col("is_prof_start"))["end"]
+        prep = m.filter(pl.col("prep"))
+        counts = prep.group_by("name").agg(pl.len().alias("n"), pl.col("start").min().alias("first"))
+        mode = counts.group_by("n").agg(pl.len().alias("k")).sort("k", "n", descending=True)["n"][0]
+        anchor = counts.filter(pl.col("n") == mode).sort("first")["name"][0]
+        t = prep.filter(pl.col("name") == anchor)["start"].to_numpy()
+        if opened.len():
+            floor = max(floor, int(opened.min()))
+        t = t[t > floor]
+        if t.size == 0:
+            continue
+        outs = m.filter(~pl.col("prep"))
+        out_start, out_end = outs["start"].to_numpy(), outs["end"].to_numpy()
+        w = work.filter(pl.col("pid") == pid)
+        w_start, w_end = w["start"].to_numpy(), w["end"].to_numpy()
+        # per anchor: the last output call between the previous anchor (the floor for the first)
+        # and it, then the first launch or copy call after that output
+        prev = np.concatenate(([floor], t[:-1]))
+        j = np.searchsorted(out_start, t, side="left") - 1
+        has_out = (j >= 0) & (out_start[np.maximum(j, 0)] > prev) if out_start.size else np.zeros(t.size, bool)
+        after = np.where(has_out, out_end[np.maximum(j, 0)] if out_start.size else floor, floor)
+        nxt = np.searchsorted(w_start, after, side="right")
+        cand = w_start[np.minimum(nxt, w_start.size - 1)]
+        begin = np.where((nxt < w_start.size) & (cand <= t), cand, t)
+        starts = begin.tolist()
+        for i in np.flatnonzero(~has_out[1:]) + 1:
+            # no output between two preparations: before the longest host pause between them
+            inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
+            pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else prev[i]],
+                                                       w_end[inside[:-1]]))
+            starts[i] = int(w_start[inside[np.argmax(pause)]])
+        ends = [s - 1 for s in starts[1:]] + [OPEN_END]
+        lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
+        for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
+            rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
+    return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
+
+
+# a host pause this long between two CUDA calls of one iteration is compilation (Triton's JIT,
+# Inductor, autotuning), which only the start-up does; under nsys a serving step's longest is ~10 ms
+COMPILE_PAUSE_NS = 500_000_000
+# a layer stack launches some kernel once per layer: at least this many times
+FORWARD_REPEATS = 4
+# a whole-device synchronization: what vLLM's warm-up and graph capture end with; its serving loop
+# waits on events and streams
+DEVICE_SYNC = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
+def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int], w_start: np.ndarray,
+                 w_end: np.ndarray) -> int:
+    """How many of the leading engine iterations are the start-up's warm-up runs (vLLM's dummy
+    and sampler warm-up runs after graph capture): each one that compiles (a host pause of at
+    least COMPILE_PAUSE_NS between its CUDA calls), synchronizes the whole device, or runs no
+    forward (no graph replay and no kernel launched FORWARD_REPEATS times), up to the first that
+    does none of these."""
+    pid = calls["pid"][0] if calls.height else None
+    for i, (lo, hi) in enumerate(zip(starts, ends)):
+        inside = (w_start >= lo) & (w_start <= hi)
+        s, e = w_start[inside], w_end[inside]
+        pause = int((s[1:] - np.maximum.accumulate(e)[:-1]).max()) if s.size > 1 else 0
+        if pause >= COMPILE_PAUSE_NS:
+            continue
+        mine = calls.filter((pl.col("start") >= lo) & (pl.col("start") <= hi))
+        if mine["api_name"].cast(pl.String).str.contains("^(" + "|".join(DEVICE_SYNC) + ")").any():
+            continue
+        if mine["is_graph_launch"].any():
+            return i
+        k = trace.kernels.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
+        if k.height and int(k["demangled_id"].value_counts()["count"].max()) >= FORWARD_REPEATS:
+            return i
+    return 0  # no iteration looks like a step: keep them all rather than call the run start-up
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
@@ -284,17 +453,22 @@ MIN_STEP_KERNELS = 4
 
 
 def split_repeats(keys: np.ndarray, is_kernel: np.ndarray, gap_before: np.ndarray,
-                  sync_pos: np.ndarray) -> tuple[np.ndarray, bool] | None:
+                  sync_pos: np.ndarray, copy_pos: np.ndarray | None = None) -> tuple[np.ndarray, bool] | None:
     """Where a sequence that repeats one whole step K times is cut into its steps.
 
     keys: one name id per activity in launch order (memops any key); gap_before: the idle
     time before each activity; sync_pos: for each host synchronization, the index of the
-    first activity launched after it. Returns (the K - 1 indices where a step begins, whether
-    every cut is at a synchronization), or None when the sequence is not K whole steps.
+    first activity launched after it; copy_pos: the indices of the device-to-host copies (the
+    sampled tokens' way out). Returns (the K - 1 indices where a step begins, whether every
+    cut is at a synchronization), or None when the sequence is not K whole steps.
 
     Anchors are the K occurrences of one of the rarest names (the one spaced most evenly):
     between two consecutive anchors lies one step boundary, placed at a synchronization when
-    one falls between them (the widest gap among those), else at the widest idle gap.
+    one falls between them (the widest gap among those); else just after the last
+    device-to-host copy between them; else as far before the anchor as the first anchor lies
+    from the sequence's start (every step begins the way the first one does). Should those
+    cuts not give K alike steps, the boundary without a synchronization sits at the widest
+    idle gap between the anchors instead.
     """
     kern = keys[is_kernel]
     if kern.size < 2 * MIN_STEP_KERNELS:
@@ -314,22 +488,40 @@ def split_repeats(keys: np.ndarray, is_kernel: np.ndarray, gap_before: np.ndarra
         if spread is None or s < spread:
             best, spread = at, s
     syncs = np.unique(sync_pos[(sync_pos > 0) & (sync_pos < keys.size)])
-    cuts, at_sync = [], True
-    for lo, hi in zip(best[:-1], best[1:]):
-        cand = syncs[(syncs > lo) & (syncs <= hi)]
-        if cand.size == 0:
+    after_copy = np.unique(np.asarray(copy_pos if copy_pos is not None else [], dtype=np.int64) + 1)
+    depth = int(best[0])  # how far into the first step its anchor lies
+    for structural in (True, False):
+        cuts, at_sync = [], True
+        for lo, hi in zip(best[:-1], best[1:]):
+            cand = syncs[(syncs > lo) & (syncs <= hi)]
+            if cand.size:
+                cuts.append(int(cand[np.argmax(gap_before[cand])]))
+                continue
             at_sync = False
+            if structural:
+                out = after_copy[(after_copy > lo) & (after_copy <= hi)]
+                if out.size:
+                    cuts.append(int(out[-1]))
+                    continue
+                if lo < hi - depth <= hi:
+                    cuts.append(int(hi - depth))
+                    continue
             cand = np.arange(lo + 1, hi + 1)
-        cuts.append(int(cand[np.argmax(gap_before[cand])]))
-    cuts = np.asarray(cuts, dtype=np.int64)
-    bounds = np.concatenate(([0], cuts, [keys.size]))
+            cuts.append(int(cand[np.argmax(gap_before[cand])]))
+        cuts = np.asarray(cuts, dtype=np.int64)
+        if _alike_pieces(kern, rows, cuts, keys.size):
+            return cuts, at_sync
+    return None
+
+
+def _alike_pieces(kern: np.ndarray, rows: np.ndarray, cuts: np.ndarray, n: int) -> bool:
+    """Whether the cuts give pieces that hold the same kernels (each alike the largest)."""
+    bounds = np.concatenate(([0], cuts, [n]))
     pieces = [kern[np.searchsorted(rows, a):np.searchsorted(rows, b)] for a, b in zip(bounds[:-1], bounds[1:])]
     ref = max(pieces, key=len)
     ref_names, ref_counts = np.unique(ref, return_counts=True)
-    for piece in pieces:
-        if piece.size < MIN_STEP_KERNELS or _alike(piece, ref_names, ref_counts) < REPEAT_ALIKE:
-            return None
-    return cuts, at_sync
+    return all(piece.size >= MIN_STEP_KERNELS and _alike(piece, ref_names, ref_counts) >= REPEAT_ALIKE
+               for piece in pieces)
 
 
 def _alike(piece: np.ndarray, ref_names: np.ndarray, ref_counts: np.ndarray) -> float:
@@ -348,6 +540,16 @@ def _activity_keys(acts: pl.DataFrame) -> np.ndarray:
         pl.when(pl.col("is_kernel")).then(pl.col("demangled_id"))
         .when(pl.col("memop") == "memcpy").then(-1).otherwise(-2)
     ).to_series().to_numpy()
+
+
+DEVICE_TO_HOST = 2  # nsys's copyKind of a device-to-host copy
+
+
+def _to_host(acts: pl.DataFrame) -> np.ndarray:
+    """Positions (in the frame's order) of the device-to-host copies."""
+    if "copy_kind" not in acts.columns:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((acts["copy_kind"] == DEVICE_TO_HOST).fill_null(False).to_numpy())
 
 
 def _gap_before(acts: pl.DataFrame) -> np.ndarray:
@@ -375,7 +577,7 @@ def split_capture_windows(windows: pl.DataFrame, acts: pl.DataFrame, api: pl.Dat
             out.append(w)
             continue
         a = (acts.filter(pl.col("window") == w["window"])
-             .select("device", "launch_start", "start", "end", "is_kernel", "demangled_id", "memop")
+             .select("device", "launch_start", "start", "end", "is_kernel", "demangled_id", "memop", "copy_kind")
              .sort("launch_start", "start"))
         if a.height == 0 or a["device"].n_unique() > 1:
             out.append(w)
@@ -384,7 +586,8 @@ def split_capture_windows(windows: pl.DataFrame, acts: pl.DataFrame, api: pl.Dat
                         & (pl.col("start") <= w["w_end"])).sort("start")
         launch = a["launch_start"].to_numpy()
         pos = np.searchsorted(launch, s["start"].to_numpy(), side="right")
-        found = split_repeats(_activity_keys(a), a["is_kernel"].to_numpy(), _gap_before_in_order(a), pos)
+        found = split_repeats(_activity_keys(a), a["is_kernel"].to_numpy(), _gap_before_in_order(a), pos,
+                              _to_host(a))
         if found is None:
             out.append(w)
             continue
@@ -438,7 +641,7 @@ def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tup
             # calls launch in start order on one device stream: a sync's position is the first
             # activity whose launch follows it
             pos = np.searchsorted(np.maximum.accumulate(launch), mine, side="right")
-            whole = split_repeats(keys, grp["is_kernel"].to_numpy(), _gap_before(grp), pos)
+            whole = split_repeats(keys, grp["is_kernel"].to_numpy(), _gap_before(grp), pos, _to_host(grp))
             if whole is not None and 2 * p > len(keys) / (len(whole[0]) + 1):
                 whole = None
         if whole is not None:
@@ -491,6 +694,8 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
     covered: set[int] = set()
     for make in (
         lambda: _windows_nvtx(trace.nvtx, step_regex),
+        lambda: _windows_schedule(trace.nvtx, api),
+        lambda: _windows_engine(trace, api, pids_all - covered),
         lambda: _windows_capture(api),
         lambda: _windows_graph(api),
     ):

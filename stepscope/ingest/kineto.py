@@ -42,6 +42,15 @@ from stepscope.model import (
 
 KERNEL_CATS = {"kernel"}
 MEMOP_CATS = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+# torch.profiler names a copy "Memcpy HtoD (Pageable -> Device)": its direction as nsys's copyKind
+_COPY_KINDS = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "HtoH": 9, "PtoP": 10}
+
+
+def _copy_kind(name: str | None) -> int | None:
+    for word, kind in _COPY_KINDS.items():
+        if word in (name or ""):
+            return kind
+    return None
 API_CATS = {"cuda_runtime", "cuda_driver"}
 # cpu_op: the aten:: op around each launch, as emit_nvtx writes it under nsys (framework ops)
 ANNOTATION_CATS = {"user_annotation", "cpu_op"}
@@ -265,7 +274,8 @@ def read_kineto(path: str | Path) -> Trace:
             kernels.append((None, device, stream, corr, start, end, sid, sid, gx, gy, gz, bx, by, bz,
                             node if node else None))
         else:
-            memops.append((None, device, stream, corr, start, end, MEMOP_CATS[cat], _int(args.get("bytes"))))
+            memops.append((None, device, stream, corr, start, end, MEMOP_CATS[cat], _int(args.get("bytes")),
+                           _copy_kind(name) if cat == "gpu_memcpy" else None))
 
     if not kernels:
         if kernel_events:

@@ -486,7 +486,9 @@ def _read_memops(con: sqlite3.Connection, schema: _Schema, path: Path, readings:
             df, rep = _frame(con, typed.Query(table, [
                 C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
                 C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
-                C("bytes", schema.col_or_null(table, "bytes"), required=False, source="bytes")]))
+                C("bytes", schema.col_or_null(table, "bytes"), required=False, source="bytes"),
+                C("copy_kind", schema.col_or_null(table, "copyKind") if kind == "memcpy" else "NULL", I32,
+                  required=False, source="copyKind")]))
             readings.append(rep)
             parts.append(df.with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind")).select(list(MEMOP_SCHEMA)))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)

@@ -111,6 +111,9 @@ def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
     analysis/run.py's, computed from `diag` when not given) as a top-level `run` section."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    if inv.startup.height:
+        # a serving run's start-up, left out of its steps (analysis/startup.py)
+        head["startup"] = inv.startup.to_dicts()
     if run is _NO_RUN:
         from stepscope.analysis.run import run_view
 

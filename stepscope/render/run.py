@@ -10,12 +10,18 @@ from __future__ import annotations
 from stepscope.render.units import ms
 
 
+def pct(part: int, whole: int) -> str:
+    """`3.2%`, one decimal; a share that rounds to zero is `0.0%` whatever its sign."""
+    v = round(100 * part / max(whole, 1), 1)
+    return f"{0.0 if v == 0 else v:.1f}%"
+
+
 def composition_text(r: dict) -> str:
     """`2 prompts (2,025 tok) + 23 decodes` / `27 decodes` / `1,593 tokens`."""
     pr, dr = r.get("prompt_reqs"), r.get("decode_reqs")
     if pr is None or dr is None:
         t = r.get("step_tokens")
-        return f"{t:,} tokens" if t else "composition unknown"
+        return f"{t:,} tokens" if t else "no composition in its name"
     parts = []
     if pr:
         parts.append(f"{pr} prompt{'s' if pr != 1 else ''} ({r.get('prompt_tokens') or 0:,} tok)")
@@ -94,9 +100,9 @@ def render_run(view: dict, console, width: int | None = None) -> None:
     if tp:
         console.print(tp)
     kinds = Table(title="steps by kind (phase · graph mode · requests)", show_edge=False, header_style="bold")
-    for col, j in (("kind", "left"), ("n", "right"), ("share", "right"), ("p50 ms", "right"),
-                   ("p90 ms", "right"), ("max ms", "right"), ("tokens", "right")):
-        kinds.add_column(col, justify=j, no_wrap=True)
+    kinds.add_column("kind", justify="left", ratio=1)  # wraps before a figure is cut
+    for col in ("n", "share", "p50 ms", "p90 ms", "max ms", "tokens"):
+        kinds.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for k in view["kinds"]:
         kinds.add_row(term(k["kind"]), str(k["count"]), f"{100 * k['share']:.0f}%", f"{k['p50_ns'] / 1e6:.2f}",
                       f"{k['p90_ns'] / 1e6:.2f}", f"{k['max_ns'] / 1e6:.2f}",
@@ -104,11 +110,11 @@ def render_run(view: dict, console, width: int | None = None) -> None:
     console.print(kinds)
     wall = max(view["wall_ns"], 1)
     tt = Table(title=f"where the run's {ms(view['wall_ns'])} went", show_edge=False, header_style="bold")
-    tt.add_column("time", justify="left")
-    tt.add_column("ms", justify="right", no_wrap=True)
-    tt.add_column("share", justify="right", no_wrap=True)
+    tt.add_column("time", justify="left", ratio=1)
+    tt.add_column("ms", justify="right", no_wrap=True, min_width=9)
+    tt.add_column("share", justify="right", no_wrap=True, min_width=6)
     for what, ns in time_rows(view):
-        tt.add_row(what, f"{ns / 1e6:,.3f}", f"{100 * ns / wall:.1f}%")
+        tt.add_row(what, f"{ns / 1e6:,.3f}", pct(ns, wall))
     console.print(tt)
     classes = view["time"]["gpu_busy_by_class"][:6]
     if classes:
@@ -143,7 +149,7 @@ def run_html(view: dict, steps: list[dict] | None = None) -> str:
         f"<td>{'–' if k['tokens'] is None else format(k['tokens'], ',')}</td></tr>" for k in view["kinds"])
     out.append(f'<table id="run-kinds"><tr>{head}</tr>{rows}</table>')
     wall = max(view["wall_ns"], 1)
-    rows = "".join(f"<tr><td>{escape(w)}</td><td>{ns / 1e6:,.3f}</td><td>{100 * ns / wall:.1f}%</td></tr>"
+    rows = "".join(f"<tr><td>{escape(w)}</td><td>{ns / 1e6:,.3f}</td><td>{pct(ns, wall)}</td></tr>"
                    for w, ns in time_rows(view))
     out.append(f'<table id="run-time"><tr><th>where the run\'s {escape(ms(view["wall_ns"]))} went</th>'
                f"<th>ms</th><th>share</th></tr>{rows}</table>")
@@ -196,7 +202,7 @@ def run_markdown(view: dict, cell) -> list[str]:
             f"{'–' if k['tokens'] is None else format(k['tokens'], ',')} |" for k in view["kinds"]]
     wall = max(view["wall_ns"], 1)
     out += ["", f"| where the run's {ms(view['wall_ns'])} went | ms | share |", "|---|---:|---:|"]
-    out += [f"| {cell(w)} | {ns / 1e6:,.3f} | {100 * ns / wall:.1f}% |" for w, ns in time_rows(view)]
+    out += [f"| {cell(w)} | {ns / 1e6:,.3f} | {pct(ns, wall)} |" for w, ns in time_rows(view)]
     out += ["", "| slowest step | ms | kind | composition | why |", "|---:|---:|---|---|---|"]
     out += [f"| {r['index']} | {r['step_time_ns'] / 1e6:.3f} | {cell(r['kind'])} | {cell(composition_text(r))} | "
             f"{cell(why(r))} |" for r in view["slowest"]]

@@ -49,6 +49,13 @@ def render_steps(d, ids: list[int], console: Console | None = None, run: dict | 
                       "--kinds shows each one's verdict and diagnosis[/]")
 
 
+def startup_line(row: dict) -> str:
+    """A serving run's start-up in one line (analysis/startup.py)."""
+    what = row["evidence"] or "CUDA work before the first step"
+    return (f"engine start-up {row['duration_ns'] / 1e9:.1f} s (pid {row['pid']}): {what}; longest pause "
+            f"{row['longest_pause_ns'] / 1e9:.1f} s, GPU busy {row['gpu_busy_ns'] / 1e6:.1f} ms; left out of the steps")
+
+
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
                    headline=None, run: dict | None = None) -> None:
     console = console or Console()
@@ -64,6 +71,8 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
         console.print(f"[yellow]warning:[/] {term(w, 2000)}")
+    for row in inv.startup.iter_rows(named=True):
+        console.print(term(startup_line(row), 2000))
     if run is not None:
         from stepscope.render.run import render_run
 

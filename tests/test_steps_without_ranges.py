@@ -1,0 +1,331 @@
+"""Engine steps of traces that lack vLLM's step ranges (issue 33, item 5): real exports with
+their `execute_context_…` ranges, or every NVTX range, or their syncs taken out with sqlite3;
+the steps expected are the ones the removed rows delimited, counted in plain SQL over the
+original file."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+
+from stepscope.api import open_trace
+from tests.conftest import FIXTURES, need, ro
+
+VLLM = FIXTURES / "vllm"
+R5 = FIXTURES / "round5"
+VLLM_FILES = sorted(p.name for p in VLLM.glob("*.sqlite"))
+
+NAME = "coalesce(e.text, s.value)"
+NVTX = "NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId"
+
+
+def _copy(src, tmp_path, name="t.sqlite"):
+    dst = tmp_path / name
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _delete(path, sql: str) -> int:
+    con = sqlite3.connect(path)
+    n = con.execute(sql).rowcount
+    con.commit()
+    con.close()
+    return n
+
+
+def _kernels_launched(con, lo: int, hi: int) -> int:
+    """Kernels whose launching call (same process, same correlation id) starts in [lo, hi)."""
+    return con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                          ON r.correlationId = k.correlationId AND r.globalTid >> 24 = k.globalPid >> 24
+                          WHERE r.start >= ? AND r.start < ?""", (lo, hi)).fetchone()[0]
+
+
+def _vllm_steps_sql(path) -> list[int]:
+    """Kernels per vLLM step from SQL alone: from an execute_context range's start to the next
+    `schedule: …` range after it (the step's sampling is launched after its range closes)."""
+    con = ro(path)
+    out = []
+    for start, end in con.execute(f"""SELECT e.start, e.end FROM {NVTX}
+                                      WHERE {NAME} LIKE 'execute_context%' ORDER BY e.start""").fetchall():
+        nxt = con.execute(f"SELECT min(e.start) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%' AND e.start > ?",
+                          (end,)).fetchone()[0]
+        out.append(_kernels_launched(con, start, nxt if nxt is not None else 1 << 62))
+    return out
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+def test_steps_from_vllm_schedule_ranges_without_execute_context(name, tmp_path):
+    """vLLM's scheduler ranges alone (the step ranges deleted): one step per engine iteration,
+    delimiter `schedule`, each with the kernels of the deleted step."""
+    src = need(VLLM / name)
+    expected = _vllm_steps_sql(src)
+    assert expected and all(n > 300 for n in expected)
+    path = _copy(src, tmp_path)
+    gone = _delete(path, f"""DELETE FROM NVTX_EVENTS WHERE rowid IN (SELECT e.rowid FROM {NVTX}
+                             WHERE {NAME} LIKE 'execute_context%')""")
+    assert gone == len(expected)
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "schedule").all()
+    assert s["n_kernels"].to_list() == expected
+    # the capture holds nothing but that step
+    assert sum(expected) == ro(src).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+
+
+def _syncs_sql(path):
+    """The 3-step torch trace's steps from SQL: its cudaStreamSynchronize calls (one after each
+    step's D2H copy of the sampled token) cut it; kernels and cuDNN SDPA launches (one per
+    layer) per step."""
+    con = ro(path)
+    syncs = [e for (e,) in con.execute("""SELECT r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
+                                          ON s.id = r.nameId WHERE s.value LIKE 'cudaStreamSynchronize%'
+                                          ORDER BY r.start""")]
+    edges = [0] + syncs
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        out.append(con.execute("""
+            SELECT count(*), sum(CASE WHEN s.value LIKE 'cudnn_generated_fort_native_sdpa%' THEN 1 ELSE 0 END)
+            FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+            WHERE r.start > ? AND r.start < ?""", (lo, hi)).fetchone())
+    return out
+
+
+def _strip_markers(path):
+    """No NVTX, no capture range, no host synchronization: only the kernel sequence is left."""
+    _delete(path, """DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN (SELECT id FROM StringIds
+                     WHERE value LIKE 'cudaStreamSynchronize%' OR value LIKE 'cudaDeviceSynchronize%'
+                     OR value LIKE 'cuProfilerStart%' OR value LIKE 'cudaProfilerStart%')""")
+    con = sqlite3.connect(path)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    con.close()
+    if "NVTX_EVENTS" in tables:
+        _delete(path, "DELETE FROM NVTX_EVENTS")
+
+
+def test_step_period_told_apart_from_the_layer_period(tmp_path):
+    """Three back-to-back llama-3.2-1b decode steps with no NVTX, no capture range and no sync:
+    the kernel sequence repeats every layer (58 kernels) and every step (16 layers plus head and
+    tail); the steps are the whole-step repeats, cut after each step's D2H copy of its token,
+    with the kernels the syncs delimit in SQL."""
+    src = need(R5 / "llama1b_decode_3steps_nonvtx.sqlite")
+    per_step = _syncs_sql(src)
+    path = _copy(src, tmp_path)
+    _strip_markers(path)
+    assert ro(path).execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                               WHERE s.value LIKE '%Synchronize%' OR s.value LIKE '%ProfilerStart%'""").fetchone()[0] == 0
+    s = open_trace(path, cache=False).table
+    assert s.height == 3
+    assert (s["delimiter"] == "period").all()
+    assert s["n_kernels"].to_list() == [n for n, _ in per_step] == [940, 942, 942]
+    assert s["layers"].to_list() == [attn for _, attn in per_step] == [16, 16, 16]
+    assert s["kernels_per_layer"].to_list() == [58, 58, 58]
+
+
+def test_step_period_without_copy_directions_cuts_where_the_first_step_begins(tmp_path):
+    """The same trace with the copies' direction unknown as well: each step begins as the first
+    one does (at its embedding lookup), so the two kernels that write the sampled token into the
+    next input end the step before. Still three steps of 16 layers over every kernel."""
+    src = need(R5 / "llama1b_decode_3steps_nonvtx.sqlite")
+    per_step = _syncs_sql(src)
+    path = _copy(src, tmp_path)
+    _strip_markers(path)
+    _delete(path, "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = 0")
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "period").all()
+    assert s["layers"].to_list() == [16, 16, 16]
+    assert s["n_kernels"].sum() == sum(n for n, _ in per_step)
+    assert sorted(s["n_kernels"].to_list()) == sorted(n for n, _ in per_step)
+    # every step starts with the embedding lookup (indexSelect), as the first step does in SQL
+    first = ro(src).execute("""SELECT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                               ON s.id = k.shortName ORDER BY k.start LIMIT 1""").fetchone()[0]
+    assert "indexSelect" in first
+
+
+EVENT_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
+
+
+def _plain_capture(path):
+    """What a plain `nsys profile` of the engine holds: no NVTX range and no capture range."""
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    _delete(path, """DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN (SELECT id FROM StringIds
+                     WHERE value LIKE 'cuProfilerStart%' OR value LIKE 'cudaProfilerStart%')""")
+
+
+def _repeat_run(path, times: int) -> int:
+    """The export's one engine step run `times` times back to back: every event row copied, later
+    by the step's span plus 1 ms each time, with correlation ids moved past the last one.
+    Returns that shift."""
+    con = sqlite3.connect(path)
+    tables = [t for t in EVENT_TABLES
+              if con.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (t,)).fetchone()]
+    lo, hi = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    corr = con.execute("SELECT max(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    hi = max(con.execute(f"SELECT max(end) FROM {t}").fetchone()[0] or hi for t in tables)
+    rows = {t: con.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0] or 0 for t in tables}
+    for i in range(1, times):
+        shift = i * (hi - lo + 1_000_000)
+        for t in tables:
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
+            moved = ", ".join(f"{c} + {shift}" if c in ("start", "end") else
+                              f"{c} + {i * (corr + 1)}" if c == "correlationId" else c for c in cols)
+            con.execute(f"INSERT INTO {t} ({', '.join(cols)}) SELECT {moved} FROM {t} WHERE rowid <= {rows[t]}")
+    con.commit()
+    con.close()
+    return hi - lo + 1_000_000
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+def test_engine_steps_from_the_loop_itself_without_any_range(name, tmp_path):
+    """No NVTX and no capture range: one step per input preparation of vLLM's engine loop,
+    delimiter `engine`, with the kernels of the deleted execute_context step (SQL over the
+    original file)."""
+    src = need(VLLM / name)
+    expected = _vllm_steps_sql(src)
+    path = _copy(src, tmp_path)
+    _plain_capture(path)
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b8_graph.sqlite", "llama8b_decode_b1_eager.sqlite",
+                                  "llama8b_prefill_b1_graph.sqlite"])
+def test_engine_steps_of_a_run_cut_after_each_steps_output(name, tmp_path):
+    """The real step run three times back to back (rows copied, shifted in time): three engine
+    steps, each cut just after the previous one's output (the sampled tokens' copy to the host
+    and the state update after it), each with the original step's kernels and its first activity
+    the step's first H2D input copy."""
+    src = need(VLLM / name)
+    (expected,) = _vllm_steps_sql(src)
+    path = _copy(src, tmp_path)
+    _plain_capture(path)
+    shift = _repeat_run(path, 3)
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == [expected] * 3
+    # each step's first launching call is the first memcpy/launch of the original, shifted
+    con = ro(src)
+    first = con.execute("""SELECT min(r.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                           WHERE s.value LIKE 'cudaMemcpy%' OR s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'
+                           OR s.value LIKE 'cudaGraphLaunch%'""").fetchone()[0]
+    assert s["w_start"].to_list() == [first + i * shift for i in range(3)]
+
+
+def test_step_regex_that_matches_nothing_is_named(tmp_path):
+    """A --step-regex that matches none of the trace's NVTX range names (checked in SQL) is named
+    in a warning, with the delimiter that cut the steps instead."""
+    import re
+
+    src = need(VLLM / "llama8b_decode_b1_eager.sqlite")
+    names = [n for (n,) in ro(src).execute(f"SELECT DISTINCT {NAME} FROM {NVTX}")]
+    regex = r"^no_such_step_\d+$"
+    assert names and not any(re.search(regex, n or "") for n in names)
+    inv = open_trace(src, step_regex=regex, cache=False).inventory
+    (w,) = [w for w in inv.warnings if "--step-regex" in w]
+    assert repr(regex) in w and "matched no NVTX range" in w
+    used = inv.steps["delimiter"].unique().to_list()
+    assert used == ["schedule"] and "delimited by schedule" in w
+
+
+# --- whole vLLM runs under plain `nsys profile` (fixtures/serving/README.md) --------------------
+
+SERVING = FIXTURES / "serving"
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """The two whole-run captures, unpacked: `scopes` (VLLM_NVTX_SCOPES_FOR_PROFILING=1,
+    --cuda-graph-trace=node) and `bare` (neither)."""
+    import gzip
+
+    out = {}
+    d = tmp_path_factory.mktemp("serving")
+    for kind in ("scopes", "bare"):
+        src = need(SERVING / f"llama1b_serve_r16_graph_plain_{kind}.sqlite.gz")
+        dst = d / f"{kind}.sqlite"
+        with gzip.open(src, "rb") as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g)
+        out[kind] = dst
+    return out
+
+
+def _iterations_sql(path) -> list[int]:
+    """Kernels per engine iteration from vLLM's scheduler ranges, in SQL: every schedule() call
+    writes one `schedule: update_after_schedule` range, and the iteration's launches follow it
+    up to the next one; iterations that launched nothing left out."""
+    con = ro(path)
+    b = [s for (s,) in con.execute(f"""SELECT e.start FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'
+                                       ORDER BY e.start""")]
+    counts = [_kernels_launched(con, lo, hi) for lo, hi in zip(b, b[1:] + [1 << 62])]
+    return [n for n in counts if n]
+
+
+def _first_schedule(path) -> int:
+    return ro(path).execute(f"SELECT min(e.start) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%'").fetchone()[0]
+
+
+def _calls_before(path, like: str, until: int) -> int:
+    return ro(path).execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                               WHERE s.value LIKE ? AND r.start < ?""", (like, until)).fetchone()[0]
+
+
+def test_whole_run_with_vllm_scopes_is_its_engine_iterations(serving):
+    """A 16-request llama-3.2-1b run, start-up included, with vLLM's scheduler ranges: one step
+    per iteration that launched work (99, each with the kernels SQL finds after its scheduling),
+    and the 48 s before the first iteration named as start-up, not a step."""
+    path = serving["scopes"]
+    expected = _iterations_sql(path)
+    assert len(expected) == 99
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "schedule").all()
+    assert s["n_kernels"].to_list() == expected
+    (row,) = a.inventory.startup.to_dicts()
+    first = _first_schedule(path)
+    assert row["end_ns"] == first
+    assert row["graph_captures"] == _calls_before(path, "cudaStreamEndCapture%", first) == 194
+    assert row["kernels"] == _kernels_launched(ro(path), 0, first)
+    assert row["duration_ns"] > 40e9 and s["step_time_ns"].max() < 1e9
+    assert "torch.compile" in row["evidence"] and "CUDA-graph capture (194 graphs)" in row["evidence"]
+    assert a.to_dict()["startup"][0]["graph_captures"] == 194
+
+
+def test_whole_run_without_any_range_finds_the_same_iterations(serving, tmp_path):
+    """The same capture with every NVTX range deleted: vLLM's engine loop alone gives the same 99
+    steps, each with the kernels of the scheduler's iteration (SQL over the original ranges)."""
+    expected = _iterations_sql(serving["scopes"])
+    path = _copy(serving["scopes"], tmp_path)
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    (row,) = a.inventory.startup.to_dicts()
+    # the start-up ends where the first iteration's input preparation begins, after its scheduling
+    first = _first_schedule(serving["scopes"])
+    assert first < row["end_ns"] < first + 10_000_000
+    assert row["graph_captures"] == 194
+
+
+def test_plain_capture_without_scopes_or_node_tracing(serving):
+    """The capture most users make (plain nsys profile, no vLLM scopes, graphs traced as whole
+    replays): as many engine steps as the scoped run of the same seeded workload had iterations,
+    none of them the start-up (the issue saw 16.4 s and 15.1 s "steps" cut at graph launches)."""
+    path = serving["bare"]
+    # its only NVTX ranges are CUB's own (cub::DeviceScan…): none of vLLM's
+    assert ro(path).execute(f"""SELECT count(*) FROM {NVTX} WHERE {NAME} LIKE 'schedule:%'
+                                OR {NAME} LIKE 'execute_context%' OR {NAME} LIKE 'llm_engine%'""").fetchone()[0] == 0
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == len(_iterations_sql(serving["scopes"])) == 99
+    assert s["step_time_ns"].max() < 100e6
+    (row,) = a.inventory.startup.to_dicts()
+    assert row["graph_captures"] == _calls_before(path, "cudaStreamEndCapture%", row["end_ns"]) == 194
+    # every kernel is in a step or in the start-up, but for what ran after the last step's launches
+    total = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert row["kernels"] + s["n_kernels"].sum() == total
