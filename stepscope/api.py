@@ -38,13 +38,17 @@ class Step:
 
     @property
     def index(self) -> int:
-        return self.figures["step"]
+        return self.figures["index"]
 
     def __getattr__(self, name):
         try:
             return self.__dict__["figures"][name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def __dir__(self):
+        # the figures are attributes too (s.verdict, s.step_time_ns): tab completion shows them
+        return sorted(set(super().__dir__()) | set(self.figures))
 
     def __repr__(self) -> str:
         from stepscope.render.notebook import step_repr
@@ -82,7 +86,8 @@ class Analysis:
     @cached_property
     def table(self) -> pl.DataFrame:
         """One row per step: every figure of DEFINITIONS.md, the floors and the verdict (the
-        verdict frame, analysis/verdict.py) and the gaps by kind (`<kind>_gaps`, `<kind>_gap_ns`)."""
+        verdict frame, analysis/verdict.py) and the gaps by kind (`<kind>_gaps`, `<kind>_gap_ns`);
+        the step's number is `index`, as in analyze --json."""
         d = self.diagnosis
         per_kind = [e for k in KINDS for e in (
             pl.col("count").filter(pl.col("kind") == k).sum().alias(f"{k}_gaps"),
@@ -92,7 +97,7 @@ class Analysis:
 
         verdicts = with_untraced_source(d.verdicts, self.trace.sidecar)
         return (self.inventory.steps.join(verdicts, on="step", how="left")
-                .join(gaps, on="step", how="left").sort("step"))
+                .join(gaps, on="step", how="left").sort("step").rename({"step": "index"}))
 
     @cached_property
     def steps(self) -> tuple[Step, ...]:
@@ -101,11 +106,11 @@ class Analysis:
         classes = inv.classes.partition_by("step", as_dict=True, include_key=False)
         kernels = inv.kernels_with_evidence().partition_by("step", as_dict=True, include_key=False)
         empty_c, empty_k = inv.classes.clear().drop("step"), inv.kernels_with_evidence().clear().drop("step")
-        return tuple(Step(fig, classes.get((fig["step"],), empty_c), kernels.get((fig["step"],), empty_k))
+        return tuple(Step(fig, classes.get((fig["index"],), empty_c), kernels.get((fig["index"],), empty_k))
                      for fig in self.table.iter_rows(named=True))
 
     def step(self, index: int) -> Step:
-        """The step whose index (the `step` column) is `index`."""
+        """The step whose index (the table's `index` column) is `index`."""
         by_index = self.__dict__.get("_by_index") or {s.index: s for s in self.steps}
         self.__dict__["_by_index"] = by_index
         return by_index[index]

@@ -114,6 +114,14 @@ def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch
     # compare reads each side's per-step results only: one trace's events are gone before the other's are read
     da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
     db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
+    return _compared(da, db, consts)
+
+
+def _compared(da, db, consts=None) -> dict:
+    """The compare document of two Diagnoses, its verdict sentence included."""
+    from stepscope.analysis.compare import compare as compared
+    from stepscope.render.sentences import compare_sentence, untraced_source
+
     doc = compared(da, db, consts)
     for tag, d in (("a", da), ("b", db)):
         if "untraced_source" in doc[tag]:
@@ -204,7 +212,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     import polars as pl
 
     from stepscope import options as opt
-    from stepscope.analysis.steps import step_shape
+    from stepscope.analysis.steps import budget_shape
     from stepscope.bytes.budget import budget as budgeted
     from stepscope.bytes.budget import budget_order, step_kernels_from_inventory, step_sequence_from_inventory
     from stepscope.bytes.cells import read_cells
@@ -216,7 +224,8 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
     cells_path = Path(cells)
     table = read_cells(cells_path)
-    inv = load(trace, memory=ONE_PASS)  # the step's grid/block, the join to cells: Inventory.step_acts
+    inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
+           else load(trace, memory=ONE_PASS))  # the step's grid/block, the join to cells: Inventory.step_acts
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
     picked = parse_steps(steps, inv.step_ids())
@@ -224,31 +233,32 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     if steps not in (None, "") and len(picked) > 1:
         progress.notice(f"budget of step {sid}, the first of the {len(picked)} steps selected")
     fig = inv.steps.filter(pl.col("step") == sid).row(0, named=True)
-    # the step's name first; what stepscope trace recorded beside the export (vLLM's step names
-    # carry neither the model nor the context) fills the rest
-    shape = {**((inv.trace.sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
-    model = model or shape.get("model")
-    phase = phase or shape.get("phase") or fig.get("phase")
-    batch = batch or shape.get("batch")
-    context = context or shape.get("context")
-    lacking = [n for n, v in (("--model", model), ("--phase", phase), ("--batch", batch),
-                              ("--context", context)) if not v]
+    shape, lacking = budget_shape(fig, inv.trace.sidecar, {"model": model, "phase": phase, "batch": batch,
+                                                             "context": context})
     if lacking:
-        raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
+        raise InputError(f"the step's name does not record {', '.join('--' + k for k in lacking)}: pass them")
+    model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
     gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    from stepscope.analysis.diagnosis import diagnose
+    from stepscope.render.headline import step_rows
+    from stepscope.render.views import step_diagnosis
+
+    # the verdict block analyze opens with, so the budget is read beside the step's verdict
+    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(diagnose(inv), sid))]
     progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
-    width = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
+    width = shape["tp"]
     if is_step_cells(table):  # the step's own kernels, measured one by one in launch order
         res = budget_order(step_sequence_from_inventory(inv, sid), table, model, int(batch), int(context),
                            str(phase), gpu_name, peak, tp=width, memops=sk)
     else:
         res = budgeted(sk, table, model, int(batch), int(context), str(phase), gpu_name, peak, tp=width)
-    doc = {"trace": shown(Path(trace)), "cells": shown(cells_path), "step_index": sid, "model": model,
+    doc = {"trace": shown(Path(trace) if isinstance(trace, (str, Path)) else Path(inv.trace.path)), "cells": shown(cells_path), "step_index": sid, "model": model,
            **res.to_dict()}
     doc["step"] = {**res.step, "model": model}
+    doc["verdict_block"] = block
     return doc
 
 
@@ -265,6 +275,13 @@ class Written:
     steps: tuple[int, ...]
     activities: int | None = None
     is_export: bool = False
+
+    def __repr__(self) -> str:
+        # short: the content (a whole HTML page, an export) is one attribute away
+        where = str(self.path) if self.path is not None else "not written"
+        what = f", {self.activities:,} GPU activities" if self.activities is not None else ""
+        size = f", {len(self._content):,} characters" if self._content is not None else ""
+        return f"Written({where}, steps {list(self.steps)}{what}{size})"
 
     @functools.cached_property
     def content(self) -> str | bytes:
@@ -286,12 +303,16 @@ class Written:
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
-           step_regex: str | None = None, rules: str | Path | None = None,
+           step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
+           batch: int | None = None, context: int | None = None, phase: str | None = None,
            calibration: str | Path | None = None) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
-    (all or nothing) when given."""
+    (all or nothing) when given. `trace` and `compare`: paths or Analysis objects; model, batch,
+    context and phase: the byte budget's shape, as `budget` takes it (default: the step's name,
+    then the capture's sidecar)."""
+    from stepscope import options as opt
     import polars as pl
 
     from stepscope.analysis.diagnosis import diagnose
@@ -302,21 +323,30 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     render = renderer(format or (Path(output).suffix if output is not None else ".html"), output)
     check_steps(steps)  # a bad selection fails before any trace is read
     check_steps(compare_steps)
+    opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
+    opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
+    shape = {"model": model, "batch": batch, "context": context, "phase": phase}
     if output is not None:
-        refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, compare, cells, rules)])
+        refuse_overwrite(Path(output), [Path(p) for p in (trace, compare, cells, rules) if isinstance(p, (str, Path))])
 
-    def view(path, which):
-        inv = load(path, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
-        progress.stage(f"finding gaps, launch overhead and floors of {Path(path).name}")
-        d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which)), d
+    def view(x, which):
+        if hasattr(x, "diagnosis"):  # an Analysis
+            inv, d = x.inventory, x.diagnosis
+        else:
+            inv = load(x, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
+            progress.stage(f"finding gaps, launch overhead and floors of {Path(x).name}")
+            d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
+        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
 
     from stepscope.analysis.whatif import calibrated
 
     with calibrated(calibration):
-        inv, first, d = view(trace, steps)
-        other = view(compare, compare_steps)[1] if compare is not None else None
-    budget_rows, note = budget_for(inv, first, cells)
+        inv, d, first = view(trace, steps)
+        other = comparison = None
+        if compare is not None:
+            _, db, other = view(compare, compare_steps)
+            comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
+    budget_rows, note = budget_for(inv, first, cells, shape)
     from stepscope.analysis.run import run_view
 
     run = run_view(d)
@@ -324,7 +354,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         pl.col("step").alias("index"), pl.col("step_begin").alias("begin_ns"), "step_time_ns", "phase").to_dicts())
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note, run, run_steps))
+    text = render(ReportView(first, other, budget_rows, note, run=run, run_steps=run_steps, comparison=comparison))
     if output is not None:
         write_atomic(Path(output), text)
     return Written(text, None if output is None else Path(output),
@@ -342,9 +372,10 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     from stepscope.render.perfetto import export_chunks, write_export
 
     if output is not None:
-        refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
+        refuse_overwrite(Path(output), [Path(p) for p in (trace, rules) if isinstance(p, (str, Path))])
     check_steps(steps)  # a bad selection fails before the trace is read
-    inv = load(trace, step_regex, rules, memory=EXPORT)  # grid/block: read while writing (render/perfetto.py)
+    inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
+           else load(trace, step_regex, rules, memory=EXPORT))  # grid/block: read while writing (render/perfetto.py)
     ids = parse_steps(steps, inv.step_ids())
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()

@@ -104,3 +104,48 @@ class CliRunner(_TyperRunner):
             return super().invoke(app, args, **kwargs)
         finally:
             testing._get_command = real
+
+
+# ---------------------------------------------------------------- what .ci/run's later passes select
+# .ci/run runs the whole suite once, then again only the tests that depend on what each later
+# pass varies (a bare clone without the foreign exports, the oldest polars pyproject allows, the
+# sqlite3 fallback without ADBC). The marks are given here, by module, so a new test in one of
+# these modules is selected without anyone remembering to mark it.
+
+# the modules whose tests read the SQLite exports through the reader (ADBC when installed, else
+# the sqlite3 fallback): their figures must not depend on which path read them
+ADBC_MODULES = {
+    "test_ingest", "test_golden_json", "test_hardening_sqlite", "test_hardening_values", "test_hardening_cache",
+    "test_cache", "test_memory_policy", "test_library", "test_round5", "test_bytes_budget", "test_bytes_real",
+    "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto",
+}
+# the modules that touch no polars data path (capture's process handling, the torch engine's own
+# step, the docs, the import graph, native allocator settings, path refusals): every other
+# module runs again under the oldest polars
+POLARS_FREE_MODULES = {
+    "test_capture_torch_engine", "test_capture_commands", "test_capture_nsys", "test_capture_models",
+    "test_docs", "test_layering", "test_native", "test_bench_rss", "test_hardening_paths",
+}
+_EXTERNAL_TEXT: dict[str, bool] = {}
+
+
+def _reads_external(item) -> bool:
+    """A test of a module that names the foreign exports (EXTERNAL, the `external` fixture)."""
+    path = str(item.fspath)
+    if path not in _EXTERNAL_TEXT:
+        text = Path(path).read_text(encoding="utf-8")
+        _EXTERNAL_TEXT[path] = "EXTERNAL" in text or "external" in text
+    return "external" in item.fixturenames or _EXTERNAL_TEXT[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = Path(str(item.fspath)).stem
+        if _reads_external(item):
+            item.add_marker(pytest.mark.external)
+        if module in ADBC_MODULES:
+            item.add_marker(pytest.mark.adbc)
+        if module not in POLARS_FREE_MODULES:
+            item.add_marker(pytest.mark.polars_compat)
+        if module == "test_fuzz_fixtures":
+            item.add_marker(pytest.mark.property)

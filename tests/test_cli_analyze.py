@@ -72,7 +72,7 @@ def test_terminal_report_names_the_verdict():
     assert code == 0 and err == ""
     assert "launch-bound" in out and "coverage: 100.0%" in out and "32 layers × 13 kernels" in out
     verdict = " ".join(out[out.index("Verdict:"):].split("step time")[0].split())
-    assert verdict.startswith("Verdict: decode step is launch-bound (29.868 ms; ≈ 22.281 ms without nsys, "
+    assert verdict.startswith("Verdict: decode step is launch-bound (29.868 ms; ≈ 22.281 ms untraced, "
                               "estimated); CUDA graphs would cut it")
     assert "gemm holds 84% of GPU time" in verdict
 

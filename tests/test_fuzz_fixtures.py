@@ -5,8 +5,10 @@ Whatever the damage: exit 0 with figures that hold together, or exit 2 with one 
 a traceback, a panic or exit 3; never a changed input (hashed before and after). Both read
 paths are drawn (ADBC and the sqlite3 fallback).
 
-The `stepscope-ci` profile keeps the suite's time modest (30 examples a property, the same
-ones every run); HYPOTHESIS_PROFILE=stepscope-explore draws 500 fresh ones.
+The default `stepscope-quick` profile keeps a developer's run short (10 examples a property, the
+same ones every run); `.ci/run` runs these tests again with HYPOTHESIS_PROFILE=stepscope-ci (30,
+the same ones every run: the full setting); HYPOTHESIS_PROFILE=stepscope-explore draws 500 fresh
+ones.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite
 from tests.conftest import FIXTURES
 
+settings.register_profile("stepscope-quick", max_examples=10, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("stepscope-ci", max_examples=30, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("stepscope-explore", max_examples=500, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 _CHOSEN = os.environ.get("HYPOTHESIS_PROFILE", "")
-PROFILE = settings.get_profile(_CHOSEN if _CHOSEN.startswith("stepscope-") else "stepscope-ci")
+PROFILE = settings.get_profile(_CHOSEN if _CHOSEN.startswith("stepscope-") else "stepscope-quick")
 
 SOURCES = sorted(FIXTURES.glob("*.sqlite"))
 CELLS = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"

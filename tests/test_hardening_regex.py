@@ -158,7 +158,8 @@ def test_names_that_look_like_rich_markup_are_shown_as_they_are(tmp_path):
                    CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 200)""")
     con.commit()
     con.close()
-    r = CliRunner().invoke(app, ["analyze", str(p)])
+    # wide: the path under pytest's tmp folder (longer under xdist's workers) is not wrapped
+    r = CliRunner().invoke(app, ["analyze", str(p)], env={"COLUMNS": "400"})
     assert r.exit_code == 0, r.output
     assert "“step [/bold] phase=decode [red”" in r.stdout and "×32  [/]zz" in r.stdout and "m[red]x.sqlite" in r.stdout
     assert CliRunner().invoke(app, ["compare", str(p), str(EAGER)]).exit_code == 0

@@ -134,5 +134,5 @@ def test_launch_calls_are_each_steps_calls_in_start_order(path):
         gtid = con.execute(
             "SELECT globalTid FROM NVTX_EVENTS WHERE start = ? AND end = ?", (r["w_start"], r["w_end"])).fetchone()[0]
         want = con.execute(LAUNCH_SQL, (gtid, r["w_start"], r["w_end"])).fetchall()
-        got = calls.filter(pl.col("step") == r["step"]).select("corr", "start", "end", "api_name").rows()
+        got = calls.filter(pl.col("step") == r["index"]).select("corr", "start", "end", "api_name").rows()
         assert got == want and len(want) == r["n_launch_calls"] > 0

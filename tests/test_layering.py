@@ -166,3 +166,35 @@ def test_report_renderers_import_no_polars():
     for cls in (StepView, ReportView):
         frames = [f.name for f in dataclasses.fields(cls) if "pl." in str(f.type) or "DataFrame" in str(f.type)]
         assert not frames, (cls.__name__, frames)
+
+
+def test_no_import_cycle_even_through_lazy_imports():
+    """Within the data path's layers (ingest, analysis, bytes, render) a module's imports
+    inside functions count too: ingest/__init__ imports its readers lazily, and a reader that imported the package back (`from stepscope.ingest import sanity`)
+    closed a circle (ingest -> kineto -> ingest)."""
+    layers = ("stepscope.ingest", "stepscope.analysis", "stepscope.render", "stepscope.bytes")
+    inside = {m: p for m, p in MODULES.items() if m.startswith(layers)}
+    graph = {m: {n for n in _imports(p, False) if n in inside} for m, p in inside.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_packed_keys_of_the_analyses_only_through_frames():
+    """A key packed by hand (`1 << bits`) in an analysis repeats frames.py's range checks, and
+    drifts from them: analysis/ shifts bits only in frames.py."""
+    bad = [m for m, p in MODULES.items() if m.startswith("stepscope.analysis.") and m != "stepscope.analysis.frames"
+           for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.LShift)]
+    assert not bad
+

@@ -78,7 +78,7 @@ def test_table_carries_floors_verdict_and_gap_kinds(path, verdict):
 def test_table_of_a_multi_rank_trace_has_a_row_per_step_with_its_verdict():
     a = open_trace(need(TP2))
     doc = json.loads(cli("analyze", "--json", TP2))
-    assert a.table["step"].to_list() == [s["index"] for s in doc["steps"]]
+    assert a.table["index"].to_list() == [s["index"] for s in doc["steps"]]
     assert a.table["verdict"].to_list() == [s["floors"]["verdict"] for s in doc["steps"]]
     assert a.table["device"].to_list() == [s["device"] for s in doc["steps"]]
 
@@ -92,9 +92,9 @@ def test_steps_are_built_once(monkeypatch):
     monkeypatch.setattr(api.Step, "__init__", lambda self, *x: (built.append(1), init(self, *x))[1])
     for _ in range(3):
         for i in range(len(a)):
-            assert a.steps[i].index == a.table["step"][i]
+            assert a.steps[i].index == a.table["index"][i]
     assert len(built) == len(a) == 2
-    assert a.steps[1] is a.steps[1] is a.step(a.table["step"][1])
+    assert a.steps[1] is a.steps[1] is a.step(a.table["index"][1])
     s = a.steps[1]
     # a step's tables are its rows of the inventory's
     assert s.classes.equals(a.inventory.classes.filter(pl.col("step") == s.index).drop("step"))
@@ -219,3 +219,28 @@ def test_one_pass_lets_the_trace_frames_go_and_keeps_the_inventory():
             getattr(one.trace, frame)
     assert one.acts.height == kept.acts.height == kernels + memops
     assert one.acts.columns == kept.acts.columns and one.steps.equals(kept.steps)
+
+
+def test_every_library_function_takes_a_path_or_an_analysis(tmp_path):
+    """report, export and budget accept the Analysis open_trace returned, as compare and tp do,
+    and give what they give for its path."""
+    path = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+    cells = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
+    a = open_trace(path)
+    assert stepscope.report(a, format="markdown").content == stepscope.report(path, format="markdown").content
+    assert stepscope.export(a).document == stepscope.export(path).document
+    by_a, by_path = stepscope.budget(a, cells), stepscope.budget(path, cells)
+    assert by_a["step"] == by_path["step"] and by_a["verdict_block"] == by_path["verdict_block"]
+
+
+def test_readable_reprs_and_the_json_names():
+    path = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+    w = stepscope.report(path, format="html")
+    assert len(repr(w)) < 120 and "not written" in repr(w) and "steps [0]" in repr(w)
+    a = open_trace(path)
+    doc = a.to_dict()
+    assert "index" in a.table.columns and "step" not in a.table.columns  # as the JSON names it
+    assert a.table["index"].to_list() == [s["index"] for s in doc["steps"]]
+    s = a.steps[0]
+    assert {"verdict", "step_time_ns", "gpu_busy_ns", "index"} <= set(dir(s))
+    assert s.verdict == doc["steps"][0]["floors"]["verdict"]

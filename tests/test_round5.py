@@ -299,7 +299,7 @@ def test_one_representative_step_everywhere(tmp_path):
     assert a["classes"]["framework"] == {"count": fw["count"], "time_ns": fw["time_ns"]}
     runner = CliRunner()
     out = runner.invoke(app, ["analyze", str(path)], env={"COLUMNS": "300"}).output
-    block = out[out.index("2 step(s)"):]
+    block = out[out.index("2 steps"):]
     ms = f"{row['step_time_ns'] / 1e6:,.3f} ms"
     # the capture's sidecar gives the untraced step first, the traced one (this step's) beside it
     assert re.search(rf"Verdict: decode step ≈ [0-9.,]+ ms untraced \({re.escape(ms)} under nsys\): launch-bound",

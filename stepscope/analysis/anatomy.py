@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.analysis.frames import FAR_END
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.steps import VLLM_SCHEDULE_PREFIX, VLLM_STEP_RE
 
@@ -56,7 +57,7 @@ def anatomy(inv: Inventory) -> pl.DataFrame:
     s = s.sort("w_end").join_asof(nxt, left_on="w_end", right_on="_n", by=["pid", "tid"],
                                   strategy="forward", check_sortedness=False)
     sc = (s.select("step", "pid", "tid", "w_end", "_n").join(sched, on=["pid", "tid"])
-          .filter((pl.col("start") >= pl.col("w_end")) & (pl.col("start") < pl.col("_n").fill_null(1 << 62)))
+          .filter((pl.col("start") >= pl.col("w_end")) & (pl.col("start") < pl.col("_n").fill_null(FAR_END)))
           .group_by("step").agg(pl.len().cast(pl.Int64).alias("schedule_ranges"),
                                 (pl.col("end") - pl.col("start")).sum().alias("schedule_ns")))
     front = nvtx.filter(pl.col("name").is_in([GET_OUTPUT, PROCESS_OUTPUTS])).select(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepscope.analysis.frames import fits_packed, pack_pair
+
 KEY_BITS = 62  # an offset value stays a non-negative int64
 
 
@@ -35,7 +37,7 @@ def cummax_within(x: np.ndarray, groups: np.ndarray, starts: np.ndarray) -> np.n
         return x
     lo, hi = int(x.min()), int(x.max())
     span = hi - lo + 1
-    if span * (int(groups.max()) + 2) < (1 << KEY_BITS):
+    if fits_packed(span, int(groups.max())):
         shift = groups.astype(np.int64) * span
         x -= lo
         x += shift
@@ -62,8 +64,5 @@ def last_at_or_before(groups: np.ndarray, times: np.ndarray, q_groups: np.ndarra
     top = max(int(groups.max()), int(q_groups.max()))
     if top < 0 or int(min(groups.min(), q_groups.min())) < 0 or width + top.bit_length() > KEY_BITS:
         return None
-    key = groups.astype(np.int64) << width
-    key += times - base
-    q = q_groups.astype(np.int64) << width
-    q += q_times - base
+    key, q = pack_pair(groups, times, base, width), pack_pair(q_groups, q_times, base, width)
     return np.searchsorted(key, q, side="right") - 1

@@ -80,6 +80,28 @@ def lookup(col: str, keys: pl.Series, values: pl.Series) -> pl.Expr:
 # polars' plain group_by / join).
 
 KEY_BITS = 62  # a packed key stays a non-negative int64
+FAR_END = 1 << KEY_BITS  # a time after every event: the end of a range that never closed
+
+
+def fits_packed(span: int, groups: int) -> bool:
+    """Whether `groups` runs of values spanning `span` each, lifted one above the other, stay
+    within a packed key's bits (the arrays' per-group accumulate)."""
+    return span * (groups + 2) < FAR_END
+
+
+def pack_pair(groups, times, base: int, width: int):
+    """numpy int64 keys (group, time − base): the group above the time's `width` bits (the
+    caller checked that both fit KEY_BITS)."""
+    import numpy as np
+
+    key = groups.astype(np.int64) << width
+    key += times - base
+    return key
+
+
+def small_ids(lo: int, hi: int) -> bool:
+    """Whether ids from `lo` to `hi` can index a lookup table (24 bits: string ids of an export)."""
+    return 0 <= lo and hi < (1 << 24)
 
 
 @dataclass(frozen=True)

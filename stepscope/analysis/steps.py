@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from stepscope import apinames
-from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
+from stepscope.analysis.frames import FAR_END, group_by_packed, join_key, lookup, small_ids, sorted_by
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 
@@ -42,7 +42,7 @@ def api_names(name_ids: pl.Series, strings: dict[int, str], ids: pl.Series | Non
     when the caller has them), then one gather (a trace calls a few dozen APIs a million times)."""
     ids = (name_ids.unique() if ids is None else ids).drop_nulls().sort()
     table = pl.Series("api_name", [strings.get(i, "") for i in ids.to_list()], dtype=pl.String).cast(pl.Categorical)
-    if ids.len() and 0 <= ids.min() and ids.max() < (1 << 24):
+    if ids.len() and small_ids(ids.min(), ids.max()):
         # string ids are small integers: a lookup table indexed by id
         slot = name_ids.to_frame("id").select(lookup("id", ids, pl.int_range(ids.len(), eager=True))).to_series()
     else:
@@ -378,7 +378,7 @@ def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-OPEN_END = (1 << 62)  # the end of a capture range whose stop call was not recorded
+OPEN_END = FAR_END  # the end of a capture range whose stop call was not recorded
 _WINDOW_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
                   "name": pl.String, "delimiter": pl.String}
 
@@ -828,3 +828,16 @@ def step_shape(name: str | None) -> dict:
     if shape.get("phase") not in PHASES:
         shape.pop("phase", None)
     return shape
+
+
+def budget_shape(fig: dict, sidecar: dict | None, given: dict | None = None) -> tuple[dict, list[str]]:
+    """Model, phase, batch and context of a step for its byte budget, and the ones still lacking:
+    what was given (`--model` etc.), else the step's name, else what `stepscope trace` recorded
+    beside the export (vLLM's step names carry neither the model nor the context), and for the
+    phase the one the inventory read. `budget` and `report --cells` both ask here."""
+    shape = {**((sidecar or {}).get("shape") or {}), **step_shape(fig.get("name"))}
+    given = {k: v for k, v in (given or {}).items() if v}
+    out = {k: given.get(k) or shape.get(k) for k in ("model", "phase", "batch", "context")}
+    out["phase"] = out["phase"] or fig.get("phase")
+    out["tp"] = shape.get("tp") if isinstance(shape.get("tp"), int) else 1
+    return out, [k for k in ("model", "phase", "batch", "context") if not out[k]]

@@ -21,14 +21,21 @@ def report(
     compare_steps: Annotated[Optional[str], typer.Option(
         "--compare-steps", "--compare-step", metavar="S", help="the same, for the --compare trace")] = None,
     step_regex: StepRegex = None, rules: Rules = None, calibration: CalibrationFile = None,
+    model: Annotated[Optional[str], typer.Option(help="with --cells: the model card (default: from the step's "
+                                                      "name or the capture's sidecar, as budget reads it)")] = None,
+    batch: Annotated[Optional[int], typer.Option(help="with --cells: sequences in the step")] = None,
+    context: Annotated[Optional[int], typer.Option(help="with --cells: context length (decode) / prompt length "
+                                                        "(prefill)")] = None,
+    phase: Annotated[Optional[str], typer.Option(help="with --cells: decode | prefill")] = None,
 ) -> None:
-    """Write one step's report: timeline, class breakdown, gaps, floors and verdict."""
+    """Write one step's report: the verdict, timeline, class breakdown, gaps, floors."""
     from stepscope import library
     from stepscope.render import progress
 
     with progress.shown():
         done = library.report(trace, output, compare=compare, cells=cells, steps=steps, compare_steps=compare_steps,
-                              step_regex=step_regex, rules=rules, calibration=calibration)
+                              step_regex=step_regex, rules=rules, model=model, batch=batch, context=context,
+                              phase=phase, calibration=calibration)
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
                + (f" vs step {done.steps[1]} of {compare}" if compare is not None else ""))
 

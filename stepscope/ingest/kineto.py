@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.errors import InputError
-from stepscope.ingest import sanity
+import stepscope.ingest.sanity as sanity  # the module, not the package: no circle through ingest/__init__
 from stepscope.paths import input_file
 from stepscope.model import (
     API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,

@@ -20,6 +20,8 @@ def render_budget(doc) -> None:
     from stepscope.render.units import MISSING, nbytes, us
 
     con = Console()
+    for r in doc.get("verdict_block") or ():  # render/headline.py's rows, as analyze opens with them
+        con.print(f"[bold]{term(r['label'])}:[/] {term(r['text'], 2000)}")
     st = doc["step"]
     t = Table(title=f"HBM byte budget — step {doc['step_index']} ({term(st['phase'])}, batch "
               f"{st['batch']}, context {st['context']}, {term(doc['model'])}) on {term(doc['gpu'] or '?')}")

@@ -635,8 +635,15 @@ def _budget(budget: tuple | None, note: str | None) -> str:
 # ---------------------------------------------------------------- page
 
 
+def verdict_block(blocks) -> str:
+    """The verdict block (ReportView.verdict_block: render/headline.py's rows), at the top of the page."""
+    rows = "".join(f'<p><b>{escape(label if whose is None else f"{whose}: {label}")}:</b> {escape(text)}</p>'
+                   for whose, rs in blocks for label, text in rs)
+    return f'<div id="verdict-block">{rows}</div>' if rows else ""
+
+
 def render_html(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                budget_note: str | None = None, run: dict | None = None, run_steps=()) -> str:
+                budget_note: str | None = None, run: dict | None = None, run_steps=(), blocks=()) -> str:
     views = [view] + ([other] if other is not None else [])
     gpu = view.gpu_name
     src = f"{view.trace_format}" + (f" · nsys {view.nsys_version}" if view.nsys_version else "") + (f" · {gpu}" if gpu else "")
@@ -649,6 +656,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: tuple | N
                   + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
                             for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)
                   for i, v in enumerate(views)) + "</div>",
+        verdict_block(blocks),
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
         *(["<h2 id=\"run\">The run</h2>", run_html(run, list(run_steps))] if run is not None else []),
         "<h2>Summary</h2>", _summary(views),
@@ -682,4 +690,4 @@ document.body.setAttribute("data-ready","1");</script>
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
     return render_html(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
-                       run_steps=view.run_steps)
+                       run_steps=view.run_steps, blocks=view.verdict_block())

@@ -26,11 +26,21 @@ def _tag(i: int, n: int) -> str:
     return ("A" if i == 0 else "B") if n > 1 else "this step"
 
 
+def verdict_block(blocks) -> list[str]:
+    """The verdict block (ReportView.verdict_block: render/headline.py's rows) as Markdown lines."""
+    out = []
+    for whose, rows in blocks:
+        for label, text in rows:
+            out.append(f"- **{_cell(label if whose is None else f'{whose}: {label}')}**: {_cell(text)}")
+    return out + ([""] if out else [])
+
+
 def render_markdown(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                    budget_note: str | None = None, run: dict | None = None) -> str:
+                    budget_note: str | None = None, run: dict | None = None, blocks=()) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
     out = [f"## stepscope: {view.label}" + (f" vs {other.label}" if other else ""), ""]
+    out += verdict_block(blocks)
     if run is not None:
         from stepscope.render.run import run_markdown
 
@@ -185,4 +195,5 @@ def _short(name, n: int = 50) -> str:
 
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
-    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run)
+    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
+                           blocks=view.verdict_block())

@@ -21,7 +21,7 @@ def _verdict(fig: dict) -> str:
 
 
 def step_repr(fig: dict) -> str:
-    return f"<stepscope.Step {fig['step']}: {_verdict(fig)}, {fig['n_kernels']} kernels>"
+    return f"<stepscope.Step {fig['index']}: {_verdict(fig)}, {fig['n_kernels']} kernels>"
 
 
 def analysis_repr(name: str, table: pl.DataFrame) -> str:
@@ -31,10 +31,10 @@ def analysis_repr(name: str, table: pl.DataFrame) -> str:
         return head + ">"
     kinds = table.group_by("verdict").len().sort("len", descending=True)
     split = ", ".join(f"{c} {v}" for v, c in kinds.iter_rows())
-    return f"{head} ({split}); step {table['step'][0]}: {_verdict(table.row(0, named=True))}>"
+    return f"{head} ({split}); step {table['index'][0]}: {_verdict(table.row(0, named=True))}>"
 
 
-COLUMNS = (("step", "step", str), ("phase", "phase", lambda v: v or "–"), ("step time", "step_time_ns", ms),
+COLUMNS = (("step", "index", str), ("phase", "phase", lambda v: v or "–"), ("step time", "step_time_ns", ms),
            ("GPU busy", "gpu_busy_ns", ms), ("kernels", "n_kernels", str), ("launch calls", "n_launch_calls", str),
            ("host per launch", "t_launch_ns", us), ("CPU floor", "cpu_floor_ns", ms),
            ("device floor", "device_floor_ns", ms), ("verdict", "verdict", lambda v: v or "–"),
@@ -57,5 +57,5 @@ def step_html(fig: dict, classes: pl.DataFrame) -> str:
     total = classes["time_ns"].sum() or 1
     rows = "".join(f"<tr><td>{escape(str(r['class']))}</td><td>{r['count']}</td><td>{us(r['time_ns'])}</td>"
                    f"<td>{100 * r['time_ns'] / total:.1f}%</td></tr>" for r in classes.iter_rows(named=True))
-    return (f"<div><b>step {fig['step']}</b>: {escape(_verdict(fig))}"
+    return (f"<div><b>step {fig['index']}</b>: {escape(_verdict(fig))}"
             f"<table><tr><th>class</th><th>count</th><th>time</th><th>share</th></tr>{rows}</table></div>")

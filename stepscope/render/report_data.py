@@ -166,6 +166,14 @@ class StepView:
     # the previous steps' GPU work on this step's device that runs after this step's first event
     # and before its begin (step_begin waits for it): start, end, stream, class, name, step (rows)
     tail: tuple | None = None
+    diagnosis: object = None       # the step's StepDiagnosis (render/views.py): its verdict block's source
+
+    @property
+    def verdict_rows(self) -> list[tuple[str, str]]:
+        """The step's verdict block (render/headline.py), as `analyze` opens with it."""
+        from stepscope.render.headline import step_rows
+
+        return step_rows(self.diagnosis) if self.diagnosis is not None else []
 
     @property
     def ranks(self) -> list["StepView"]:
@@ -234,6 +242,17 @@ class ReportView:
     budget_note: str | None = None
     run: dict | None = None        # the first trace's run view (analysis/run.py), when it is a run
     run_steps: tuple = ()          # its steps for the chart: index, begin_ns, step_time_ns, phase
+    comparison: dict | None = None  # with `other`: the compare document of the two traces
+
+    def verdict_block(self) -> list[tuple[str | None, list[tuple[str, str]]]]:
+        """What every report opens with: (whose, rows) — the compare rows first when there are
+        two traces, then each step's verdict block (render/headline.py)."""
+        from stepscope.render.headline import compare_rows
+
+        if self.other is None:
+            return [(None, self.step.verdict_rows)]
+        out = [("A vs B", compare_rows(self.comparison))] if self.comparison else []
+        return out + [("A", self.step.verdict_rows), ("B", self.other.verdict_rows)]
 
 
 def by_measured_bytes(budget) -> list[dict]:
@@ -345,37 +364,35 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         framework=tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts()),
         framework_ops=ops, framework_advice=framework_lines(inv, step)[-1] if ops else "",
         chosen=why, tp=tp, waits=None if waits is None else tuple(waits.to_dicts()), peers=others,
-        untraced=sd.untraced, engine=sd.engine, tail=tuple(tail.to_dicts()),
+        untraced=sd.untraced, engine=sd.engine, tail=tuple(tail.to_dicts()), diagnosis=sd,
     )
 
 
-def budget_for(inv: Inventory, view: StepView, cells_path) -> tuple[tuple | None, str | None]:
-    """The step's HBM byte budget per class (issue 5's `stepscope.bytes.budget`), when available.
+def budget_for(inv: Inventory, view: StepView, cells_path, given: dict | None = None) -> tuple[tuple | None, str | None]:
+    """The step's HBM byte budget per class (`stepscope.bytes.budget`), when available.
 
     Returns (rows with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
-    Model, phase, batch and context come from the step's recorded name, as `stepscope budget` does.
+    Model, phase, batch and context: `given` (report's --model etc.), else the step's recorded
+    name, else the capture's sidecar, as `stepscope budget` reads them (steps.budget_shape).
     """
     if cells_path is None:
         return None, None
-    from stepscope.analysis.steps import step_shape
+    from stepscope.analysis.steps import budget_shape
     from stepscope.bytes.budget import budget, step_kernels_from_inventory
     from stepscope.bytes.cells import read_cells
     from stepscope.render.units import ms, nbytes
 
     cells = read_cells(cells_path)
-    fig = view.figures
-    shape = step_shape(fig.get("name"))
-    model, phase = shape.get("model"), shape.get("phase") or fig.get("phase")
-    batch, context = shape.get("batch"), shape.get("context")
-    lacking = [n for n, v in (("model", model), ("phase", phase), ("batch", batch), ("context", context)) if not v]
+    shape, lacking = budget_shape(view.figures, inv.trace.sidecar, given)
+    model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
     if lacking:
-        return None, (f"byte budget skipped: the step's name does not record {', '.join(lacking)} "
-                      "(run `stepscope budget` with them)")
+        return None, (f"byte budget skipped: neither the step's name nor the capture's sidecar records "
+                      f"{', '.join(lacking)} (give {' '.join('--' + k for k in lacking)})")
     gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
     res = budget(step_kernels_from_inventory(inv, view.step), cells, model, int(batch), int(context),
-                 str(phase), gpu_name, peak)
+                 str(phase), gpu_name, peak, tp=shape["tp"])
     st = res.step
     note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")

@@ -5,7 +5,7 @@ section's source). The analyses give the fields, these functions the words."""
 
 from __future__ import annotations
 
-from stepscope.render.units import ms2
+from stepscope.render.units import ms2, node_gap
 
 
 def compare_sentence(doc: dict) -> str:
@@ -103,7 +103,7 @@ def tp_note(note: tuple[str, dict]) -> str:
     if kind == "graph_own":
         return ("graph mode: the what-if graph step with this trace's own constants: host before the replay "
                 f"(prologue + {f['lead_ns'] / 1e6:.3f} ms graph launch) + device work + its measured "
-                f"{f['node_gap_ns']:.0f} ns per kernel between graph nodes")
+                f"{node_gap(f['node_gap_ns'])} per kernel between graph nodes")
     if kind == "graph_whatif":
         return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
                 f"{f['launch_ns'] / 1e6:.3f} ms graph launch) + device work + {f['node_gap_ns']:.0f} ns per "

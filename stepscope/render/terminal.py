@@ -10,9 +10,10 @@ from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
 from stepscope.paths import shown
+from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
 from stepscope.render.names import term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
-from stepscope.render.units import ms, us, us_num
+from stepscope.render.units import ms, ms_num, us, us_num
 from stepscope.render.views import StepDiagnosis
 
 
@@ -23,63 +24,6 @@ def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
     for grp in kinds(inv.steps.filter(pl.col("step").is_in(ids))):
         rep = median_step(grp)
         out.append((grp.filter(pl.col("step") == rep).row(0, named=True), grp["step"].to_list()))
-    return out
-
-
-def host_clause(f: dict, s: dict) -> str:
-    """What a host-bound step waits on: the share of the step the GPU idles for the host and
-    the largest part of it (input preparation, launching, sampling and output)."""
-    wait = f.get("host_wait_ns") or 0
-    return (f"; the GPU waits on the host {100 * wait / max(s['step_time_ns'], 1):.0f}% of it"
-            f" ({ms(wait)}), most of it in {f.get('host_bound_on')}")
-
-
-def verdict_line(v: StepDiagnosis) -> str:
-    """One sentence for the top of a step's report: the bound, the fix, where GPU time goes;
-    for a rank of a multi-rank trace, also which rank binds the TP step and why."""
-    f, tp, s = v.floors, v.tp, {"phase": v.phase, "step_time_ns": v.step_time_ns, "gpu_busy_ns": v.gpu_busy_ns}
-    total = v.class_time_ns
-    top = {"class": v.top_class, "time_ns": v.top_class_time_ns} if v.top_class is not None else None
-    phase = s["phase"] or "this"
-    u = v.untraced
-    pred = f.get("predicted_graph_step_time_ns")
-    if u and u.get("measured_ns"):
-        # the time users see first, the traced one beside it (nsys inflates the host side)
-        out = (f"{phase} step ≈ {ms(u['step_time_ns'])} untraced ({ms(s['step_time_ns'])} under "
-               f"nsys): {u['verdict']}")
-        upred = u.get("predicted_graph_step_time_ns")
-        if u["verdict"] == "launch-bound" and upred is not None and upred < u["step_time_ns"]:
-            out += f"; CUDA graphs would cut it to about {ms(upred)}"
-            if pred is not None:
-                out += f" ({ms(pred)} under nsys)"
-        elif u["verdict"] == "device-bound":
-            out += f"; the GPU is busy {min(100, 100 * s['gpu_busy_ns'] / max(u['step_time_ns'], 1)):.0f}% of it"
-        elif f["verdict"] == "host-bound":
-            out += host_clause(f, s)
-        if u["verdict"] != f["verdict"]:
-            out += f" (under nsys: {f['verdict']})"
-    else:
-        out = f"{phase} step is {f['verdict']} ({ms(s['step_time_ns'])}"
-        if u and u.get("estimated_ns"):
-            out += f"; ≈ {ms(u['estimated_ns'])} without nsys, estimated"
-        out += ")"
-        if f["verdict"] == "launch-bound" and pred is not None and pred < s["step_time_ns"]:
-            out += f"; CUDA graphs would cut it to about {ms(pred)}"
-        elif f["verdict"] == "device-bound":
-            out += f"; the GPU is busy {100 * s['gpu_busy_ns'] / max(s['step_time_ns'], 1):.0f}% of it"
-        elif f["verdict"] == "host-bound":
-            out += host_clause(f, s)
-    if top:
-        out += f"; {top['class']} holds {100 * top['time_ns'] / total:.0f}% of GPU time"
-        wait = (tp or {}).get("collective_wait_ns")
-        if top["class"] == "comm" and wait:
-            # most of a waiting rank's NCCL time is not device work: say so where the share is
-            out += f" ({100 * wait / max(top['time_ns'], 1):.0f}% of it waiting for the slowest rank)"
-        elif top["class"] == "comm" and tp and not tp["split"]:
-            out += " (how much of it is waiting for another rank cannot be told from this trace)"
-    out += "."
-    if tp and tp.get("verdict"):
-        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
     return out
 
 
@@ -116,9 +60,13 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
                    headline=None, run: dict | None = None) -> None:
     console = console or Console()
     t = inv.trace
-    console.print(f"[bold]{term(shown(t.path), 1000)}[/]  nsys {term(t.nsys_version or '?')} · schema "
-                  f"{term(t.schema_version or '?')}"
-                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {len(inv.step_ids())} steps")
+    # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
+    source = (f"nsys {term(t.nsys_version or '?')} · schema {term(t.schema_version or '?')}"
+              if t.format.startswith("nsys") else
+              f"torch.profiler trace · {term(t.schema_version or t.format)}" if t.format == "kineto-json" else term(t.format))
+    n = len(inv.step_ids())
+    console.print(f"[bold]{term(shown(t.path), 1000)}[/]  {source}"
+                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {n} step{'' if n == 1 else 's'}")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
@@ -141,7 +89,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     med = first
     phase = first["phase"] or "phase unknown"
     title = (f"{phase} step · {first['delimiter']} “{term(first['name'])}” · pid {first['pid']} · "
-             f"device {first['device']} · {len(members)} step(s)")
+             f"device {first['device']} · {len(members)} step{'' if len(members) == 1 else 's'}")
     console.rule(f"[bold]{title}")
     evidence = phase_line(first)
     if evidence:
@@ -213,46 +161,14 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
         f"{us(f['t_launch_ns'])}) vs device floor {ms(f['device_floor_ns'])} ({device}); "
         f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
-    pred = f.get("predicted_graph_step_time_ns")
-    step_ns = v.step_time_ns
-    if pred is not None and pred < step_ns:
-        pro = v.prologue
-        w = v.whatif or {}
-        host = (f"the host's {ms(pro['prologue_host_ns'])} of input preparation before the forward "
-                f"({pro['prologue_launches']} launches, outside any graph) + " if pro["prologue_host_ns"] else "")
-        caps = w.get("captures") or []
-        named = "; ".join(f"{c['source']} ({c['gpu'] or 'GPU not named'}, {c['engine']}, {c['nodes']} nodes)"
-                          for c in caps[:4]) + (f"; {len(caps) - 4} more" if len(caps) > 4 else "")
-        low, high = f.get("predicted_graph_step_low_ns"), f.get("predicted_graph_step_high_ns")
-        rng = f", between {ms(low)} and {ms(high)}" if low is not None and high is not None else ""
-        console.print(f"[bold]what-if CUDA graph:[/] this step would take about {ms(pred)}{rng} instead of "
-                      f"{ms(step_ns)} ({host}device work + {w.get('node_gap_ns', 0) / 1e3:.2f} µs per graph node "
-                      f"+ {ms(w.get('graph_launch_prep_ns', 0) + w.get('graph_launch_lead_ns', 0))} graph launch)")
-        if caps:
-            console.print(f"[dim]  calibration ({w.get('origin')}, {w.get('source')}): {named}[/]")
-    u = v.untraced
-    if u:
-        how = u["source"].split(":")[0]
-        line = (f"untraced ({how}): step {ms(u['step_time_ns'])} (under nsys {ms(step_ns)}); host per launch "
-                f"{us(u['t_launch_ns'])}, CPU floor {ms(u['cpu_floor_ns'])}: {u['verdict']}")
-        if u.get("predicted_graph_step_time_ns") is not None and pred is not None:
-            line += f"; with CUDA graphs about {ms(u['predicted_graph_step_time_ns'])}"
-        console.print(line)
-        if how == "estimated":
-            console.print(f"[dim]  {u['source']}[/]")
-    e = v.engine
-    if e:
-        parts = [f"forward {ms(e['forward_ns'])}", f"sampling {ms(e['sample_ns'])} (host, after the "
-                 "execute_context range)", f"GPU tail after the last launch {ms(e['gpu_tail_ns'])}"]
-        if e.get("schedule_ns") is not None:
-            parts.append(f"next iteration's scheduling {ms(e['schedule_ns'])} ({e['schedule_ranges']} ranges)")
-        if e.get("get_output_ns") is not None:
-            parts.append(f"frontend get_output {ms(e['get_output_ns'])}")
-        if e.get("process_outputs_ns") is not None:
-            parts.append(f"frontend process_outputs {ms(e['process_outputs_ns'])}")
-        console.print("[bold]vLLM engine step:[/] " + " · ".join(parts))
-        if e.get("note"):
-            console.print(f"[dim]  {e['note']}[/]")
+    # the verdict block's other rows (render/headline.py), the verdict itself being the headline
+    for label, text in step_rows(v)[1:]:
+        if label.endswith((", how", ", note")):
+            console.print(f"[dim]  {term(text, 2000)}[/]")
+        elif label.startswith(("what-if", "vLLM")):
+            console.print(f"[bold]{label}:[/] {term(text, 2000)}")
+        else:
+            console.print(f"{label}: {term(text, 2000)}")
 
 
 def _render_collectives(tp: dict, console: Console) -> None:
@@ -291,10 +207,17 @@ def _render_histogram(hist: list[dict], console: Console) -> None:
     console.print(t)
 
 
+def _name(path: str) -> str:
+    from pathlib import PurePath
+
+    return PurePath(path).name or path
+
+
 def render_compare(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     a, b = doc["a"], doc["b"]
-    console.rule(f"[bold]A {term(a['path'])}  vs  B {term(b['path'])}")
+    # the files' names: what tells A from B fits 80 columns (their paths are in --json)
+    console.rule(f"[bold]A {term(_name(a['path']))}  vs  B {term(_name(b['path']))}")
     t = Table(show_edge=False, header_style="bold")
     console.print(f"[dim]A: step {a['step']} of its {a['steps']}: {a['chosen']} · B: step {b['step']} of its "
                   f"{b['steps']}: {b['chosen']}[/]")
@@ -343,35 +266,53 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
         if names:
             listed = ", ".join(f"{term(n['name'])} ×{n['count_per_step']:g}" for n in names[:6])
             console.print(f"kernels {label}: {listed}" + (f" … (+{len(names) - 6})" if len(names) > 6 else ""))
-    console.print(f"[bold]speedup (A/B): {doc['speedup']}×[/]")
-    console.print(term(doc["verdict"], 2000))
+    from stepscope.render.headline import compare_rows
+
+    for label, text in compare_rows(doc):  # the verdict block of two traces, as the compare report opens with it
+        console.print(term(text, 2000) if label == "comparison" else f"[bold]{label}:[/] {term(text, 2000)}")
+
+
+NARROW = 110  # below this many columns a wide table shows fewer columns (the rest: --json, a wider terminal)
 
 
 def render_tp(doc: dict, console: Console | None = None) -> None:
     console = console or Console()
     modes = [(m, doc["projections"][m]) for m in ("eager", "graph") if doc["projections"].get(m)]
-    t = Table(show_edge=False, header_style="bold", title="Equation 1.3 per TP width", title_justify="left")
-    t.add_column("TP", justify="right")
-    for m, _ in modes:
-        for col in ("CPU floor", "device floor", "step", "bound"):
-            t.add_column(f"{m} {col}", justify="left" if col == "bound" else "right")
-    t.add_column(f"measured ({doc['mode']})", justify="right")
-    by_width = {}
+    own = {r["tp"]: r for r in doc["projection"]}
+    # one table per mode (stacked: both fit 80 columns), every cell a bare number under a header
+    # that names its unit
+    groups = [[m] for m, _ in modes]
+    narrow = True
+    by_width: dict = {}
     for m, p in modes:
         for r in p["rows"]:
             by_width.setdefault(r["tp"], {})[m] = r
-    own = {r["tp"]: r for r in doc["projection"]}
-    for w, per in by_width.items():
-        cells = [str(w)]
-        for m, _ in modes:
-            r = per[m]
-            colour = "red" if r["bound"] == "launch-bound" else "green"
-            cells += [ms(r["cpu_floor_ns"]), ms(r["device_floor_ns"]), ms(r["step_time_ns"]),
-                      f"[{colour}]{r['bound']}[/]"]
-        measured = own.get(w, {}).get("measured_step_time_ns")
-        cells.append(ms(measured) if measured is not None else "")
-        t.add_row(*cells)
-    console.print(t)
+    for group in groups:
+        own_mode = group[0] == doc["mode"]  # the measured step sits beside its own mode's projection
+        title = f"Equation 1.3 per TP width, {group[0]} mode" + (" (measured: the trace's own step)" if own_mode else "")
+        t = Table(show_edge=False, header_style="bold", title=title, title_justify="left")
+        t.add_column("TP", justify="right", no_wrap=True, min_width=2)
+        for m in group:
+            tag = "" if narrow else f"{m} "
+            for col in ("CPU floor ms", "device floor ms", "step ms", "bound"):
+                t.add_column(f"{tag}{col}", justify="left" if col == "bound" else "right", no_wrap=True)
+        if own_mode:
+            t.add_column("measured ms", justify="right", no_wrap=True)
+        for w, per in by_width.items():
+            cells = [str(w)]
+            for m in group:
+                r = per.get(m)
+                if r is None:
+                    cells += ["", "", "", ""]
+                    continue
+                colour = "red" if r["bound"] == "launch-bound" else "green"
+                cells += [ms_num(r["cpu_floor_ns"]), ms_num(r["device_floor_ns"]), ms_num(r["step_time_ns"]),
+                          f"[{colour}]{r['bound']}[/]"]
+            measured = own.get(w, {}).get("measured_step_time_ns")
+            if own_mode:
+                cells.append(ms_num(measured) if measured is not None else "")
+            t.add_row(*cells)
+        console.print(t)
     for m, p in modes:
         w = p["launch_bound_from_tp"]
         console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
@@ -379,16 +320,24 @@ def render_tp(doc: dict, console: Console | None = None) -> None:
     for n in doc["notes"]:
         console.print(f"[dim]{term(n, 2000)}[/]")
     if "ranks" in doc:
-        r = Table(show_edge=False, header_style="bold", title="ranks", title_justify="left")
-        for col in ("rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
-                    "device floor", "CPU floor", "verdict"):
-            r.add_column(col, justify="left" if col == "verdict" else "right")
+        narrow = console.width < NARROW
+        r = Table(show_edge=False, header_style="bold", title="ranks" + (" (pid, GPU, collectives and transfer: "
+                  "--json or a wider terminal)" if narrow else ""), title_justify="left")
+        cols = (("rank", "pid", "GPU", "step", "step ms", "collectives ms", "transfer ms", "waiting ms",
+                 "device floor ms", "CPU floor ms", "verdict") if not narrow else
+                ("rank", "step", "step ms", "waiting ms", "device floor ms", "CPU floor ms", "verdict"))
+        for col in cols:
+            r.add_column(col, justify="left" if col == "verdict" else "right",
+                         no_wrap=col in ("verdict", "rank", "step"), min_width=len(col) if col in ("rank", "step") else None)
         notes = []
         for x in doc["ranks"]:
             for st in x["steps"]:
-                r.add_row(str(x["rank"]), str(x["pid"]), str(x["device"]), str(st["step"]), ms(st["step_time_ns"]),
-                          ms(st["collective_ns"]), ms(st["collective_transfer_ns"]), ms(st["collective_wait_ns"]),
-                          ms(st["device_floor_ns"]), ms(st["cpu_floor_ns"]), st["verdict"])
+                cells = {"rank": str(x["rank"]), "pid": str(x["pid"]), "GPU": str(x["device"]), "step": str(st["step"]),
+                         "step ms": ms_num(st["step_time_ns"]), "collectives ms": ms_num(st["collective_ns"]),
+                         "transfer ms": ms_num(st["collective_transfer_ns"]),
+                         "waiting ms": ms_num(st["collective_wait_ns"]), "device floor ms": ms_num(st["device_floor_ns"]),
+                         "CPU floor ms": ms_num(st["cpu_floor_ns"]), "verdict": st["verdict"]}
+                r.add_row(*[cells[c] for c in cols])
                 if st["split_note"]:
                     notes.append(st["split_note"])
         console.print(r)

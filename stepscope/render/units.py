@@ -16,6 +16,10 @@ shown, so a number reads the same in `analyze` and in its report:
 - a **table keeps one unit per column**, named in the header (`time µs`), its cells bare numbers
   (`us_num`, `ms_num`); a totals row in a column of parts keeps the column's unit;
 - an **axis** labels each tick in the unit that fits the tick spacing (`tick`: `500 µs`, `2 ms`);
+- the **gap between two graph nodes** (a fraction of a µs, the what-if's and the TP projection's
+  constant) is in microseconds, two decimals (`0.68 µs`, `node_gap`);
+- a **ratio of two times** is two decimals and `×` (`5.10×`); a signed percentage uses a true
+  minus sign (`−4.1%`) (render/headline.py);
 - **bytes** are decimal SI with two decimals (`15.53 GB`), as ncu and HBM bandwidths count them.
 
 A missing value is `–`.
@@ -40,6 +44,11 @@ def ms2(ns) -> str:
 def us(ns, sign: bool = False) -> str:
     """A figure of one part of the step: `68.2 µs` (`-3.1 µs` with sign)."""
     return MISSING if ns is None else f"{us_num(ns, sign)} µs"
+
+
+def node_gap(ns) -> str:
+    """The gap between two CUDA-graph nodes: `0.68 µs`."""
+    return MISSING if ns is None else f"{ns / 1e3:.2f} µs"
 
 
 def ms_num(ns, sign: bool = False) -> str:

@@ -35,6 +35,7 @@ class StepDiagnosis:
     top_class: str | None = None  # the class holding most of the step's GPU time, and that time
     top_class_time_ns: int = 0
     class_time_ns: int = 0        # the step's GPU time over every class
+    tracer: str = "nsys"          # what traced the step, as the sentences name it ("under nsys")
 
 
 def _row(frame: pl.DataFrame | None, step: int) -> dict | None:
@@ -87,4 +88,5 @@ def step_diagnosis(d, step: int) -> StepDiagnosis:
         whatif=_whatif(d),
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
         class_time_ns=c["time_ns"].sum() or 1,
+        tracer="torch.profiler" if trace.format == "kineto-json" else "nsys",
     )
