@@ -11,7 +11,7 @@ from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
 from stepscope.paths import shown
 from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
-from stepscope.render.names import term
+from stepscope.render.names import cut, term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 from stepscope.render.units import ms, ms_num, us, us_num
 from stepscope.render.views import StepDiagnosis
@@ -318,7 +318,10 @@ def render_tp(doc: dict, console: Console | None = None) -> None:
         console.print(f"[bold]{m}: launch-bound from TP={w}[/]: beyond it, more GPUs do not shorten the step"
                       if w else f"{m}: device-bound at every width projected")
     for n in doc["notes"]:
-        console.print(f"[dim]{term(n, 2000)}[/]")
+        from stepscope.render.units import wrapped
+
+        for line in wrapped(str(cut(n, 2000)), console.width):
+            console.print(f"[dim]{term(line, 2000)}[/]")
     if "ranks" in doc:
         narrow = console.width < NARROW
         r = Table(show_edge=False, header_style="bold", title="ranks" + (" (pid, GPU, collectives and transfer: "

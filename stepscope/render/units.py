@@ -81,3 +81,14 @@ def nbytes(b) -> str:
         if abs(b) >= div:
             return f"{b / div:.2f} {unit}"
     return f"{int(b)} B"
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    """`text` wrapped to `width` columns without parting a number from its unit (`0.51 µs`):
+    the terminal wraps sentences at spaces, and a unit alone at a line's start reads as nothing."""
+    import re
+    import textwrap
+
+    glued = re.sub(r"(\d) (ms|µs|ns|s|GB|MB|kB|KB|GiB|MiB|%|×)(?=\W|$)", "\\1\u00a0\\2", text)
+    # textwrap breaks at ASCII whitespace only: the no-break space holds
+    return [line.replace("\u00a0", " ") for line in textwrap.wrap(glued, max(width, 20)) or [""]]
