@@ -267,20 +267,22 @@ class Written:
 
 def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
-           step_regex: str | None = None, rules: str | Path | None = None) -> Written:
+           step_regex: str | None = None, rules: str | Path | None = None, force: bool = False) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
-    the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
-    (all or nothing) when given."""
+    the extension of `output` picks it (render/report_data.RENDERERS; HTML for `-`, stdout).
+    Written to `output` (all or nothing; `force`: even over a read-only file) when given."""
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
-    from stepscope.render.output import write_atomic
+    from stepscope.render.output import is_stdout, target, write_atomic
     from stepscope.render.report_data import ReportView, budget_for, chosen, pick_step, renderer, step_view
 
-    render = renderer(format or (Path(output).suffix if output is not None else ".html"), output)
+    suffix = ".html" if output is None or is_stdout(output) else Path(output).suffix
+    render = renderer(format or suffix, output)
     check_steps(steps)  # a bad selection fails before any trace is read
     check_steps(compare_steps)
-    if output is not None:
+    if output is not None and not is_stdout(output):
+        target(output, force)  # a device, FIFO or read-only file fails before the trace is read
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, compare, cells, rules)])
 
     def view(path, which):
@@ -296,22 +298,24 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         progress.stage(f"writing {Path(output).name}")
     text = render(ReportView(first, other, budget_rows, note))
     if output is not None:
-        write_atomic(Path(output), text)
+        write_atomic(output if is_stdout(output) else Path(output), text, force)
     return Written(text, None if output is None else Path(output),
                    (first.step,) + ((other.step,) if other is not None else ()))
 
 
 def export(trace, output: str | Path | None = None, *, steps: str = "all", step_regex: str | None = None,
-           rules: str | Path | None = None) -> Written:
+           rules: str | Path | None = None, force: bool = False) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
-    `output` ends in .gz; written to `output` (all or nothing) when given."""
+    `output` ends in .gz; written to `output` (all or nothing; `-`: stdout; `force`: even over a
+    read-only file) when given."""
     import polars as pl
 
     from stepscope.paths import refuse_overwrite
-    from stepscope.render.output import write_atomic_with
+    from stepscope.render.output import is_stdout, target, write_atomic_with
     from stepscope.render.perfetto import export_chunks, write_export
 
-    if output is not None:
+    if output is not None and not is_stdout(output):
+        target(output, force)  # a device, FIFO or read-only file fails before the trace is read
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
     check_steps(steps)  # a bad selection fails before the trace is read
     inv = load(trace, step_regex, rules, memory=EXPORT)  # grid/block: read while writing (render/perfetto.py)
@@ -320,6 +324,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
     if output is None:
         return Written("".join(export_chunks(inv, ids)), None, tuple(ids), n, True)
-    gz = Path(output).suffix.lower() == ".gz"
-    write_atomic_with(Path(output), lambda tmp: write_export(inv, ids, tmp, gz))
+    gz = not is_stdout(output) and Path(output).suffix.lower() == ".gz"
+    write_atomic_with(output if is_stdout(output) else Path(output),
+                      lambda tmp: write_export(inv, ids, tmp, gz), force)
     return Written(None, Path(output), tuple(ids), n, True)
