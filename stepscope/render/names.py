@@ -44,7 +44,9 @@ def term(text, limit: int = TERMINAL) -> str:
 # (no raw HTML, autolink or entity reaches a renderer that allows HTML); backslash, backtick,
 # emphasis and link brackets are backslash-escaped; control characters (a CR or
 # LF would end a table row, a code span) are shown escaped.
-_MD_SPECIAL = re.compile(r"[\\`*_\[\]~#!]")  # `|`: _cell escapes it in tables
+# `|`: _cell escapes it in tables; `_` inside a word opens no emphasis, so a file name like
+# llama8b_decode_b1.sqlite stays readable in the Markdown source
+_MD_SPECIAL = re.compile(r"[\\`*\[\]~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 _BACKTICKS = re.compile(r"`+")
 
 
