@@ -60,15 +60,17 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
 
         use_cache = trace_cache.enabled() if cache is None else cache
+        distrust: list[str] = []  # why an entry was not used: said once, never stored in the new entry
         if use_cache:
             # taken before the read: store() compares it after, and skips a file written meanwhile
             fp = trace_cache.fingerprint(path)
-            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp)
+            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp, distrust)
             if hit is not None:
                 return hit
         trace = read_nsys_sqlite(path, launch_config)
         if use_cache:
             trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
+        trace.warnings = trace.warnings + distrust
         return trace
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
