@@ -43,6 +43,18 @@ def _rereader(path: Path, before: tuple | None, launch_config: bool, cache: bool
     return again
 
 
+def _gzipped_sqlite(path: Path) -> bool:
+    """Whether a gzip file holds a SQLite database (its first 16 bytes decompressed)."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read(16).startswith(b"SQLite format 3")
+    except (OSError, EOFError, zlib.error):
+        return False
+
+
 def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
     """Read any supported trace file, dispatching on its content rather than trusting its name.
 
@@ -72,6 +84,11 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
             trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
         trace.warnings = trace.warnings + distrust
         return trace
+    if head[:2] == b"\x1f\x8b" and _gzipped_sqlite(path):
+        # not read transparently: SQLite reads a file, and a decompressed copy of a big export
+        # would be written somewhere the user did not choose
+        raise InputError(f"{shown(path)} is a gzip-compressed SQLite export: gunzip it first "
+                         f"(gunzip -k {shown(path)})")
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
             from stepscope.ingest.kineto import read_kineto
