@@ -216,6 +216,14 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
                               ("--context", context)) if not v]
     if lacking:
         raise InputError(f"the step's name does not record {', '.join(lacking)}: pass them")
+    # a step name's shapes are the trace's word, not checked options: bounded like --batch and
+    # --context (a name saying batch=10^18 overflowed the budget's 128-bit integers)
+    for flag, v, most in (("--batch", batch, opt.MAX_BATCH), ("--context", context, opt.MAX_CONTEXT)):
+        if isinstance(v, int) and not 1 <= v <= most:
+            raise InputError(f"the step's name says {flag[2:]}={v}, outside 1..{most:,}: pass {flag} to budget it")
+    if isinstance(shape.get("tp"), int) and not 1 <= shape["tp"] <= opt.MAX_WIDTH:
+        raise InputError(f"the step's name says tp={shape['tp']}, outside 1..{opt.MAX_WIDTH:,}: not a width "
+                         "stepscope can budget")
     gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None

@@ -80,3 +80,26 @@ def test_a_counted_repetition_in_rules_is_refused(trace, tmp_path):
 def test_small_counts_still_work(trace):
     r = CliRunner().invoke(app, ["analyze", str(trace), "--step-regex", r"^step .{3,200}$", "--json"])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("name,says", [
+    ("batch=999999999999999999 tokens=1 context=2048", "batch=999999999999999999, outside 1..100,000"),
+    ("batch=1 tokens=1 context=999999999999999999", "context=999999999999999999"),
+    ("batch=1 tokens=1 context=2048 tp=99999999999", "tp=99999999999"),
+])
+def test_budget_of_a_step_name_with_huge_shapes(trace, name, says):
+    # the shapes read from the step's name overflowed the budget's 128-bit integers (exit 3)
+    with sqlite3.connect(trace) as c:
+        c.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text LIKE 'step %'",
+                  (f"step phase=decode {name} model=llama-3.1-8b mode=eager",))
+    r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(need(CELLS))])
+    one_line_2(r, says)
+
+
+def test_budget_with_the_shapes_passed_over_a_huge_name(trace):
+    with sqlite3.connect(trace) as c:
+        c.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text LIKE 'step %'",
+                  ("step phase=decode batch=999999999999999999 context=999999999999999999 model=llama-3.1-8b",))
+    r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(need(CELLS)), "--batch", "1",
+                                 "--context", "2048", "--json"])
+    assert r.exit_code == 0, r.output
