@@ -167,6 +167,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     ranks = tpm.rank_rows(d)
     if ranks:
         doc["ranks"] = ranks
+    if d.inv.warnings:  # only when there are: the key is new (processes sharing a GPU, analysis/overlap.py)
+        doc["warnings"] = list(d.inv.warnings)
     # each TP step as the document gives it: its figures, then its verdict in words
     groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
