@@ -223,19 +223,119 @@ def name_columns(names: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     return short, dem
 
 
+def without_lookaround(text: str) -> str | None:
+    """`text` with its lookaround groups ((?=…), (?!…), (?<=…), (?<!…)) taken out: a pattern
+    that matches every string `text` matches (and more), for polars to narrow the names Python
+    must search. None when the pattern is not one this scanner follows (a lookaround in a class)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+        elif c == "[":  # a character class: copied whole
+            j = i + 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif text.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+            depth, j = 0, i
+            while j < n:
+                if text[j] == "\\":
+                    j += 2
+                    continue
+                if text[j] == "[":
+                    return None
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def alternatives(text: str) -> list[str]:
+    """The top-level alternatives of `text` (search of A|B is search of A or of B); `[text]`
+    when a global inline flag ((?i) …) would not hold across the split."""
+    if re.search(r"\(\?[aiLmsux]+\)", text):
+        return [text]
+    parts, depth, start, i, n = [], 0, 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and text[j] == "^":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    return parts + [text[start:]]
+
+
+def _own_hits(text: str, s: pl.Series, pending: pl.Series) -> pl.Series:
+    """column_hits of one of stepscope's own patterns: each alternative in polars when it can,
+    else narrowed in polars without its lookaround and searched in Python on what is left."""
+    try:
+        return s.str.contains(text)
+    except pl.exceptions.PolarsError:  # syntax Rust's regex lacks (lookaround)
+        pass
+    parts = alternatives(text)
+    if len(parts) > 1:
+        hit = pl.Series([False] * len(s), dtype=pl.Boolean)
+        for part in parts:
+            hit = hit | _own_hits(part, s, pending & ~hit)
+        return hit
+    wide = without_lookaround(text)
+    try:
+        pending = pending & s.str.contains(wide) if wide is not None else pending
+    except pl.exceptions.PolarsError:
+        pass
+    return _python_hits(re.compile(text), s, pending)
+
+
+def _python_hits(pattern, s: pl.Series, pending: pl.Series) -> pl.Series:
+    idx = pending.arg_true()
+    out = [False] * len(s)
+    if len(idx):
+        for i, x in zip(idx.to_list(), s.gather(idx).to_list()):
+            out[i] = bool(pattern.search(x))
+    return pl.Series(out, dtype=pl.Boolean)
+
+
 def column_hits(pattern, s: pl.Series, pending: pl.Series | None = None) -> pl.Series:
     """Whether `pattern` finds a match in each of `s`, like pattern.search. stepscope's own
     patterns run in polars (Rust's regex, linear and vectorized: 200k distinct names were 25 s
-    of Python searches); one polars cannot compile, and a user's (UserPattern, whose time budget
-    names a runaway pattern), are searched in Python, only on the `pending` rows."""
-    if isinstance(pattern, re.Pattern):
-        try:
-            return s.str.contains(pattern.pattern)
-        except pl.exceptions.PolarsError:  # syntax Rust's regex lacks (lookaround, backreferences)
-            pass
-    todo = s.to_list()
-    mask = [True] * len(todo) if pending is None else pending.to_list()
-    return pl.Series([bool(m and pattern.search(x)) for x, m in zip(todo, mask)], dtype=pl.Boolean)
+    of Python searches); one with lookaround, which Rust's regex lacks, is narrowed in polars by
+    the same pattern without it, then searched in Python on the names left. A user's pattern
+    (UserPattern, whose time budget names a runaway one) is searched in Python, on the `pending`
+    rows only."""
+    if pending is None:
+        pending = pl.Series([True] * len(s), dtype=pl.Boolean)
+    if isinstance(pattern, re.Pattern) and not pattern.flags & ~re.UNICODE:
+        return _own_hits(pattern.pattern, s, pending)
+    return _python_hits(pattern, s, pending)
 
 
 def first_match(short: pl.Series, dem: pl.Series, entries, default: str) -> pl.Series:
