@@ -41,6 +41,5 @@ def shared_devices(acts: pl.DataFrame) -> list[str]:
             .join(both, on="device").filter(pl.col("both") > SHARED_SHARE * pl.col("least"))
             .sort("device").collect())
     return [f"processes {', '.join(map(str, r['pid']))} ran kernels at the same times on GPU {r['device']} "
-            f"({r['both'] / 1e6:,.3f} ms together, {100 * r['both'] / max(r['least'], 1):.0f}% of the least busy "
-            "one's GPU time): a process recorded twice or two exports merged? their per-process figures on "
+            f"(together for {100 * r['both'] / max(r['least'], 1):.0f}% of the least busy one's GPU time): a process recorded twice or two exports merged? their per-process figures on "
             "that GPU are not reliable" for r in rows.iter_rows(named=True)]
