@@ -146,7 +146,8 @@ def rows_near(con, table: str, lo: int, hi: int) -> tuple[int, int] | None:
         while a < b:
             m = (a + b) // 2
             v = start_at(m)
-            if v is not None and (v > value if after else v >= value):
+            # a start of another type (text, a blob in a damaged row) is no position: skip it
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v > value if after else v >= value):
                 b = m
             else:
                 a = m + 1

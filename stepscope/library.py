@@ -194,6 +194,8 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     ranks = tpm.rank_rows(d)
     if ranks:
         doc["ranks"] = ranks
+    if d.inv.warnings:  # only when there are: the key is new (processes sharing a GPU, analysis/overlap.py)
+        doc["warnings"] = list(d.inv.warnings)
     # each TP step as the document gives it: its figures, then its verdict in words
     groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
@@ -238,6 +240,14 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     if lacking:
         raise InputError(f"the step's name does not record {', '.join('--' + k for k in lacking)}: pass them")
     model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
+    # a step name's shapes are the trace's word, not checked options: bounded like --batch and
+    # --context (a name saying batch=10^18 overflowed the budget's 128-bit integers)
+    for flag, v, most in (("--batch", batch, opt.MAX_BATCH), ("--context", context, opt.MAX_CONTEXT)):
+        if isinstance(v, int) and not 1 <= v <= most:
+            raise InputError(f"the step's name says {flag[2:]}={v}, outside 1..{most:,}: pass {flag} to budget it")
+    if isinstance(shape.get("tp"), int) and not 1 <= shape["tp"] <= opt.MAX_WIDTH:
+        raise InputError(f"the step's name says tp={shape['tp']}, outside 1..{opt.MAX_WIDTH:,}: not a width "
+                         "stepscope can budget")
     gpus = inv.trace.gpus
     gpu_name = gpus["name"][0] if gpus.height else None
     peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
@@ -305,28 +315,30 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
            cells=None, steps: str | None = None, compare_steps: str | None = None,
            step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
            batch: int | None = None, context: int | None = None, phase: str | None = None,
-           calibration: str | Path | None = None) -> Written:
+           calibration: str | Path | None = None, force: bool = False) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
-    the extension of `output` picks it (render/report_data.RENDERERS). Written to `output`
-    (all or nothing) when given. `trace` and `compare`: paths or Analysis objects; model, batch,
-    context and phase: the byte budget's shape, as `budget` takes it (default: the step's name,
-    then the capture's sidecar)."""
+    the extension of `output` picks it (render/report_data.RENDERERS; HTML for `-`, stdout).
+    Written to `output` (all or nothing; `force`: even over a read-only file) when given.
+    `trace` and `compare`: paths or Analysis objects; model, batch, context and phase: the byte
+    budget's shape, as `budget` takes it (default: the step's name, then the capture's sidecar)."""
     from stepscope import options as opt
     import polars as pl
 
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
-    from stepscope.render.output import write_atomic
+    from stepscope.render.output import is_stdout, target, write_atomic
     from stepscope.render.report_data import ReportView, budget_for, chosen, pick_step, renderer, step_view
 
-    render = renderer(format or (Path(output).suffix if output is not None else ".html"), output)
+    suffix = ".html" if output is None or is_stdout(output) else Path(output).suffix
+    render = renderer(format or suffix, output)
     check_steps(steps)  # a bad selection fails before any trace is read
     check_steps(compare_steps)
     opt.integer(batch, "--batch", 1, opt.MAX_BATCH)
     opt.integer(context, "--context", 1, opt.MAX_CONTEXT)
     shape = {"model": model, "batch": batch, "context": context, "phase": phase}
-    if output is not None:
+    if output is not None and not is_stdout(output):
+        target(output, force)  # a device, FIFO or read-only file fails before the trace is read
         refuse_overwrite(Path(output), [Path(p) for p in (trace, compare, cells, rules) if isinstance(p, (str, Path))])
 
     def view(x, which):
@@ -356,22 +368,24 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         progress.stage(f"writing {Path(output).name}")
     text = render(ReportView(first, other, budget_rows, note, run=run, run_steps=run_steps, comparison=comparison))
     if output is not None:
-        write_atomic(Path(output), text)
+        write_atomic(output if is_stdout(output) else Path(output), text, force)
     return Written(text, None if output is None else Path(output),
                    (first.step,) + ((other.step,) if other is not None else ()))
 
 
 def export(trace, output: str | Path | None = None, *, steps: str = "all", step_regex: str | None = None,
-           rules: str | Path | None = None) -> Written:
+           rules: str | Path | None = None, force: bool = False) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
-    `output` ends in .gz; written to `output` (all or nothing) when given."""
+    `output` ends in .gz; written to `output` (all or nothing; `-`: stdout; `force`: even over a
+    read-only file) when given."""
     import polars as pl
 
     from stepscope.paths import refuse_overwrite
-    from stepscope.render.output import write_atomic_with
+    from stepscope.render.output import is_stdout, target, write_atomic_with
     from stepscope.render.perfetto import export_chunks, write_export
 
-    if output is not None:
+    if output is not None and not is_stdout(output):
+        target(output, force)  # a device, FIFO or read-only file fails before the trace is read
         refuse_overwrite(Path(output), [Path(p) for p in (trace, rules) if isinstance(p, (str, Path))])
     check_steps(steps)  # a bad selection fails before the trace is read
     inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
@@ -381,8 +395,9 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
     if output is None:
         return Written("".join(export_chunks(inv, ids)), None, tuple(ids), n, True)
-    gz = Path(output).suffix.lower() == ".gz"
-    write_atomic_with(Path(output), lambda tmp: write_export(inv, ids, tmp, gz))
+    gz = not is_stdout(output) and Path(output).suffix.lower() == ".gz"
+    write_atomic_with(output if is_stdout(output) else Path(output),
+                      lambda tmp: write_export(inv, ids, tmp, gz), force)
     return Written(None, Path(output), tuple(ids), n, True)
 
 

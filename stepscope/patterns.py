@@ -19,6 +19,25 @@ from stepscope.errors import InputError
 # seconds one user pattern may spend over every name of a run: legitimate patterns take
 # microseconds per name, so this only ever stops a runaway one
 BUDGET_S = float(os.environ.get("STEPSCOPE_REGEX_BUDGET_S", "5"))
+# a counted repetition is compiled into that many copies: a{99999999} took 5 GiB and 40 s before a
+# MemoryError. Bounded before compiling: each count, and the product of all counts of a pattern
+# (nesting multiplies them; the product of all over-approximates the nested ones)
+MAX_REPEAT = 1000
+MAX_REPEAT_PRODUCT = 100_000
+_COUNTED = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+def _repetition(text: str) -> str | None:
+    """Why `text`'s counted repetitions are too large to compile safely (None when they are not)."""
+    product = 1
+    for m in _COUNTED.finditer(text):
+        n = max(int(m.group(1)), int(m.group(2) or 0))  # digits only: int() of a long run is bounded by the pattern
+        if n > MAX_REPEAT:
+            return f"repetition {m.group()} exceeds {MAX_REPEAT:,}"
+        product *= max(n, 1)
+        if product > MAX_REPEAT_PRODUCT:
+            return f"its counted repetitions multiply past {MAX_REPEAT_PRODUCT:,}"
+    return None
 
 
 class PatternError(InputError):
@@ -36,6 +55,10 @@ class UserPattern:
         import regex
 
         self.text, self.where = text, where
+        too_big = _repetition(text)
+        if too_big is not None:
+            raise PatternError(f"{where}: regex {text[:200]!r} refused: {too_big} (it would take memory in "
+                               "proportion when compiled); use + or * or a smaller count", too_big)
         try:
             # V0: the behaviour of Python's re module (the patterns' documented dialect)
             self._rx = regex.compile(text, flags=regex.V0)

@@ -34,8 +34,12 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
     distinct kernel names (demangled_id, name); layers: (step, layers, kernels_per_layer,
     layer_start) over each step's kernels."""
     # anonymous: the name says nothing and no rule (a user's included) gave it a class
-    anon = [i for i, n, c in zip(names["demangled_id"].to_list(), names["name"].to_list(), names["class"].to_list())
-            if rules.is_anonymous(n) and c in ("framework", "other")]
+    from stepscope.analysis.classify import column_hits
+
+    anon = []
+    if rules.anonymous is not None:
+        said = column_hits(rules.anonymous, names["name"].fill_null(""))
+        anon = names.filter(said & names["class"].is_in(["framework", "other"]))["demangled_id"].to_list()
     if not anon or acts["step"].null_count() == acts.height:
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
     is_anon = pl.col("demangled_id").is_in(anon) & pl.col("is_kernel")

@@ -21,8 +21,11 @@ OP_SCHEMA = {"step": pl.Int64, "op": pl.String, "family": pl.String, "count": pl
 
 def family_table(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     """(short_id, demangled_id, family) for every distinct kernel name."""
-    fam = [rules.family_of(s, d) for s, d in zip(names["name"].to_list(), names["demangled"].to_list())]
-    return names.select("short_id", "demangled_id").with_columns(pl.Series("family", fam, dtype=FAMILY_DTYPE))
+    from stepscope.analysis.classify import first_match, name_columns
+
+    short, dem = name_columns(names)  # family_of's order: the demangled name first, then the short one
+    fam = first_match(short, dem, [(f.family, f.pattern, "any") for f in rules.families], "other")
+    return names.select("short_id", "demangled_id").with_columns(fam.cast(FAMILY_DTYPE).alias("family"))
 
 
 def op_ranges(nvtx: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:

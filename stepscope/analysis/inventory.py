@@ -17,6 +17,7 @@ from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tab
 from stepscope.analysis.frames import group_by_packed, join_key, lookup, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.memory import KEEP, Retention
+from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
@@ -222,6 +223,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "phase=..., or vLLM's names)"
         )
     warnings += impossible_figures(steps, classes)
+    warnings += shared_devices(acts)
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
         warnings.append(

@@ -105,7 +105,7 @@ def import_ncu(paths: list[str | Path], gpu: str | None = None,
     return frame(rows)
 
 
-def write_cells(df: pl.DataFrame, out: str | Path) -> list[Path]:
+def write_cells(df: pl.DataFrame, out: str | Path, force: bool = False) -> list[Path]:
     """Write `<out>.parquet` and `<out>.csv` (out may carry either suffix, or none)."""
     from stepscope.render.output import OutputError, write_atomic_with
 
@@ -116,7 +116,7 @@ def write_cells(df: pl.DataFrame, out: str | Path) -> list[Path]:
         raise OutputError(f"cannot write {pq}: {e.strerror or e}") from None
     for path, write in ((pq, df.write_parquet), (csv, df.write_csv)):
         try:  # each file appears whole or not at all
-            write_atomic_with(path, write)
+            write_atomic_with(path, write, force)
         except pl.exceptions.PolarsError as e:
             raise OutputError(f"cannot write {path}: {_first_line(e)}") from None
     return [pq, csv]

@@ -75,13 +75,14 @@ AsJson = Annotated[bool, typer.Option("--json", help="print one JSON document on
 Steps = Annotated[str, steps_option()]
 StepRegex = Annotated[Optional[str], typer.Option("--step-regex", help="regex for NVTX / annotation step range names")]
 Rules = Annotated[Optional[Path], typer.Option("--rules", help="TOML file of extra classification rules")]
+Force = Annotated[bool, typer.Option("--force", help="replace an output file even when it is read-only")]
 NoCache = Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)]
 TraceArg = Annotated[Path, typer.Argument(help="nsys SQLite export or PyTorch-profiler trace (.json/.json.gz)")]
 
 
 def output_option(what: str):
     """-o/--output, the file a command writes (its extension picks the format); `what`: its help."""
-    return typer.Option("-o", "--output", help=what)
+    return typer.Option("-o", "--output", help=what + "; - for stdout")
 CalibrationFile = Annotated[Optional[Path], typer.Option(
     "--calibration", metavar="F",
     help="what-if calibration file (`stepscope calibrate`); default: the user's "

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, app
+from stepscope.commands.app import AsJson, Force, app
 
 cells_app = typer.Typer(
     no_args_is_help=True,
@@ -22,15 +22,23 @@ def import_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="cells file (.parquet; a .csv is written next to it)"),
     gpu: Optional[str] = typer.Option(None, help="GPU name, when the CSV does not carry it"),
     model: Optional[str] = typer.Option(None, help="model card the launches belong to"),
+    force: Force = False,
 ) -> None:
     """Turn raw ncu CSV files (==PROF== lines included) into a cells table."""
     from stepscope.bytes.cells import import_ncu, outputs_of, write_cells
     from stepscope.paths import refuse_overwrite
+    from stepscope.render.output import is_stdout, target
 
+    if is_stdout(out):
+        from stepscope.commands.app import fail
+
+        fail("-o -: cells import writes two files (.parquet and .csv), not stdout; give a file name")
+    for written in outputs_of(out):
+        target(written, force)  # a device, FIFO or read-only file fails before the CSVs are read
     for written in outputs_of(out):  # -o x.parquet also writes x.csv: neither may be an input
         refuse_overwrite(written, list(ncu_csv))
     df = import_ncu(ncu_csv, gpu=gpu, model=model)
-    paths = write_cells(df, out)
+    paths = write_cells(df, out, force=force)
     typer.echo(f"{df.height} launch(es) -> {', '.join(map(str, paths))}")
 
 

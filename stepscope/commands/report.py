@@ -7,7 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import CalibrationFile, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
+from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
+
+
+def is_stdout(path) -> bool:
+    from stepscope.render.output import is_stdout as stdout
+
+    return stdout(path)
 
 
 @app.command()
@@ -27,15 +33,20 @@ def report(
     context: Annotated[Optional[int], typer.Option(help="with --cells: context length (decode) / prompt length "
                                                         "(prefill)")] = None,
     phase: Annotated[Optional[str], typer.Option(help="with --cells: decode | prefill")] = None,
+    format: Annotated[Optional[str], typer.Option(
+        "--format", metavar="html|md", help="the format, when -o's extension does not say it (-o -: html)")] = None,
+    force: Force = False,
 ) -> None:
     """Write one step's report: the verdict, timeline, class breakdown, gaps, floors."""
     from stepscope import library
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.report(trace, output, compare=compare, cells=cells, steps=steps, compare_steps=compare_steps,
-                              step_regex=step_regex, rules=rules, model=model, batch=batch, context=context,
-                              phase=phase, calibration=calibration)
+        done = library.report(trace, output, format=format, compare=compare, cells=cells, steps=steps,
+                              compare_steps=compare_steps, step_regex=step_regex, rules=rules, model=model,
+                              batch=batch, context=context, phase=phase, calibration=calibration, force=force)
+    if is_stdout(output):  # stdout holds the report alone
+        return
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
                + (f" vs step {done.steps[1]} of {compare}" if compare is not None else ""))
 
@@ -45,7 +56,7 @@ def export(trace: TraceArg,
            output: Annotated[Path, output_option("Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz "
                                                  "for gzip)")],
            steps: Steps = "all", step_regex: StepRegex = None,
-           rules: Rules = None) -> None:
+           rules: Rules = None, force: Force = False) -> None:
     """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream
     (overlapping kernels on lanes of their own), host launch calls, and flow arrows from each
     launch call to its kernel."""
@@ -53,6 +64,8 @@ def export(trace: TraceArg,
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules)
+        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force)
+    if is_stdout(output):  # stdout holds the export alone
+        return
     typer.echo(f"wrote {output}: {len(done.steps)} step(s), {done.activities:,} GPU activities; "
                "open it at https://ui.perfetto.dev")

@@ -80,3 +80,5 @@ def tp(
     from stepscope.render.terminal import render_tp
 
     render_tp(doc)
+    for w in doc.get("warnings", []):
+        typer.echo(f"stepscope: warning: {w}", err=True)

@@ -43,6 +43,18 @@ def _rereader(path: Path, before: tuple | None, launch_config: bool, cache: bool
     return again
 
 
+def _gzipped_sqlite(path: Path) -> bool:
+    """Whether a gzip file holds a SQLite database (its first 16 bytes decompressed)."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read(16).startswith(b"SQLite format 3")
+    except (OSError, EOFError, zlib.error):
+        return False
+
+
 def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
     """Read any supported trace file, dispatching on its content rather than trusting its name.
 
@@ -60,16 +72,23 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
 
         use_cache = trace_cache.enabled() if cache is None else cache
+        distrust: list[str] = []  # why an entry was not used: said once, never stored in the new entry
         if use_cache:
             # taken before the read: store() compares it after, and skips a file written meanwhile
             fp = trace_cache.fingerprint(path)
-            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp)
+            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp, distrust)
             if hit is not None:
                 return hit
         trace = read_nsys_sqlite(path, launch_config)
         if use_cache:
             trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
+        trace.warnings = trace.warnings + distrust
         return trace
+    if head[:2] == b"\x1f\x8b" and _gzipped_sqlite(path):
+        # not read transparently: SQLite reads a file, and a decompressed copy of a big export
+        # would be written somewhere the user did not choose
+        raise InputError(f"{shown(path)} is a gzip-compressed SQLite export: gunzip it first "
+                         f"(gunzip -k {shown(path)})")
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
             from stepscope.ingest.kineto import read_kineto

@@ -15,17 +15,31 @@ An entry must never answer for another file, or for this file as it was before a
 - the fingerprint is taken again after the read, and nothing is stored when the file changed
   during it;
 - meta.json and every frame are checked before use (keys and types; columns and dtypes): an
-  entry that fails is removed, so the next store writes it anew.
+  entry that fails is removed, so the next store writes it anew;
+- meta.json holds the SHA-256 of every Parquet file, checked on each read (the bytes are read
+  once, hashed and parsed from memory): a flipped bit or a rewritten frame is a miss and one
+  warning, never an answer;
+- an entry or cache folder that is a symlink, is owned by another user or is writable by group
+  or others is not trusted (a miss and a warning; a symlinked folder is neither read nor written):
+  in a shared folder another user could otherwise plant an answer;
+- an empty -wal (SQLite makes one, with its -shm, to read a WAL-mode export) counts as none, so a
+  WAL export is cached on its first read.
+
+Kept small: `.tmp-*`/`.old-*` leftovers of a killed write older than an hour are removed, and
+after each store the entries of that folder beyond `$STEPSCOPE_CACHE_MAX_BYTES` (default 4 GiB)
+are removed, least recently used first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import polars as pl
@@ -33,7 +47,9 @@ import polars as pl
 from stepscope import model
 from stepscope.model import Trace
 
-FORMAT = 4  # 4: the key holds a content fingerprint; meta.json is checked field by field
+FORMAT = 5  # 4: the key holds a content fingerprint; meta.json is checked field by field; 5: checksums
+STALE_S = 3600  # a .tmp-* folder older than this is a killed write's
+MAX_BYTES = 4 << 30  # default budget of one cache folder ($STEPSCOPE_CACHE_MAX_BYTES)
 MIN_KERNELS = 50_000
 FRAMES = ("kernels", "memops", "api", "nvtx", "strings", "gpus", "processes", "threads")
 SCALARS = ("format", "nsys_version", "schema_version", "graph_level_launches", "profiler_overhead_count",
@@ -75,6 +91,8 @@ def fingerprint(path: Path) -> str:
             st = side.stat()
         except OSError:
             continue
+        if suffix == "-wal" and st.st_size == 0 and stat.S_ISREG(st.st_mode):
+            continue  # an empty WAL holds no page: made by the first reader of a WAL-mode export
         h.update(f"{suffix}|{st.st_size}|{st.st_mtime_ns}".encode())
         if stat.S_ISREG(st.st_mode):  # a FIFO of that name would block the open
             with open(side, "rb") as f:
@@ -108,8 +126,41 @@ def _columns(frame: str, launch_config: bool) -> dict:
     return schema
 
 
+def budget() -> int:
+    """The bytes one cache folder may hold ($STEPSCOPE_CACHE_MAX_BYTES, default 4 GiB)."""
+    try:
+        return max(int(os.environ.get("STEPSCOPE_CACHE_MAX_BYTES", MAX_BYTES)), 0)
+    except ValueError:
+        return MAX_BYTES
+
+
+def untrusted(d: Path) -> str | None:
+    """Why a cache folder or entry `d` may not be trusted (None when it may): a symlink, another
+    user's, or writable by group or others. lstat: a symlink is judged, not followed."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return None  # absent: nothing to trust
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if st.st_uid != os.getuid():
+        return f"it is owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "it is writable by group or others"
+    return None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _meta_ok(m: object, key: str) -> bool:
     if not isinstance(m, dict) or m.get("cache_format") != FORMAT or m.get("key") != key:
+        return False
+    files = m.get("sha256")
+    if not isinstance(files, dict) or set(files) != set(FRAMES) or not all(isinstance(v, str) for v in files.values()):
         return False
     for k, t in _META.items():
         v = m.get(k, ...)
@@ -118,14 +169,25 @@ def _meta_ok(m: object, key: str) -> bool:
     return m["format"] == "nsys-sqlite" and all(isinstance(w, str) for w in m["warnings"])
 
 
+class _Mismatch(Exception):
+    """A frame's bytes are not those its entry's meta.json names."""
+
+
 def _read_entry(d: Path, key: str, launch_config: bool) -> tuple[dict, dict] | None:
     """meta and frames of an entry, or None when any part is missing, unreadable or of another
-    shape than this version's model."""
+    shape than this version's model; _Mismatch when a file's checksum is not its meta's."""
     try:
         m = json.loads((d / "meta.json").read_text(encoding="utf-8"))
         if not _meta_ok(m, key):
             return None
-        frames = {f: pl.read_parquet(d / f"{f}.parquet") for f in FRAMES}
+        frames = {}
+        for f in FRAMES:
+            data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
+            if _digest(data) != m["sha256"][f]:
+                raise _Mismatch(f)
+            frames[f] = pl.read_parquet(io.BytesIO(data))
+    except _Mismatch:
+        raise
     except (Exception, pl.exceptions.PanicException):  # polars may panic on a damaged Parquet file
         return None
     for f, df in frames.items():
@@ -134,20 +196,71 @@ def _read_entry(d: Path, key: str, launch_config: bool) -> tuple[dict, dict] | N
     return m, frames
 
 
-def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | None = None) -> Trace | None:
-    """The cached trace of `path` as it is now, or None. A damaged entry is removed."""
+def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | None = None,
+         warnings: list[str] | None = None) -> Trace | None:
+    """The cached trace of `path` as it is now, or None. A damaged entry is removed; why an
+    entry was not trusted is appended to `warnings` (one line each)."""
     key = _key(path, launch_config, schema_version, fp)
+    say = warnings.append if warnings is not None else (lambda w: None)
     for root in _roots(path):
+        why = untrusted(root)
+        if why is not None:
+            say(f"cache folder {root} not used: {why}; the export was read instead")
+            continue
         d = _entry(root, path, key)
         if not (d / "meta.json").exists():
             continue
-        got = _read_entry(d, key, launch_config)
+        why = untrusted(d)
+        if why is not None:
+            say(f"cache entry {d} not used: {why}; the export was read instead")
+            continue
+        try:
+            got = _read_entry(d, key, launch_config)
+        except _Mismatch as e:
+            say(f"cache entry {d} not used: {e}.parquet does not match its checksum (damaged or "
+                "altered); the export was read instead and the entry written anew")
+            got = None
         if got is None:
             shutil.rmtree(d, ignore_errors=True)  # never trusted; the store after the read rewrites it
             continue
         m, frames = got
+        try:
+            os.utime(d)  # its age is its last use: the size budget prunes the least recently used
+        except OSError:
+            pass
         return Trace(path=path, **frames, **{k: m[k] for k in SCALARS})
     return None
+
+
+def prune(root: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove from `root` the leftovers of killed writes older than STALE_S, then the entries
+    beyond budget(), least recently used first (never `keep`). Returns what was removed."""
+    now = time.time() if now is None else now
+    removed, entries = [], []
+    try:
+        listing = list(os.scandir(root))
+    except OSError:
+        return removed
+    for e in listing:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if e.name.startswith((".tmp-", ".old-")):
+            if now - st.st_mtime > STALE_S:
+                shutil.rmtree(e.path, ignore_errors=True)
+                removed.append(Path(e.path))
+        elif stat.S_ISDIR(st.st_mode) and Path(e.path) != keep:
+            size = sum(f.stat().st_size for f in Path(e.path).iterdir() if f.is_file())
+            entries.append((st.st_mtime, size, Path(e.path)))
+    total = sum(s for _, s, _ in entries) + (sum(f.stat().st_size for f in keep.iterdir()) if keep else 0)
+    for _, size, d in sorted(entries):
+        if total <= budget():
+            break
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+        total -= size
+    return removed
 
 
 def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) -> Path | None:
@@ -161,21 +274,31 @@ def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) 
     key = _key(path, launch_config, trace.schema_version, now)
     meta = {k: getattr(trace, k) for k in SCALARS} | {"cache_format": FORMAT, "key": key}
     for root in _roots(path):
+        if untrusted(root) is not None:  # a symlink is never followed, another user's never written
+            continue
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if untrusted(root) is not None:  # made by another between the check and mkdir
+                continue
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
         except OSError:
             continue
         try:
+            sums = {}
             for f in FRAMES:
-                getattr(trace, f).write_parquet(tmp / f"{f}.parquet", compression="lz4")
-            (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+                buf = io.BytesIO()
+                getattr(trace, f).write_parquet(buf, compression="lz4")
+                data = buf.getvalue()
+                (tmp / f"{f}.parquet").write_bytes(data)
+                sums[f] = _digest(data)
+            (tmp / "meta.json").write_text(json.dumps(meta | {"sha256": sums}), encoding="utf-8")
             final = _entry(root, path, key)
             if final.exists():  # an entry that load() could not remove, or a concurrent store
                 old = Path(tempfile.mkdtemp(prefix=".old-", dir=root))
                 os.replace(final, old / "entry")
                 shutil.rmtree(old, ignore_errors=True)
             tmp.rename(final)
+            prune(root, keep=final)
             return final
         except (OSError, pl.exceptions.PolarsError):
             shutil.rmtree(tmp, ignore_errors=True)

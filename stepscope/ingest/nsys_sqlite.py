@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -303,10 +304,33 @@ def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
     except Exception as e:
         if not _is_db_error(e):
             raise
+        if _wal_unwritable(path):
+            raise InputError(
+                f"{path} is a WAL-mode SQLite export in a folder stepscope cannot write: SQLite must make its "
+                f"-wal and -shm files beside it to read it: copy it to a writable folder first") from None
         raise InputError(
             f"{path} is not a readable SQLite export ({_reason(e)}); it may be truncated: export it again "
             "with nsys export --type sqlite"
         ) from None
+
+
+def _wal_unwritable(path: Path) -> bool:
+    """A WAL-mode file (header bytes 18 and 19 are 2) without its -shm, in a folder where it
+    cannot be made: SQLite cannot open it, even read-only."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    if head[18:20] != b"\x02\x02" or path.with_name(path.name + "-shm").exists():
+        return False
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".stepscope-probe-", dir=path.resolve().parent)
+    except OSError:
+        return True  # the header was read: the folder refused the file
+    os.close(fd)
+    os.unlink(probe)
+    return False
 
 
 def _need(path: Path, schema: _Schema, table: str, *cols: str) -> None:

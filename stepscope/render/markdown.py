@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stepscope.analysis.classify import FAMILY_LABELS
+from stepscope.render.names import controls, md_code, md_text
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
 from stepscope.render.units import ms, nbytes, us
@@ -11,7 +12,7 @@ GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device
 
 
 def _cell(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+    return controls(s).replace("|", "\\|")
 
 
 def _table(head: list[str], rows: list[list], align: str | None = None) -> str:
@@ -39,23 +40,25 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
                     budget_note: str | None = None, run: dict | None = None, blocks=()) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
-    out = [f"## stepscope: {view.label}" + (f" vs {other.label}" if other else ""), ""]
+    # every string from a trace (names of files, GPUs, steps, kernels, APIs, ops) goes through
+    # md_text or md_code: a report rendered with raw HTML allowed must not run what a name holds
+    out = [f"## stepscope: {md_text(view.label)}" + (f" vs {md_text(other.label)}" if other else ""), ""]
     out += verdict_block(blocks)
     if run is not None:
         from stepscope.render.run import run_markdown
 
         out += ["### The run", ""] + run_markdown(run, _cell)
     for i, v in enumerate(views):
-        gpu = f", {v.gpu_name}" if v.gpu_name else ""
+        gpu = f", {md_text(v.gpu_name)}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
-        out.append(f"- {prefix}`{v.trace_name}` ({v.trace_format}{gpu}), step {v.step} of {v.n_steps} "
-                   f"({v.chosen}); delimited by {v.delimiter}")
+        out.append(f"- {prefix}{md_code(v.trace_name)} ({md_text(v.trace_format)}{gpu}), step {v.step} of {v.n_steps} "
+                   f"({md_text(v.chosen)}); delimited by {md_text(v.delimiter)}")
     for i, v in enumerate(views):
         for line in [phase_line(v.figures)] + class_by_lines(v.kernels):
             if line:
-                out.append(f"- {f'**{_tag(i, n)}**: ' if n > 1 else ''}{line}")
+                out.append(f"- {f'**{_tag(i, n)}**: ' if n > 1 else ''}{md_text(line)}")
     notes = sorted({x for v in views for x in v.notes})
-    out += [f"- note: {x}" for x in notes]
+    out += [f"- note: {md_text(x)}" for x in notes]
     out.append("")
 
     fields = (("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU span", "gpu_span_ns"),
@@ -81,19 +84,19 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         how = u["source"].split(":")[0]
         out += [f"**Untraced{tag}** ({how}): step {ms(u['step_time_ns'])} against {ms(v.figures['step_time_ns'])} "
                 f"under nsys; {u['verdict']} (CPU floor {ms(u['cpu_floor_ns'])} at {us(u['t_launch_ns'])} per "
-                f"launch). {u['source']}.", ""]
+                f"launch). {md_text(u['source'])}.", ""]
         if v.engine:
             e = v.engine
             out += [f"**vLLM engine step{tag}:** forward {us(e['forward_ns'])}, sampling {us(e['sample_ns'])}, "
                     f"GPU tail {us(e['gpu_tail_ns'])}"
                     + (f", frontend get_output {us(e['get_output_ns'])}" if e.get("get_output_ns") is not None else "")
-                    + (f" ({e['note']})" if e.get("note") else "") + ".", ""]
+                    + (f" ({md_text(e['note'])})" if e.get("note") else "") + ".", ""]
     for i, v in enumerate(views):
         if v.tp is None:
             continue
         tag = f" ({_tag(i, n)})" if n > 1 else ""
         if v.tp.get("tp_verdict"):
-            out += [f"**TP step{tag}:** {v.tp['tp_verdict']}", ""]
+            out += [f"**TP step{tag}:** {md_text(v.tp['tp_verdict'])}", ""]
         rows, notes = [], []
         for rv in v.ranks:
             t, f = rv.tp or {}, rv.floors
@@ -106,7 +109,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         out += [f"Ranks of this TP step{tag}:", "",
                 _table(["rank", "pid", "GPU", "step", "step time", "collectives", "transfer", "waiting",
                         "device floor", "CPU floor", "verdict"], rows, "rrrrrrrrrrl"), ""]
-        out += [f"Not split into transfer and wait: {x}" for x in sorted(set(notes))] + ([""] if notes else [])
+        out += [f"Not split into transfer and wait: {md_text(x)}" for x in sorted(set(notes))] + ([""] if notes else [])
         if v.tp.get("rank_skew_ns") is not None:
             out += [f"Rank skew of this TP step: {ms(v.tp['rank_skew_ns'])}.", ""]
 
@@ -120,7 +123,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         head += ["Δ count", "Δ time"]
     rows = []
     for c, vals in class_rows(views, order):
-        row: list = [c]
+        row: list = [md_text(c)]
         for cnt, t, share in vals:
             row += [cnt, us(t), f"{share:.1f}%"]
         if n == 2:
@@ -139,11 +142,11 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         out += [f"### Framework glue by op family{tag}", "", _table(["op family", "count", "time", "share"], rows), ""]
         ops = v.framework_ops
         if ops:
-            rows = [[f"`{r['op']}`", FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"])]
+            rows = [[md_code(r['op']), FAMILY_LABELS.get(r["family"], r["family"]), r["count"], us(r["time_ns"])]
                     for r in ops[:10]]
             out += ["By the op that launched them (NVTX ranges):", "",
                     _table(["op", "op family", "launches", "time"], rows, "llrr"), ""]
-            out += [v.framework_advice + ".", ""]
+            out += [md_text(v.framework_advice) + ".", ""]
     out += ["### Gaps", ""]
     rows = []
     for k in GAP_KINDS:
@@ -162,35 +165,36 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
             continue
         top = sorted(v.gaps, key=lambda r: -r["gap_ns"])[:5]
         rows = [[GAP_LABELS.get(r["kind"], r["kind"]), us(r["gap_ns"]),
-                 f"`{_short(r['prev_name'])}` → `{_short(r['next_name'])}`", r.get("next_api") or ""]
+                 f"{md_code(_short(r['prev_name']))} → {md_code(_short(r['next_name']))}", md_text(r.get("next_api") or "")]
                 for r in top]
         out += [f"Largest gaps ({_tag(i, n)}):", "", _table(["kind", "length", "between", "next launched by"], rows, "lrll"), ""]
 
     out += ["### Top kernels", ""]
     for i, v in enumerate(views):
         total = sum(r["time_ns"] for r in v.kernels) or 1
-        rows = [[f"`{_short(r['name'], 80)}`", r["class"], r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
+        rows = [[md_code(_short(r['name'], 80)), md_text(r["class"]), r["count"], us(r["time_ns"]), f"{100 * r['time_ns'] / total:.1f}%"]
                 for r in v.kernels[:10]]
         if n > 1:
             out += [f"{_tag(i, n)}:", ""]
         out += [_table(["kernel", "class", "count", "time", "share"], rows, "llrrr"), ""]
 
     if budget is not None:
-        rows = [[r["class"], nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
-                 f"×{r['measured_bytes'] / r['min_bytes']:.2f}" if r["min_bytes"] else "–"]
+        rows = [[md_text(r["class"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
+                 f"×{r['measured_bytes'] / r['min_bytes']:.2f}" if r["min_bytes"] and r["measured_bytes"] is not None
+                 else "–"]
                 for r in by_measured_bytes(budget)]
         out += ["### Byte budget", "", _table(["class", "measured", "minimum", "amplification"], rows), ""]
         if budget_note:
-            out += [budget_note, ""]
+            out += [md_text(budget_note), ""]
     elif budget_note:
-        out += ["### Byte budget", "", budget_note, ""]
+        out += ["### Byte budget", "", md_text(budget_note), ""]
     out.append(f"<sub>{footer()}</sub>")
     return "\n".join(out) + "\n"
 
 
 def _short(name, n: int = 50) -> str:
     s = str(name or "?")
-    return (s if len(s) <= n else s[: n - 1] + "…").replace("`", "'")
+    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 def render(view: ReportView) -> str:

@@ -6,6 +6,8 @@ would repeat in every tooltip. What is shown is cut, with its length said; the J
 
 from __future__ import annotations
 
+import re
+
 TERMINAL = 200    # characters of a name on the terminal
 DOCUMENT = 4096   # in a report's tooltips and a Perfetto event (long C++ template names fit)
 
@@ -17,9 +19,48 @@ def cut(name, limit: int = TERMINAL):
     return f"{name[:limit]}… ({len(name):,} characters)"
 
 
+# C0 controls (ESC, CR, LF, BEL, ...), DEL and C1 (CSI 0x9b, OSC 0x9d): in a name they would
+# clear a screen, retitle a window, plant an OSC 8 link or end a Markdown table row
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def controls(text) -> str:
+    """`text` with every control character shown escaped (ESC as `\\x1b`): what a name from a
+    trace shows on a terminal, a pipe or in a Markdown report, TTY or not."""
+    text = str(text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if _CONTROL.search(text) else text
+
+
 def term(text, limit: int = TERMINAL) -> str:
-    """Text from a trace or a file for rich: cut, and with rich's markup escaped. A name holding
-    "[/]" or "[red" was read as markup: a MarkupError (exit 3), or a name restyled."""
+    """Text from a trace or a file for rich: cut, control characters escaped (`controls`), and
+    rich's markup escaped. A name holding "[/]" or "[red" was read as markup: a MarkupError
+    (exit 3), or a name restyled."""
     from rich.markup import escape
 
-    return escape(str(cut(text, limit)))
+    return escape(controls(cut(text, limit)))
+
+
+# Markdown: what a trace-derived string may not bring into a report. `<` and `&` become entities
+# (no raw HTML, autolink or entity reaches a renderer that allows HTML); backslash, backtick,
+# emphasis and link brackets are backslash-escaped; control characters (a CR or
+# LF would end a table row, a code span) are shown escaped.
+# `|`: _cell escapes it in tables; `_` inside a word opens no emphasis, so a file name like
+# llama8b_decode_b1.sqlite stays readable in the Markdown source
+_MD_SPECIAL = re.compile(r"[\\`*\[\]~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+_BACKTICKS = re.compile(r"`+")
+
+
+def md_text(text) -> str:
+    """A trace-derived string as Markdown text that renders as itself: never a tag, a link, a
+    code span or a new line."""
+    text = controls(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(), text)
+
+
+def md_code(text) -> str:
+    """A trace-derived string as a Markdown code span: fenced by one backtick more than its
+    longest run of backticks (padded when it starts or ends with one), on one line."""
+    text = controls(text)
+    fence = "`" * (max((len(r) for r in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or (text.startswith(" ") and text.endswith(" ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

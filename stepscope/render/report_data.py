@@ -271,7 +271,7 @@ def renderer(suffix: str, output=None):
     from importlib import import_module
 
     key = suffix.lower()
-    name = RENDERERS.get(key) or (key if key in RENDERERS.values() else None)
+    name = RENDERERS.get(key) or RENDERERS.get("." + key) or (key if key in RENDERERS.values() else None)
     if name is None:
         raise InputError(f"-o {output if output is not None else suffix}: the extension picks the format; "
                          "use .html or .md")

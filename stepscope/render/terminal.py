@@ -93,7 +93,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     console.rule(f"[bold]{title}")
     evidence = phase_line(first)
     if evidence:
-        console.print(f"[dim]{evidence}[/]")
+        console.print(f"[dim]{term(evidence, 2000)}[/]")
     if headline is not None:
         console.print(f"[bold]Verdict:[/] {term(headline(first['step']), 2000)}")
     layers = f"{first['layers']} layers × {first['kernels_per_layer']} kernels" if first["layers"] else "no layer pattern"
@@ -115,9 +115,9 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
     for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"])).to_dicts()):
-        console.print(f"[dim]{line}[/]")
+        console.print(f"[dim]{term(line, 2000)}[/]")
     for line in framework_lines(inv, first["step"]):
-        console.print(line)
+        console.print(term(line, 2000))
     other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
     share = other["time_ns"].sum() / total
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
