@@ -200,7 +200,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     inv = load(trace, memory=ONE_PASS)  # the step's grid/block, the join to cells: Inventory.step_acts
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
-    picked = parse_steps(steps, inv.step_ids())
+    picked = parse_steps(steps, inv.steps)
     sid = picked[0]
     if steps not in (None, "") and len(picked) > 1:
         progress.notice(f"budget of step {sid}, the first of the {len(picked)} steps selected")
@@ -322,7 +322,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
         refuse_overwrite(Path(output), [None if p is None else Path(p) for p in (trace, rules)])
     check_steps(steps)  # a bad selection fails before the trace is read
     inv = load(trace, step_regex, rules, memory=EXPORT)  # grid/block: read while writing (render/perfetto.py)
-    ids = parse_steps(steps, inv.step_ids())
+    ids = parse_steps(steps, inv.steps)
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
     if output is None:

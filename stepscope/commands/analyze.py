@@ -26,7 +26,7 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rul
     check_steps(steps)  # a bad --steps fails before the trace is read
     with progress.shown(not as_json):
         d = library.diagnosis(trace, step_regex, rules, cache=not no_cache, memory=ONE_SHOT)
-        ids = parse_steps(steps, d.inv.step_ids())
+        ids = parse_steps(steps, d.inv.steps)
     if as_json:
         from stepscope.render.json import analyze_json
 
