@@ -25,7 +25,7 @@ STEPS_HELP = ("which steps: all, first, last, N, N-M, slowest, top:N (the N slow
 # as another number; 18 digits keep an index an int64 (and below Python's int-parsing limit)
 _INDEX = re.compile(r"[0-9]{1,18}", re.ASCII)
 _WORD_SPLIT = re.compile(r"[\s·+]+")
-_GRAMMAR = "--steps takes all, first, last, N, N-M, slowest, top:N, kind:WORDS or a comma list of those"
+_GRAMMAR = "--steps takes all, first, last, N, N-M (ASCII step numbers), slowest, top:N, kind:WORDS or a comma list of those"
 
 
 def is_index(text: str) -> bool:
