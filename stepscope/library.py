@@ -292,7 +292,14 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         return inv, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which)), d
 
     inv, first, d = view(trace, steps)
-    other = view(compare, compare_steps)[1] if compare is not None else None
+    other, runs = None, None
+    if compare is not None:
+        from stepscope.analysis.run_compare import compare_runs
+        from stepscope.analysis.whatif import is_graph_trace
+
+        inv_b, other, d_b = view(compare, compare_steps)
+        ga = is_graph_trace(inv)
+        runs = compare_runs(d, d_b, ga, is_graph_trace(inv_b), None if ga else d.graph_prediction)
     budget_rows, note = budget_for(inv, first, cells)
     from stepscope.analysis.run import run_view
 
@@ -301,7 +308,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         pl.col("step").alias("index"), pl.col("step_begin").alias("begin_ns"), "step_time_ns", "phase").to_dicts())
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note, run, run_steps))
+    text = render(ReportView(first, other, budget_rows, note, run, run_steps, runs))
     if output is not None:
         write_atomic(Path(output), text)
     return Written(text, None if output is None else Path(output),

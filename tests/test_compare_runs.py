@@ -126,3 +126,13 @@ def test_json_and_terminal_carry_the_runs():
     assert d["runs"]["pairs"] > 100 and d["runs"]["kinds"]
     t = CliRunner().invoke(app, ["compare", str(export("eager")), str(export("graph"))], terminal_width=100)
     assert t.exit_code == 0 and "step pairs matched by composition" in t.output and "the run" in t.output
+
+
+@pytest.mark.parametrize("fmt", ["md", "html"])
+def test_the_compare_report_carries_the_runs(tmp_path, doc, fmt):
+    out = tmp_path / f"r.{fmt}"
+    library.report(export("eager"), out, compare=export("graph"))
+    text = out.read_text()
+    run = doc["runs"]["run"]
+    assert "The two runs, by matched steps" in text and f"{run['speedup']:.2f}×" in text
+    assert f"{100 * run['prediction_error']:+.1f}%" in text

@@ -27,7 +27,7 @@ def _tag(i: int, n: int) -> str:
 
 
 def render_markdown(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                    budget_note: str | None = None, run: dict | None = None) -> str:
+                    budget_note: str | None = None, run: dict | None = None, runs: dict | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
     out = [f"## stepscope: {view.label}" + (f" vs {other.label}" if other else ""), ""]
@@ -35,6 +35,10 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         from stepscope.render.run import run_markdown
 
         out += ["### The run", ""] + run_markdown(run, _cell)
+    if runs:
+        from stepscope.render.run_compare import runs_compare_markdown
+
+        out += ["### The two runs, by matched steps", ""] + runs_compare_markdown(runs, _table)
     for i, v in enumerate(views):
         gpu = f", {v.gpu_name}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
@@ -185,4 +189,5 @@ def _short(name, n: int = 50) -> str:
 
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
-    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run)
+    return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
+                           runs=view.runs)

@@ -234,6 +234,7 @@ class ReportView:
     budget_note: str | None = None
     run: dict | None = None        # the first trace's run view (analysis/run.py), when it is a run
     run_steps: tuple = ()          # its steps for the chart: index, begin_ns, step_time_ns, phase
+    runs: dict | None = None       # with a second trace, both runs by matched steps (analysis/run_compare.py)
 
 
 def by_measured_bytes(budget) -> list[dict]:
