@@ -230,7 +230,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
            else load(trace, memory=ONE_PASS))  # the step's grid/block, the join to cells: Inventory.step_acts
     if inv.steps.height == 0:
         raise InputError(f"{trace}: no steps found")
-    picked = parse_steps(steps, inv.step_ids())
+    picked = parse_steps(steps, inv.steps)
     sid = picked[0]
     if steps not in (None, "") and len(picked) > 1:
         progress.notice(f"budget of step {sid}, the first of the {len(picked)} steps selected")
@@ -354,10 +354,15 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
 
     with calibrated(calibration):
         inv, d, first = view(trace, steps)
-        other = comparison = None
+        other = comparison = runs = None
         if compare is not None:
-            _, db, other = view(compare, compare_steps)
+            from stepscope.analysis.run_compare import compare_runs
+            from stepscope.analysis.whatif import is_graph_trace
+
+            inv_b, db, other = view(compare, compare_steps)
             comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
+            ga = is_graph_trace(inv)
+            runs = compare_runs(d, db, ga, is_graph_trace(inv_b), None if ga else d.graph_prediction)
     budget_rows, note = budget_for(inv, first, cells, shape)
     from stepscope.analysis.run import run_view
 
@@ -366,7 +371,8 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         pl.col("step").alias("index"), pl.col("step_begin").alias("begin_ns"), "step_time_ns", "phase").to_dicts())
     if output is not None:
         progress.stage(f"writing {Path(output).name}")
-    text = render(ReportView(first, other, budget_rows, note, run=run, run_steps=run_steps, comparison=comparison))
+    text = render(ReportView(first, other, budget_rows, note, run=run, run_steps=run_steps, comparison=comparison,
+                             runs=runs))
     if output is not None:
         write_atomic(output if is_stdout(output) else Path(output), text, force)
     return Written(text, None if output is None else Path(output),
@@ -390,7 +396,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
     check_steps(steps)  # a bad selection fails before the trace is read
     inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
            else load(trace, step_regex, rules, memory=EXPORT))  # grid/block: read while writing (render/perfetto.py)
-    ids = parse_steps(steps, inv.step_ids())
+    ids = parse_steps(steps, inv.steps)
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
     if output is None:

@@ -53,7 +53,7 @@ def test_a_bad_selection_fails_first_on_every_command(cmd):
     """The grammar is checked before any file is read: the message is about --steps, not the
     missing trace."""
     code, out = invoke(cmd[0], "/nonexistent/a.sqlite", *cmd[1:], "--steps", "2-")
-    assert code == 2 and "--steps takes all, first, N, N-M or a comma list" in out, out
+    assert code == 2 and "--steps takes all, first, last, N, N-M (ASCII step numbers)" in out, out
 
 
 def test_compare_medians_over_the_selected_steps():

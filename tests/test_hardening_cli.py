@@ -68,7 +68,7 @@ def _one_line_2(args):
     (["analyze", EAGER, "--steps", "٣"], "ASCII"),
     (["analyze", EAGER, "--steps", "9" * 5000], "ASCII"),  # past Python's int-parsing limit
     (["analyze", EAGER, "--steps", "5-3"], "runs upwards"),
-    (["report", EAGER, "-o", "x.md", "--step", "²"], "ASCII step numbers, not '²'"),
+    (["report", EAGER, "-o", "x.md", "--step", "²"], "(ASCII step numbers), slowest, top:N, kind:WORDS or a comma list of those, not '²'"),
 ])
 def test_bad_numbers_are_one_line_exit_2(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -56,15 +56,21 @@ def anatomy(inv: Inventory) -> pl.DataFrame:
     nxt = ranges.select("pid", "tid", pl.col("w_start").alias("_n")).sort("_n")
     s = s.sort("w_end").join_asof(nxt, left_on="w_end", right_on="_n", by=["pid", "tid"],
                                   strategy="forward", check_sortedness=False)
-    sc = (s.select("step", "pid", "tid", "w_end", "_n").join(sched, on=["pid", "tid"])
-          .filter((pl.col("start") >= pl.col("w_end")) & (pl.col("start") < pl.col("_n").fill_null(FAR_END)))
+    # each schedule range to the step whose window ended last before it (a thread's steps do not
+    # overlap, so that is the only step it can follow): linear, where a join on the thread was
+    # steps x ranges (8.8 GB at 1M kernels of a serving run, benchmarks/serving_scale.py)
+    sc = (sched.sort("start").join_asof(s.select("step", "pid", "tid", "w_end", "_n").sort("w_end"),
+                                        left_on="start", right_on="w_end", by=["pid", "tid"],
+                                        strategy="backward", check_sortedness=False)
+          .filter(pl.col("step").is_not_null() & (pl.col("start") < pl.col("_n").fill_null(FAR_END)))
           .group_by("step").agg(pl.len().cast(pl.Int64).alias("schedule_ranges"),
                                 (pl.col("end") - pl.col("start")).sum().alias("schedule_ns")))
     front = nvtx.filter(pl.col("name").is_in([GET_OUTPUT, PROCESS_OUTPUTS])).select(
         pl.col("pid").alias("_fpid"), "name", "start", "end")
-    ov = (s.select("step", "pid", "w_start", "w_end").join(front, how="cross")
-          .filter((pl.col("_fpid") != pl.col("pid")) & (pl.col("start") < pl.col("w_end"))
-                  & (pl.col("end") > pl.col("w_start")))
+    # the overlapping pairs only (an interval join), not steps x frontend ranges
+    ov = (s.select("step", "pid", "w_start", "w_end").join_where(
+              front, pl.col("start") < pl.col("w_end"), pl.col("end") > pl.col("w_start"))
+          .filter(pl.col("_fpid") != pl.col("pid"))
           .with_columns((pl.min_horizontal("end", "w_end") - pl.max_horizontal("start", "w_start")).alias("_o"))
           .sort("step", "_o", descending=[False, True]).group_by("step", "name").first())
     fo = ov.group_by("step").agg(

@@ -18,6 +18,7 @@ from stepscope.analysis.collectives import summary_rank
 from stepscope.analysis.diagnosis import Diagnosis
 from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.representative import representative
+from stepscope.analysis.run_compare import compare_runs
 from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import Calibration, GraphConstants, engine_of, is_graph_trace, predict_graph_step
 from stepscope.paths import shown
@@ -137,6 +138,7 @@ def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | N
         "kernels_removed": [{"name": k, "count_per_step": v} for k, v in sorted(removed.items())],
         "warnings": warnings,
     }
+    frame = None
     if not sa["graph"]:
         frame = (a.graph_prediction if consts is None or consts is a.calibration
                  else predict_graph_step(a.inv, consts, work=a.floors, pro=a.prologue))
@@ -175,4 +177,7 @@ def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | N
                 u["prediction_reference_ns"] = ub
                 u["prediction_error"] = round((u["predicted_graph_step_time_ns"] - ub) / ub, 4)
         doc["untraced"] = u
+    runs = compare_runs(a, b, sa["graph"], sb["graph"], frame)
+    if runs is not None:
+        doc["runs"] = runs
     return doc

@@ -77,7 +77,7 @@ class Diagnosis:
         `analyze` reports for it (a step's begin depends on its predecessor's GPU work)."""
         if spec in (None, "", "all"):
             return self
-        ids = parse_steps(spec, self.inv.step_ids())
+        ids = parse_steps(spec, self.inv.steps)
         if self.tp is not None and self.tp.height:
             groups = self.tp.filter(pl.col("step").is_in(ids))["group"].unique().to_list()
             ids = sorted(set(ids) | set(self.tp.filter(pl.col("group").is_in(groups))["step"].to_list()))

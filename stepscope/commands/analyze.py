@@ -41,7 +41,7 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, rules: Rul
     with progress.shown(not as_json):
         d = library.diagnosis(traces[0] if traces else None, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
                               calibration=calibration)
-        ids = parse_steps(steps, d.inv.step_ids())
+        ids = parse_steps(steps, d.inv.steps)
     if as_json:
         from stepscope.render.json import analyze_json
 

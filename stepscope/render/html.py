@@ -16,6 +16,7 @@ from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
 from stepscope.render.run import run_html
+from stepscope.render.run_compare import runs_compare_html
 from stepscope.render.units import ms, nbytes, tick, us
 
 CLASS_COLORS = {
@@ -643,7 +644,8 @@ def verdict_block(blocks) -> str:
 
 
 def render_html(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                budget_note: str | None = None, run: dict | None = None, run_steps=(), blocks=()) -> str:
+                budget_note: str | None = None, run: dict | None = None, run_steps=(), blocks=(),
+                runs: dict | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
     gpu = view.gpu_name
     src = f"{view.trace_format}" + (f" · nsys {view.nsys_version}" if view.nsys_version else "") + (f" · {gpu}" if gpu else "")
@@ -659,6 +661,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: tuple | N
         verdict_block(blocks),
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
         *(["<h2 id=\"run\">The run</h2>", run_html(run, list(run_steps))] if run is not None else []),
+        *(["<h2 id=\"runs\">The two runs, by matched steps</h2>", runs_compare_html(runs)] if runs else []),
         "<h2>Summary</h2>", _summary(views),
         '<h2 id="floors">Floors and verdict</h2>', _floors(views),
         "<h2>Timeline</h2>",
@@ -690,4 +693,4 @@ document.body.setAttribute("data-ready","1");</script>
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
     return render_html(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
-                       run_steps=view.run_steps, blocks=view.verdict_block())
+                       run_steps=view.run_steps, blocks=view.verdict_block(), runs=view.runs)

@@ -109,7 +109,7 @@ def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
     stepscope.selection's grammar: an InputError when it selects none), with the sections
     `diag` adds (see steps_text) and, for a trace of several steps, the run view (`run`:
     analysis/run.py's, computed from `diag` when not given) as a top-level `run` section."""
-    ids = list(which) if isinstance(which, list) else parse_steps(which, inv.step_ids())
+    ids = list(which) if isinstance(which, list) else parse_steps(which, inv.steps)
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
     if inv.startup.height:
         # a serving run's start-up, left out of its steps (analysis/startup.py)

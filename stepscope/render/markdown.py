@@ -37,7 +37,8 @@ def verdict_block(blocks) -> list[str]:
 
 
 def render_markdown(view: StepView, other: StepView | None = None, budget: tuple | None = None,
-                    budget_note: str | None = None, run: dict | None = None, blocks=()) -> str:
+                    budget_note: str | None = None, run: dict | None = None, blocks=(),
+                    runs: dict | None = None) -> str:
     views = [view] + ([other] if other is not None else [])
     n = len(views)
     # every string from a trace (names of files, GPUs, steps, kernels, APIs, ops) goes through
@@ -48,6 +49,10 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         from stepscope.render.run import run_markdown
 
         out += ["### The run", ""] + run_markdown(run, _cell)
+    if runs:
+        from stepscope.render.run_compare import runs_compare_markdown
+
+        out += ["### The two runs, by matched steps", ""] + runs_compare_markdown(runs, _table)
     for i, v in enumerate(views):
         gpu = f", {md_text(v.gpu_name)}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
@@ -200,4 +205,4 @@ def _short(name, n: int = 50) -> str:
 def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
     return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
-                           blocks=view.verdict_block())
+                           blocks=view.verdict_block(), runs=view.runs)

@@ -99,7 +99,7 @@ def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
         # the trace's representative step (analysis/representative.py: the median by step time
         # of the most common kind of the summary rank's steps, the step compare and tp quote too)
         return representative(inv, diag)["step"]
-    ids = parse_steps(which, inv.step_ids())  # an InputError when it selects none
+    ids = parse_steps(which, inv.steps)  # an InputError when it selects none
     if len(ids) == 1:
         return ids[0]
     s = inv.steps.filter(pl.col("step").is_in(ids))
@@ -123,7 +123,7 @@ def chosen(inv: Inventory, which: str | None) -> str | None:
     """How the shown step was chosen, for the report's header; None: the default wording."""
     if which in (None, "", "all"):
         return None
-    ids = parse_steps(which, inv.step_ids())
+    ids = parse_steps(which, inv.steps)
     if len(ids) == 1:
         return f"as asked (--steps {which})"
     return (f"a typical step among the {len(ids)} selected by --steps {which}: median step time among "
@@ -243,6 +243,7 @@ class ReportView:
     run: dict | None = None        # the first trace's run view (analysis/run.py), when it is a run
     run_steps: tuple = ()          # its steps for the chart: index, begin_ns, step_time_ns, phase
     comparison: dict | None = None  # with `other`: the compare document of the two traces
+    runs: dict | None = None       # with a second trace, both runs by matched steps (analysis/run_compare.py)
 
     def verdict_block(self) -> list[tuple[str | None, list[tuple[str, str]]]]:
         """What every report opens with: (whose, rows) — the compare rows first when there are

@@ -8,8 +8,32 @@ from __future__ import annotations
 from stepscope.render.units import ms2, node_gap
 
 
+def runs_sentence(r: dict) -> str:
+    """The verdict of two runs compared by matched steps (analysis/run_compare.py)."""
+    run = r["run"]
+    if not run["pairs"] or not run["speedup"]:
+        return (f"No step of A ({r['a_steps']} steps) has a step of B ({r['b_steps']}) of the same composition: "
+                "the runs are of different workloads and no step is compared.")
+    sp = run["speedup"]
+    change = f"{sp:.2f}× faster" if sp >= 1 else f"{1 / sp:.2f}× slower"
+    left = (f"; {r['unmatched_a']} of A's and {r['unmatched_b']} of B's steps have no partner and are left out"
+            if r["unmatched_a"] or r["unmatched_b"] else "")
+    s = (f"Over the {run['pairs']} steps matched {r['matched']} (same prompt/decode requests and tokens{left}), "
+         f"B's run is {change} than A's (Σ step time {ms2(run['a_time_ns'])} → {ms2(run['b_time_ns'])}).")
+    if "predicted_graph_time_ns" in run:
+        s += f" With CUDA graphs A's matched steps would take about {ms2(run['predicted_graph_time_ns'])}"
+        s += (f" (off by {100 * run['prediction_error']:+.1f}% against B's)." if "prediction_error" in run else ".")
+    per = [f"{k['kind']} {k['speedup']:.2f}× ({k['pairs']})" for k in r["kinds"][:4] if k["speedup"]]
+    if per:
+        s += " By kind (pairs): " + ", ".join(per) + "."
+    return s
+
+
 def compare_sentence(doc: dict) -> str:
-    """The verdict of a compare document, in one paragraph (its "verdict")."""
+    """The verdict of a compare document, in one paragraph (its "verdict"); two runs are told by
+    their matched steps (runs_sentence), never by two steps of different compositions."""
+    if doc.get("runs"):
+        return runs_sentence(doc["runs"])
     a, b, sp = doc["a"], doc["b"], doc["speedup"]
     if sp is None:
         return "B has no measurable step time."

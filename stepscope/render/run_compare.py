@@ -1,0 +1,38 @@
+"""Two serving runs compared by matched steps (analysis/run_compare.py) in the reports: one
+table per kind and over the run, for `report --compare` in HTML and Markdown."""
+
+from __future__ import annotations
+
+from html import escape
+
+from stepscope.render.sentences import runs_sentence
+from stepscope.render.units import ms
+
+
+def runs_table(r: dict) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per kind, then the run."""
+    what_if = "predicted_graph_time_ns" in r["run"]
+    head = ["kind", "pairs", "Σ A", "Σ B", "speedup"] + (["A with graphs", "off by"] if what_if else [])
+
+    def row(label: str, k: dict) -> list[str]:
+        cells = [label, str(k["pairs"]), ms(k["a_time_ns"]), ms(k["b_time_ns"]),
+                 f"{k['speedup']:.2f}×" if k["speedup"] else "–"]
+        if what_if:
+            cells += [ms(k["predicted_graph_time_ns"]) if "predicted_graph_time_ns" in k else "–",
+                      f"{100 * k['prediction_error']:+.1f}%" if "prediction_error" in k else "–"]
+        return cells
+
+    return head, [row(k["kind"], k) for k in r["kinds"]] + [row("the run (matched steps)", r["run"])]
+
+
+def runs_compare_html(r: dict) -> str:
+    head, rows = runs_table(r)
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<p>{escape(runs_sentence(r))}</p><table id="runs-compare"><tr>{th}</tr>{trs}</table>'
+
+
+def runs_compare_markdown(r: dict, table) -> list[str]:
+    """Markdown lines; `table`: markdown.py's table builder."""
+    head, rows = runs_table(r)
+    return [runs_sentence(r), "", table(head, rows), ""]
