@@ -175,3 +175,18 @@ def test_a_single_step_trace_has_no_run_view():
 
     d = diagnose(library.load(FIXTURES / "llama8b_decode_b1_eager.sqlite", None, None, cache=False))
     assert run_view(d) is None
+
+
+def test_a_step_regex_that_matches_nothing_warns_or_fails_with_strict():
+    from conftest import CliRunner
+    from stepscope.cli import app
+
+    args = ["analyze", str(export("graph")), "--no-cache", "--step-regex", "^no such range$"]
+    warned = CliRunner().invoke(app, args + ["--json"])
+    assert warned.exit_code == 0
+    assert any("matched no NVTX range" in w for w in json.loads(warned.stdout)["warnings"])
+    failed = CliRunner().invoke(app, args + ["--strict"])
+    assert failed.exit_code == 2 and "(--strict)" in failed.stderr and "Traceback" not in failed.output
+    # --strict holds for its own command line only
+    again = CliRunner().invoke(app, args + ["--json"])
+    assert again.exit_code == 0

@@ -213,8 +213,16 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     warnings = list(trace.warnings) + seg.warnings
     if step_regex and not (seg.steps["delimiter"] == "nvtx").any():
         used = ", ".join(seg.steps["delimiter"].unique(maintain_order=True).to_list())
-        warnings.append(f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
-                        f"delimited by {used} instead")
+        msg = (f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
+               f"delimited by {used} instead")
+        from stepscope.options import STRICT
+
+        if STRICT.get():
+            from stepscope.errors import InputError
+
+            raise InputError(f"--step-regex {step_regex!r} matched no NVTX range with GPU work (--strict): check "
+                             "the pattern against the trace's range names, or leave --strict out")
+        warnings.append(msg)
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
         warnings.append(

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, app
+from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Strict, app
 
 
 @app.command()
@@ -19,7 +19,7 @@ def calibrate(
         "-o", "--output", metavar="F",
         help="calibration file to write (default: $XDG_CONFIG_HOME/stepscope/calibration.json, which "
              "analyze, compare, tp and report then use)")] = None,
-    as_json: AsJson = False, step_regex: StepRegex = None, rules: Rules = None, no_cache: NoCache = False,
+    as_json: AsJson = False, step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, no_cache: NoCache = False,
 ) -> None:
     """Measure the what-if CUDA-graph constants (graph launch lead, gaps between graph nodes,
     prologue) on graph captures of this machine and write them as a calibration file."""

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option
+from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option, Strict
 
 
 def is_stdout(path) -> bool:
@@ -26,7 +26,7 @@ def report(
         "; the report draws the one selected, or a typical one among several (default: all)", old_name=True)] = None,
     compare_steps: Annotated[Optional[str], typer.Option(
         "--compare-steps", "--compare-step", metavar="S", help="the same, for the --compare trace")] = None,
-    step_regex: StepRegex = None, rules: Rules = None, calibration: CalibrationFile = None,
+    step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, calibration: CalibrationFile = None,
     model: Annotated[Optional[str], typer.Option(help="with --cells: the model card (default: from the step's "
                                                       "name or the capture's sidecar, as budget reads it)")] = None,
     batch: Annotated[Optional[int], typer.Option(help="with --cells: sequences in the step")] = None,
@@ -55,7 +55,7 @@ def report(
 def export(trace: TraceArg,
            output: Annotated[Path, output_option("Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz "
                                                  "for gzip)")],
-           steps: Steps = "all", step_regex: StepRegex = None,
+           steps: Steps = "all", step_regex: StepRegex = None, strict: Strict = False,
            rules: Rules = None, force: Force = False) -> None:
     """Write chosen steps as Chrome trace JSON: kernel class as category, a track per stream
     (overlapping kernels on lanes of their own), host launch calls, and flow arrows from each

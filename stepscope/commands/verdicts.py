@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, app, steps_option
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, app, steps_option, Strict
 
 
 def _echo_json(doc: dict) -> None:
@@ -26,7 +26,7 @@ def compare(
         help="exit 1 when B's step time is worse than A's by more than PCT percent (CI gating)")] = None,
     graph_gap_ns: Annotated[Optional[float], typer.Option(help="what-if: device gap per graph node")] = None,
     graph_launch_ns: Annotated[Optional[float], typer.Option(help="what-if: graph launch lead")] = None,
-    step_regex: StepRegex = None, rules: Rules = None, no_cache: NoCache = False,
+    step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, no_cache: NoCache = False,
     steps: Annotated[str, steps_option(": the steps whose medians stand for each trace")] = "all",
     steps_b: Annotated[Optional[str], typer.Option("--steps-b", metavar="S", help="B's steps, when not --steps")] = None,
     calibration: CalibrationFile = None,
@@ -62,7 +62,7 @@ def tp(
     launch_us: Annotated[Optional[float], typer.Option(help="numbers alone: host µs per launch")] = None,
     device_ms: Annotated[Optional[float], typer.Option(help="numbers alone: device floor at TP=1")] = None,
     collective_us: Annotated[Optional[float], typer.Option(help="cost of one all-reduce (µs)")] = None,
-    as_json: AsJson = False, step_regex: StepRegex = None, rules: Rules = None, no_cache: NoCache = False,
+    as_json: AsJson = False, step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, no_cache: NoCache = False,
     steps: Annotated[str, steps_option(": the steps projected")] = "all",
     calibration: CalibrationFile = None,
 ) -> None:
