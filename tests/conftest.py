@@ -29,6 +29,37 @@ def need(path: Path) -> Path:
     return path
 
 
+_GUNZIPPED: dict[Path, Path] = {}
+
+
+def gunzipped(path: Path) -> Path:
+    """A gzip'd fixture export (`x.sqlite.gz`) unpacked once per test session into a temporary
+    folder, with its sidecar (`x.stepscope.json`) and engine log copied beside it; the
+    fixture itself is never touched. Large exports are committed gzip'd so that the checkout
+    stays small."""
+    import gzip
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    if path in _GUNZIPPED and _GUNZIPPED[path].exists():
+        return _GUNZIPPED[path]
+    folder = Path(tempfile.mkdtemp(prefix="stepscope-fixture-"))
+    out = folder / path.name[: -len(".gz")]
+    with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    stem = out.name[: -len(".sqlite")] if out.name.endswith(".sqlite") else out.stem
+    for extra in (".stepscope.json", ".engine.log"):
+        side = path.parent / (stem + extra)
+        if side.exists():
+            shutil.copy(side, folder / side.name)
+    _GUNZIPPED[path] = out
+    return out
+
+
+SERVING = FIXTURES / "serving"
+
+
 def ro(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
 

@@ -59,6 +59,23 @@ class TraceRequest:
     inductor_names: str | None = None
     sync_scheduling: bool = False        # async scheduling off (the ncu step's twin)
     kv_cache_gib: float | None = None    # KV cache size instead of 85 % of the GPU
+    # a serving-like run (vLLM engine): this many requests of mixed lengths, the whole
+    # generate inside the capture range, instead of one step
+    requests: int | None = None
+    prompt_lens: tuple[int, int] | None = None
+    output_lens: tuple[int, int] | None = None
+    seed: int = 0
+
+    @property
+    def serving(self) -> dict | None:
+        if not self.requests:
+            return None
+        from stepscope.capture.engines import vllm_serving as vs
+
+        return {"requests": self.requests,
+                "prompt_lens": self.prompt_lens or vs.DEFAULT_PROMPT_LENS,
+                "output_lens": self.output_lens or vs.DEFAULT_OUTPUT_LENS,
+                "seed": self.seed}
 
     @property
     def modes(self) -> list[str]:
@@ -132,6 +149,9 @@ def slug(model: str) -> str:
 
 
 def base_name(req: TraceRequest, mode: str) -> str:
+    if req.requests:
+        s = f"{slug(req.model)}_serve_r{req.requests}_s{req.seed}_{mode}"
+        return s + (f"_tp{req.tp}" if req.tp > 1 else "")
     s = f"{slug(req.model)}_{req.phase}_b{req.batch}_{mode}"
     return s + (f"_tp{req.tp}" if req.tp > 1 else "")
 
@@ -184,7 +204,7 @@ def engine_command(req: TraceRequest, engine: str, mode: str,
                                untraced_steps=req.untraced_steps,
                                inductor_names=req.inductor_names,
                                sync_scheduling=req.sync_scheduling,
-                               kv_cache_gib=req.kv_cache_gib)
+                               kv_cache_gib=req.kv_cache_gib, serving=req.serving)
 
 
 def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -241,10 +261,18 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
         raise InputError(f"--layers must be at least 1 (got {req.layers})")
     if req.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {req.steps})")
+    if req.requests is not None:
+        if req.requests < 1:
+            raise InputError(f"--requests must be at least 1 (got {req.requests})")
+        if req.engine == "torch":
+            raise InputError("--requests runs vLLM's engine (a serving-like run): use "
+                             "--engine vllm or leave --engine out")
+        if req.mode in ("compiled",):
+            raise InputError("--requests takes --mode eager, graph or both")
     if req.untraced_steps is not None and req.untraced_steps < 0:
         raise InputError(f"--untraced-steps must be 0 or more (got {req.untraced_steps})")
     card = load_card(req.model)
-    engine = pick_engine(req.engine)
+    engine = "vllm" if req.requests else pick_engine(req.engine)
     if engine == "vllm":
         torch_only = [name for name, on in (
             ("--mode compiled", req.mode == "compiled"), ("--steps", req.steps != 1),
@@ -268,7 +296,13 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
             raise InputError(f"--tp {req.tp} does not divide {card.name}'s "
                              f"{card.num_attention_heads} heads / {card.intermediate_size} "
                              "intermediate size")
-    if req.context + 1 > card.max_position_embeddings:
+    if req.serving:
+        longest = req.serving["prompt_lens"][1] + req.serving["output_lens"][1]
+        if longest + 1 > card.max_position_embeddings:
+            raise InputError(f"prompts of {req.serving['prompt_lens'][1]} tokens and outputs "
+                             f"of {req.serving['output_lens'][1]} exceed {card.name}'s "
+                             f"{card.max_position_embeddings} positions")
+    elif req.context + 1 > card.max_position_embeddings:
         raise InputError(f"--context {req.context} exceeds {card.name}'s "
                          f"{card.max_position_embeddings} positions")
     return card, engine
@@ -298,7 +332,7 @@ PHASE_LABELS = {
     "start": "engine start",
     "build": "engine start (building the model)",
     "warmup": "warm-up",
-    "untraced": "timing the untraced step",
+    "untraced": "timing the untraced step (or run)",
     "capture": "capture",
     "export": "export (nsys → .sqlite)",
     "analysis": "analysis",
@@ -393,6 +427,15 @@ def sidecar_doc(cap: Capture, req: TraceRequest, engine: str, card: Card) -> dic
     versions = {"python": platform.python_version(), "torch": res.get("torch")}
     if engine == "vllm":
         versions["vllm"] = res.get("vllm")
+    if req.serving:
+        return {
+            "engine": engine, "versions": versions, "device": res.get("device"),
+            "shape": {"model": card.name, "phase": "serving", "mode": cap.mode, "tp": req.tp,
+                      "layers": res.get("layers") or req.layers or card.num_hidden_layers,
+                      "workload": res.get("workload")},
+            "untraced": untraced,
+            "capture": {k: v for k, v in res.items() if k != "untraced"},
+        }
     return {
         "engine": engine,
         "versions": versions,
@@ -440,7 +483,9 @@ def run_trace(req: TraceRequest, console=None) -> list[Capture]:
         app = engine_command(req, engine, mode)
         cap = Capture(mode=mode, base=base,
                       command=nsys_mod.profile_command(found.path, base, app))
-        label = f"{card.name} {req.phase} b={req.batch} {mode} tp={req.tp} ({engine})"
+        label = (f"{card.name} serving run of {req.requests} requests {mode} tp={req.tp}"
+                 if req.requests else
+                 f"{card.name} {req.phase} b={req.batch} {mode} tp={req.tp} ({engine})")
         with console.status(f"{label}: {PHASE_LABELS['start']}") as status:
             def on_phase(phase: str, _s=status, _l=label) -> None:
                 _s.update(f"{_l}: {PHASE_LABELS.get(phase, phase)}")

@@ -51,9 +51,20 @@ def trace(
         "--engine vllm` measures under ncu)"),
     kv_cache_gib: Optional[float] = typer.Option(
         None, "--kv-cache-gib", help="vLLM: a KV cache of this many GiB instead of 85 % of the GPU"),
+    requests: Optional[int] = typer.Option(
+        None, "--requests", help="vLLM: a serving-like run of this many requests (continuous "
+        "batching, chunked prefill) inside the capture range instead of one step"),
+    prompt_lens: Optional[str] = typer.Option(
+        None, "--prompt-lens", help="with --requests: prompt tokens drawn from A:B "
+        "(default 16:3000)"),
+    output_lens: Optional[str] = typer.Option(
+        None, "--output-lens", help="with --requests: output tokens drawn from A:B "
+        "(default 4:96)"),
+    seed: int = typer.Option(0, "--seed", help="with --requests: the workload's seed"),
     as_json: AsJson = False,
 ) -> None:
-    """Run one engine step under Nsight Systems and explain where its time goes."""
+    """Run one engine step (or, with --requests, a serving-like run) under Nsight Systems and
+    explain where its time goes."""
     from stepscope import options as opt
     from stepscope.capture.run import TraceRequest, run_trace
 
@@ -63,12 +74,13 @@ def trace(
     opt.at_most(tp, "--tp", 1024)
     opt.at_most(layers, "--layers", 10_000)
     opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
+    serving = _serving_options(requests, prompt_lens, output_lens)
     req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
                        context=context, tp=tp, layers=layers, out=out, json=as_json,
                        warmup=warmup, untraced_steps=untraced_steps, steps=steps,
                        step_name=step_name, nvtx=not no_nvtx, ops=ops, emit_nvtx=emit_nvtx,
                        inductor_names=inductor_names, sync_scheduling=sync_scheduling,
-                       kv_cache_gib=kv_cache_gib)
+                       kv_cache_gib=kv_cache_gib, seed=seed, **serving)
     captures = run_trace(req)
     failed = [c for c in captures if c.analysis_rc not in (0, None)]
     comparison = _compare_modes(captures)
@@ -89,6 +101,29 @@ def trace(
             render_compare(comparison)
     if failed:
         raise typer.Exit(failed[0].analysis_rc or 1)
+
+
+def _serving_options(requests, prompt_lens, output_lens) -> dict:
+    """--requests/--prompt-lens/--output-lens as TraceRequest fields (ranges checked here,
+    before nsys starts)."""
+    from stepscope import options as opt
+    from stepscope.capture.engines.vllm_serving import parse_range
+    from stepscope.errors import InputError
+
+    if requests is None:
+        if prompt_lens or output_lens:
+            raise InputError("--prompt-lens and --output-lens need --requests")
+        return {}
+    opt.at_most(requests, "--requests", 100_000)
+    out = {"requests": requests}
+    try:
+        if prompt_lens:
+            out["prompt_lens"] = parse_range(prompt_lens, "--prompt-lens")
+        if output_lens:
+            out["output_lens"] = parse_range(output_lens, "--output-lens")
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return out
 
 
 def _compare_modes(captures) -> dict | None:

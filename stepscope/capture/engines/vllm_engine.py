@@ -72,8 +72,9 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
             layers: int | None, python: str = sys.executable,
             model_arg: str | None = None, untraced_steps: int | None = None,
             inductor_names: str | None = None, sync_scheduling: bool = False,
-            kv_cache_gib: float | None = None) -> list[str]:
-    """`python -m stepscope.capture.engines.vllm_engine ...` (vLLM starts its own workers)."""
+            kv_cache_gib: float | None = None, serving: dict | None = None) -> list[str]:
+    """`python -m stepscope.capture.engines.vllm_engine ...` (vLLM starts its own workers).
+    `serving`: {requests, prompt_lens, output_lens, seed[, plain]} for a serving-like run."""
     cmd = [python, "-m", MODULE,
            "--model", model_arg or model,
            "--phase", phase,
@@ -91,6 +92,13 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
         cmd += ["--sync-scheduling"]
     if kv_cache_gib:
         cmd += ["--kv-cache-gib", f"{kv_cache_gib:g}"]
+    if serving:
+        cmd += ["--requests", str(serving["requests"]),
+                "--prompt-lens", "{}:{}".format(*serving["prompt_lens"]),
+                "--output-lens", "{}:{}".format(*serving["output_lens"]),
+                "--seed", str(serving.get("seed", 0))]
+        if serving.get("plain"):
+            cmd += ["--plain"]
     return cmd
 
 
@@ -342,6 +350,21 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
     return result
 
 
+def _serve(a) -> dict:
+    """The serving-like run of `--requests` (vllm_serving.py)."""
+    from stepscope.capture.engines import vllm_serving as vs
+
+    work = vs.Workload(
+        a.requests,
+        vs.parse_range(a.prompt_lens, "--prompt-lens") if a.prompt_lens else vs.DEFAULT_PROMPT_LENS,
+        vs.parse_range(a.output_lens, "--output-lens") if a.output_lens else vs.DEFAULT_OUTPUT_LENS,
+        a.seed)
+    result = vs.run(a.model, work, mode=a.mode, tp=a.tp, layers=a.layers, plain=a.plain,
+                    kv_cache_gib=a.kv_cache_gib, sync_scheduling=a.sync_scheduling, say=say)
+    say("result=" + json.dumps(result))
+    return result
+
+
 def _torch_version() -> str | None:
     try:
         import torch
@@ -363,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="turn vLLM's async scheduling off (one step at a time; for ncu)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="KV cache of this many GiB instead of 85%% of the GPU (for ncu)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="a serving-like run of this many requests instead of one step")
+    p.add_argument("--prompt-lens", default=None, help="serving run: prompt tokens A:B")
+    p.add_argument("--output-lens", default=None, help="serving run: output tokens A:B")
+    p.add_argument("--seed", type=int, default=0, help="serving run: the workload's seed")
+    p.add_argument("--plain", action="store_true",
+                   help="serving run without profiler hooks or timer (plain nsys profile)")
     p.set_defaults(untraced_steps=DECODE_UNTRACED)
     a = p.parse_args(argv)
     if a.mode == "compiled":
@@ -374,9 +404,13 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 2
     try:
-        run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode, tp=a.tp,
-            layers=a.layers, untraced_steps=a.untraced_steps, inductor_names=a.inductor_names,
-            sync_scheduling=a.sync_scheduling, kv_cache_gib=a.kv_cache_gib)
+        if a.requests:
+            _serve(a)
+        else:
+            run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode,
+                tp=a.tp, layers=a.layers, untraced_steps=a.untraced_steps,
+                inductor_names=a.inductor_names, sync_scheduling=a.sync_scheduling,
+                kv_cache_gib=a.kv_cache_gib)
     except Exception as e:
         # one line the orchestrator can quote (out of memory, unsupported card, ...); the
         # traceback above it stays in the engine log

@@ -22,6 +22,20 @@ QUALNAME = "stepscope.capture.engines.vllm_timer.StepTimer"
 _WRAPPED = ("execute_model", "sample_tokens")
 
 
+def _composition(scheduler_output) -> dict:
+    """Prompt (context) and decode (generation) requests and tokens of a step, counted as
+    vLLM's own step range name counts them; {} where this vLLM has no such helper."""
+    try:
+        from vllm.v1.utils import compute_iteration_details
+
+        d = compute_iteration_details(scheduler_output)
+        return {"ctx_reqs": int(d.num_ctx_requests), "ctx_tokens": int(d.num_ctx_tokens),
+                "gen_reqs": int(d.num_generation_requests),
+                "gen_tokens": int(d.num_generation_tokens)}
+    except Exception:
+        return {}
+
+
 class StepTimer:
     def stepscope_timer_start(self) -> bool:
         import torch
@@ -43,6 +57,7 @@ class StepTimer:
                 if name == "execute_model" and so is not None:
                     rec["tokens"] = int(getattr(so, "total_num_scheduled_tokens", 0) or 0)
                     rec["reqs"] = len(getattr(so, "num_scheduled_tokens", {}) or {})
+                    rec.update(_composition(so))
                 records.append(rec)
                 return out
             return timed
