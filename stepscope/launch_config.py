@@ -165,3 +165,45 @@ def rows_near(con, table: str, lo: int, hi: int) -> tuple[int, int] | None:
 
 def nsys_reader(path: str | Path) -> NsysLaunchConfig:
     return NsysLaunchConfig(path)
+
+
+class ColumnarLaunchConfig:
+    """NsysLaunchConfig's reads from nsys's columnar export (`--type=arrow` or `parquetdir`):
+    the kernel table's few columns taken again (Parquet reads only those; the Arrow file is
+    memory-mapped), filtered in polars, in the table's row order."""
+
+    def __init__(self, path: str | Path, kind: str) -> None:
+        from stepscope.ingest import file_identity
+
+        self.path, self.kind = Path(path), kind
+        self._identity = file_identity(self.path)
+
+    def __call__(self, short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+        if not short_ids:
+            return pl.DataFrame(schema=_schema(dims))
+        return self._read(pl.col("shortName").is_in([int(i) for i in short_ids]), dims)
+
+    def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
+        return self._read(pl.col("deviceId").is_in([int(d) for d in devices]) & (pl.col("start") >= int(lo))
+                          & (pl.col("start") <= int(hi)), DIMS)
+
+    def _read(self, where: pl.Expr, dims: tuple[str, ...]) -> pl.DataFrame:
+        from stepscope.errors import InputError
+        from stepscope.ingest import file_identity
+        from stepscope.ingest import nsys_columnar as nc
+        from stepscope.ingest import nsys_sqlite as ns
+        from stepscope.paths import shown
+
+        if self._identity is None or file_identity(self.path) != self._identity:
+            raise InputError(f"{shown(self.path)} changed since it was analyzed: analyze it again to read its "
+                             "kernels' grid and block")
+        t = nc.Tables(self.path, self.kind)
+        have = t.cols(ns.KERNEL_TABLE)
+        schema = _schema(dims)
+        cols = [c for c in ("globalPid", "correlationId", "start", "deviceId", "shortName",
+                            *(ns.LAUNCH_COLUMNS[d] for d in dims)) if c in have]
+        k = t.frame(ns.KERNEL_TABLE, cols).filter(where)
+        frame = k.select(((pl.col("globalPid") // (1 << 24)) % (1 << 24)).alias("pid"), "correlationId", "start",
+                         *[pl.col(ns.LAUNCH_COLUMNS[d]) if ns.LAUNCH_COLUMNS[d] in have else pl.lit(None)
+                           for d in dims])
+        return _typed(frame, schema)

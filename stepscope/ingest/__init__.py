@@ -49,6 +49,12 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
     and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
     big export's frames from its Parquet cache when one matches, and writes one when not."""
+    given = Path(path)
+    if given.is_dir():  # nsys export --type=parquetdir: a folder of one .parquet per table
+        from stepscope.ingest.nsys_columnar import kind_of, read_nsys_columnar
+
+        if kind_of(given, b"") == "parquetdir":
+            return read_nsys_columnar(given, launch_config, "parquetdir")
     path = input_file(path, "an nsys SQLite export")  # a FIFO or device is refused unopened
     try:
         with open(path, "rb") as f:
@@ -70,6 +76,10 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         if use_cache:
             trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
         return trace
+    if head.startswith((b"\xff\xff\xff\xff", b"ARROW1")):  # nsys export --type=arrow: Arrow IPC streams
+        from stepscope.ingest.nsys_columnar import read_nsys_columnar
+
+        return read_nsys_columnar(path, launch_config, "arrow")
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
             from stepscope.ingest.kineto import read_kineto
