@@ -13,6 +13,7 @@ damaged files.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -223,3 +224,120 @@ def test_input_never_written(cli, tmp_path):
     before = {p.name: p.read_bytes() for p in d.iterdir()}
     assert cli(["analyze", str(d), "--json"]).exit_code == 0
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+# --- a .nsys-rep given directly; the Arrow export beside a capture's SQLite one ------------------
+
+FAKE_NSYS = """#!/bin/sh
+# a stand-in for nsys: `export --help` names the types; `export ... -o OUT REP` copies the
+# known SQLite export ($FAKE_EXPORT) to OUT and logs its arguments
+if [ "$1" = export ] && [ "$2" = --help ]; then
+  echo "	-t, --type="
+  echo "           Possible values are: sqlite, hdf, text, json, info, arrow,"
+  echo "           arrowdir, and parquetdir."
+  exit 0
+fi
+echo "$@" >> "$FAKE_LOG"
+out=""
+while [ $# -gt 1 ]; do
+  if [ "$1" = -o ]; then out="$2"; fi
+  shift
+done
+[ -n "$FAIL" ] && { echo "Fatal error: cannot read the report" >&2; exit 2; }
+cp "$FAKE_EXPORT" "$out"
+"""
+
+
+@pytest.fixture
+def fake_nsys(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nsys"
+    exe.write_text(FAKE_NSYS)
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '')}")
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "nsys.log"))
+    monkeypatch.setenv("FAKE_EXPORT", str(REAL.with_suffix(".sqlite")))
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _report(tmp_path: Path) -> Path:
+    d = tmp_path / "ro"
+    d.mkdir()
+    rep = d / "run.nsys-rep"
+    rep.write_bytes(b"not SQLite: a report nsys would read\n")
+    d.chmod(0o555)  # a folder the user cannot write: nothing may be written beside the report
+    return rep
+
+
+def test_nsys_rep_exported_to_cache_with_users_nsys(cli, fake_nsys):
+    rep = _report(fake_nsys)
+    try:
+        r = cli(["analyze", str(rep), "--json", "--steps", "all", "--no-cache"])
+        assert r.exit_code == 0, r.output
+        assert sorted(p.name for p in rep.parent.iterdir()) == ["run.nsys-rep"]
+        want = cli(["analyze", str(REAL.with_suffix(".sqlite")), "--json", "--steps", "all", "--no-cache"])
+        got, ref = json.loads(r.stdout), json.loads(want.stdout)
+        assert Path(got["trace"].pop("path")).is_relative_to(fake_nsys / "cache" / "reports")
+        ref["trace"].pop("path")
+        assert got == ref
+        calls = (fake_nsys / "nsys.log").read_text().splitlines()
+        assert len(calls) == 1 and calls[0].startswith("export --type=sqlite") and calls[0].endswith(str(rep))
+        # the second analysis of the same report reuses the export
+        assert cli(["analyze", str(rep), "--json", "--no-cache"]).exit_code == 0
+        assert len((fake_nsys / "nsys.log").read_text().splitlines()) == 1
+    finally:
+        rep.parent.chmod(0o755)
+
+
+def test_nsys_rep_export_failure_is_one_line(cli, fake_nsys, monkeypatch):
+    monkeypatch.setenv("FAIL", "1")
+    rep = _report(fake_nsys)
+    try:
+        r = cli(["analyze", str(rep), "--json"])
+        assert r.exit_code != 0 and "Traceback" not in r.output
+        assert "failed (exit 2: Fatal error: cannot read the report)" in r.output
+        assert "nsys export --type sqlite" in r.output
+        assert not list((fake_nsys / "cache").rglob("*.sqlite"))  # nothing half-written left to reuse
+    finally:
+        rep.parent.chmod(0o755)
+
+
+def test_nsys_rep_without_nsys_is_the_hint(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    import stepscope.ingest.report as report
+
+    monkeypatch.setattr(report, "find_nsys", lambda: None)
+    rep = tmp_path / "x.nsys-rep"
+    rep.write_bytes(b"report")
+    r = cli(["analyze", str(rep)])
+    assert r.exit_code != 0
+    assert f"is an nsys report, not its SQLite export; run: nsys export --type sqlite {rep}" in r.output
+
+
+def test_export_command_and_types():
+    from stepscope.capture.nsys import export_command
+
+    assert export_command("/n/nsys", "/r/a.nsys-rep", "/r/a.arrow", "arrow") == [
+        "/n/nsys", "export", "--type=arrow", "--force-overwrite=true", "--quiet=true", "-o", "/r/a.arrow",
+        "/r/a.nsys-rep"]
+
+
+def test_export_arrow_beside_sqlite(fake_nsys, monkeypatch):
+    """What `stepscope trace` runs after a capture: the Arrow export when nsys lists the type."""
+    from stepscope.capture.nsys import export_arrow, export_types
+
+    exe = fake_nsys / "bin" / "nsys"
+    assert {"sqlite", "arrow", "parquetdir"} <= export_types(exe)
+    monkeypatch.setenv("FAKE_EXPORT", str(REAL.with_suffix(".arrow")))
+    out = fake_nsys / "run.arrow"
+    assert export_arrow(exe, fake_nsys / "run.nsys-rep", out) is None
+    assert out.read_bytes() == REAL.with_suffix(".arrow").read_bytes()
+    old = fake_nsys / "old-nsys"
+    old.write_text("#!/bin/sh\necho 'Possible values are: sqlite, hdf, text, json, info.'\n")
+    old.chmod(0o755)
+    assert "no --type=arrow" in export_arrow(old, fake_nsys / "run.nsys-rep", fake_nsys / "x.arrow")
+    assert not (fake_nsys / "x.arrow").exists()

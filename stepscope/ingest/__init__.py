@@ -61,6 +61,11 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
             head = f.read(16)
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot be read ({e.strerror or e})") from None
+    if path.suffix == ".nsys-rep" and not head.startswith(b"SQLite format 3"):
+        from stepscope.ingest.report import exported
+
+        # exported once with the user's nsys, into a cache folder (never beside the report)
+        return _read_trace(exported(path), launch_config, cache)
     if head.startswith(b"SQLite format 3"):
         from stepscope.ingest import cache as trace_cache
         from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
@@ -86,11 +91,6 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         except ImportError:
             raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
         return read_kineto(path)
-    if path.suffix == ".nsys-rep":
-        raise InputError(
-            f"{path} is an nsys report, not its SQLite export; run: "
-            f"nsys export --type sqlite {path}"
-        )
     from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
 
     return read_nsys_sqlite(path)  # gives the precise "not a SQLite file" message
