@@ -50,7 +50,11 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
     and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
     big export's frames from its Parquet cache when one matches, and writes one when not."""
     given = Path(path)
-    if given.is_dir():  # nsys export --type=parquetdir: a folder of one .parquet per table
+    try:
+        is_dir = given.is_dir()
+    except OSError:  # a name too long, say: input_file below says what is wrong
+        is_dir = False
+    if is_dir:  # nsys export --type=parquetdir: a folder of one .parquet per table
         from stepscope.ingest.nsys_columnar import kind_of, read_nsys_columnar
 
         if kind_of(given, b"") == "parquetdir":
