@@ -20,7 +20,7 @@ LAUNCH_CONFIG_SCHEMA = {"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "g
                         "grid_y": pl.Int64, "grid_z": pl.Int64, "block_x": pl.Int64, "block_y": pl.Int64,
                         "block_z": pl.Int64}
 DIMS = tuple(c for c in LAUNCH_CONFIG_SCHEMA if c.startswith(("grid_", "block_")))
-LaunchConfigReader = Callable[[list[int]], pl.DataFrame]
+LaunchConfigReader = Callable[..., pl.DataFrame]  # (short_ids, dims=DIMS) -> pid, corr, start and those dims
 
 
 class NsysLaunchConfig:
@@ -36,10 +36,12 @@ class NsysLaunchConfig:
         self.path = Path(path)
         self._identity = file_identity(self.path)  # rows read later must be this file's
 
-    def __call__(self, short_ids: list[int]) -> pl.DataFrame:
+    def __call__(self, short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+        """The kernels of those names, with the launch columns `dims` alone (fewer columns, less
+        to take out of SQLite: phase evidence reads four of the six)."""
         if not short_ids:
-            return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
-        return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})")
+            return pl.DataFrame(schema=_schema(dims))
+        return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims)
 
     def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
         """The kernels of `devices` that started from lo to hi, in the table's row order (one
@@ -53,7 +55,7 @@ class NsysLaunchConfig:
                  f"AND start <= {int(hi)}")
         return self._read(where, (lo, hi) if narrow else None)
 
-    def _read(self, where: str, near: tuple[int, int] | None = None) -> pl.DataFrame:
+    def _read(self, where: str, near: tuple[int, int] | None = None, dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
         from stepscope.errors import InputError
         from stepscope.ingest import file_identity
         from stepscope.ingest import nsys_sqlite as ns
@@ -74,31 +76,37 @@ class NsysLaunchConfig:
                 span = None
             have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
             # an old export may lack a column
-            dims = ", ".join(c if c in have else "NULL" for c in ns.LAUNCH_COLUMNS.values())
+            schema = _schema(dims)
+            dims = ", ".join(c if c in have else "NULL" for c in (ns.LAUNCH_COLUMNS[d] for d in dims))
             # globalPid packs <hw:8><vm:8><pid:24><tid:24>
             sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {dims} "
                    f"FROM {table} WHERE {where}")
-            frame = _adbc_slices(con, self.path, sql, span)
+            frame = _adbc_slices(con, self.path, sql, span, schema)
             if frame is None:
                 if span is not None:
                     sql += f" AND rowid BETWEEN {span[0]} AND {span[1]}"
-                frame = _typed(pl.DataFrame(con.execute(sql).fetchall(), schema=list(LAUNCH_CONFIG_SCHEMA),
-                                            orient="row", strict=False))
+                frame = _typed(pl.DataFrame(con.execute(sql).fetchall(), schema=list(schema),
+                                            orient="row", strict=False), schema)
         finally:
             con.close()
         return frame
 
 
-def _typed(frame: pl.DataFrame) -> pl.DataFrame:
+def _schema(dims: tuple[str, ...]) -> dict:
+    return {c: t for c, t in LAUNCH_CONFIG_SCHEMA.items() if c in ("pid", "corr", "start") or c in dims}
+
+
+def _typed(frame: pl.DataFrame, schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame:
     if frame.is_empty():
-        return pl.DataFrame(schema=LAUNCH_CONFIG_SCHEMA)
+        return pl.DataFrame(schema=schema)
     # evidence, not figures: a value of the wrong type (a damaged export) leaves its row out
     return frame.select([pl.col(c).cast(t, strict=False).alias(n)
-                         for c, (n, t) in zip(frame.columns, LAUNCH_CONFIG_SCHEMA.items())]).drop_nulls(
+                         for c, (n, t) in zip(frame.columns, schema.items())]).drop_nulls(
         ["pid", "corr", "start"])
 
 
-def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None) -> pl.DataFrame | None:
+def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
+                 schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame | None:
     """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
     ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
     parallel threads for a big span); None without the driver, or where ADBC met a value of
@@ -123,7 +131,7 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None) -> pl.
             frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))
     except ns._ReadError:
         return None
-    return pl.concat([_typed(f) for f in frames])
+    return pl.concat([_typed(f, schema) for f in frames])
 
 
 NEAR_MARGIN = 4096  # rows either side of the bisection's bounds: kernels of other streams and devices interleave
@@ -158,3 +166,45 @@ def rows_near(con, table: str, lo: int, hi: int) -> tuple[int, int] | None:
 
 def nsys_reader(path: str | Path) -> NsysLaunchConfig:
     return NsysLaunchConfig(path)
+
+
+class ColumnarLaunchConfig:
+    """NsysLaunchConfig's reads from nsys's columnar export (`--type=arrow` or `parquetdir`):
+    the kernel table's few columns taken again (Parquet reads only those; the Arrow file is
+    memory-mapped), filtered in polars, in the table's row order."""
+
+    def __init__(self, path: str | Path, kind: str) -> None:
+        from stepscope.ingest import file_identity
+
+        self.path, self.kind = Path(path), kind
+        self._identity = file_identity(self.path)
+
+    def __call__(self, short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+        if not short_ids:
+            return pl.DataFrame(schema=_schema(dims))
+        return self._read(pl.col("shortName").is_in([int(i) for i in short_ids]), dims)
+
+    def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
+        return self._read(pl.col("deviceId").is_in([int(d) for d in devices]) & (pl.col("start") >= int(lo))
+                          & (pl.col("start") <= int(hi)), DIMS)
+
+    def _read(self, where: pl.Expr, dims: tuple[str, ...]) -> pl.DataFrame:
+        from stepscope.errors import InputError
+        from stepscope.ingest import file_identity
+        from stepscope.ingest import nsys_columnar as nc
+        from stepscope.ingest import nsys_sqlite as ns
+        from stepscope.paths import shown
+
+        if self._identity is None or file_identity(self.path) != self._identity:
+            raise InputError(f"{shown(self.path)} changed since it was analyzed: analyze it again to read its "
+                             "kernels' grid and block")
+        t = nc.Tables(self.path, self.kind)
+        have = t.cols(ns.KERNEL_TABLE)
+        schema = _schema(dims)
+        cols = [c for c in ("globalPid", "correlationId", "start", "deviceId", "shortName",
+                            *(ns.LAUNCH_COLUMNS[d] for d in dims)) if c in have]
+        k = t.frame(ns.KERNEL_TABLE, cols).filter(where)
+        frame = k.select(((pl.col("globalPid") // (1 << 24)) % (1 << 24)).alias("pid"), "correlationId", "start",
+                         *[pl.col(ns.LAUNCH_COLUMNS[d]) if ns.LAUNCH_COLUMNS[d] in have else pl.lit(None)
+                           for d in dims])
+        return _typed(frame, schema)

@@ -53,6 +53,10 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
         from stepscope.launch_config import nsys_reader
 
         reader = nsys_reader(t.path)
+    elif t.format in ("nsys-arrow", "nsys-parquet") and not launch_config:
+        from stepscope.launch_config import ColumnarLaunchConfig
+
+        reader = ColumnarLaunchConfig(t.path, "arrow" if t.format == "nsys-arrow" else "parquetdir")
     return analyze_trace(t, step_regex, load_rules(rules), memory=memory, launch_config=reader)
 
 

@@ -76,6 +76,17 @@ def roles(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
                                      "tile_n": pl.Int64, "label": pl.String}, orient="row")
 
 
+def main_attention(k: pl.DataFrame) -> pl.DataFrame:
+    """(step, name, short_id) of each step's main attention kernel among the evidence kernels
+    `k`: the attention name with the most time (as step_evidence chooses it, before any grid is
+    known: the time decides, the launch configuration is only read for it)."""
+    att = k.filter(pl.col("role").is_in(["attention", "query_tiles"]))
+    chosen = (att.group_by("step", "name", "role").agg((pl.col("end") - pl.col("start")).sum().alias("t"))
+              .sort("step", "t", "name", descending=[False, True, False]).group_by("step", maintain_order=True).first()
+              .select("step", "name", "role"))
+    return att.join(chosen, on=["step", "name", "role"], how="semi").select("step", "name", "short_id").unique()
+
+
 def step_evidence(k: pl.DataFrame, sm_count: dict[int, int]) -> pl.DataFrame:
     """PHASE_SCHEMA per step from its evidence kernels `k`: step, device, role, name, tile_n,
     start, end and the LAUNCH_COLS (null when unknown)."""
@@ -189,9 +200,14 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
         k = pl.concat([k, pick(of_roles("gemm_tile"), blind)], how="vertical_relaxed")
     if not have:
         if launch_config is not None:
-            # combine passes and GEMMs tell by their names: only the others' grids are read
-            need = k.filter(~pl.col("role").is_in(["combine", "gemm_tile"]))["short_id"].unique().sort().to_list()
-            cfg = launch_config(need)
+            # combine passes and GEMMs tell by their names, and of the attention kernels only
+            # each step's main one counts (chosen by time): only the others' grids are read,
+            # four columns of them (a read of the export's whole kernel table either way)
+            need = sorted(set(main_attention(k)["short_id"].to_list())
+                          | set(k.filter(pl.col("role").is_in(["per_token", "rows", "rows_bound"]))["short_id"]
+                                .unique().to_list()))
+            cfg = launch_config(need, LAUNCH_COLS) if need else pl.DataFrame(
+                schema={"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, **dict.fromkeys(LAUNCH_COLS, pl.Int64)})
             k = k.join(cfg.select(pl.col("pid").cast(k.schema["pid"]), "corr", "start", *LAUNCH_COLS),
                        on=["pid", "corr", "start"], how="left")
         else:

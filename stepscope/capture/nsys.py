@@ -262,3 +262,41 @@ def profile_command(nsys: str | os.PathLike, output_base: str | os.PathLike,
     ]
     cmd += list(extra or [])
     return cmd + list(app)
+
+
+def export_command(nsys: str | os.PathLike, report: str | os.PathLike, output: str | os.PathLike,
+                   kind: str = "sqlite") -> list[str]:
+    """`nsys export --type=KIND -o OUTPUT REPORT` as an argument list: another export of a
+    report nsys already wrote (arrow: one file of Arrow IPC streams, one per table)."""
+    return [os.fspath(nsys), "export", f"--type={kind}", "--force-overwrite=true", "--quiet=true",
+            "-o", os.fspath(output), os.fspath(report)]
+
+
+def export_types(nsys: str | os.PathLike, timeout: float = 60) -> set[str]:
+    """The export types this nsys names in `nsys export --help` ("Possible values are: sqlite,
+    hdf, ..., arrow, arrowdir, and parquetdir." in 2025.3); empty when it does not say."""
+    try:
+        cp = subprocess.run([os.fspath(nsys), "export", "--help"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    text = " ".join((cp.stdout + cp.stderr).split())
+    m = re.search(r"-t, --type=\s*Possible values are:\s*([^.]*)\.", text)
+    return set(re.findall(r"[a-z0-9]+", m.group(1))) - {"and"} if m else set()
+
+
+def export_arrow(nsys: str | os.PathLike, report: Path, output: Path, timeout: float = 600) -> str | None:
+    """Write the Arrow export of `report` beside its SQLite one when this nsys has --type=arrow
+    (stepscope reads it without SQLite); None when written, else why not (a note: the SQLite
+    export is what the capture needs)."""
+    if "arrow" not in export_types(nsys):
+        return "this nsys has no --type=arrow export: only the SQLite export was written"
+    try:
+        cp = subprocess.run(export_command(nsys, report, output, "arrow"), capture_output=True, text=True,
+                            timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nsys export --type=arrow did not run ({e})"
+    if cp.returncode != 0 or not output.is_file() or output.stat().st_size == 0:
+        why = ((cp.stderr or cp.stdout).strip().splitlines() or [""])[-1]
+        output.unlink(missing_ok=True)
+        return f"nsys export --type=arrow failed (exit {cp.returncode}{': ' + why if why else ''})"
+    return None

@@ -494,6 +494,10 @@ def run_trace(req: TraceRequest, console=None) -> list[Capture]:
                 cap.sidecar.unlink()  # a sidecar never outlives the export it describes
             run_capture(cap, env, on_phase)
             check_capture(cap)
+            # the Arrow export beside the SQLite one, read without SQLite (ingest/nsys_columnar.py)
+            note = nsys_mod.export_arrow(found.path, cap.nsys_rep, cap.base.with_name(cap.base.name + ".arrow"))
+            if note:
+                cap.notes.append(note)
             write_capture_sidecar(cap, req, engine, card)
             on_phase("analysis")
             run_analysis(cap, req.json)

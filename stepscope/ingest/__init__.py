@@ -61,12 +61,27 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
     and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
     big export's frames from its Parquet cache when one matches, and writes one when not."""
+    given = Path(path)
+    try:
+        is_dir = given.is_dir()
+    except OSError:  # a name too long, say: input_file below says what is wrong
+        is_dir = False
+    if is_dir:  # nsys export --type=parquetdir: a folder of one .parquet per table
+        from stepscope.ingest.nsys_columnar import kind_of, read_nsys_columnar
+
+        if kind_of(given, b"") == "parquetdir":
+            return read_nsys_columnar(given, launch_config, "parquetdir")
     path = input_file(path, "an nsys SQLite export")  # a FIFO or device is refused unopened
     try:
         with open(path, "rb") as f:
             head = f.read(16)
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot be read ({e.strerror or e})") from None
+    if path.suffix == ".nsys-rep" and not head.startswith(b"SQLite format 3"):
+        from stepscope.ingest.report import exported
+
+        # exported once with the user's nsys, into a cache folder (never beside the report)
+        return _read_trace(exported(path), launch_config, cache)
     if head.startswith(b"SQLite format 3"):
         from stepscope.ingest import cache as trace_cache
         from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
@@ -89,17 +104,16 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         # would be written somewhere the user did not choose
         raise InputError(f"{shown(path)} is a gzip-compressed SQLite export: gunzip it first "
                          f"(gunzip -k {shown(path)})")
+    if head.startswith((b"\xff\xff\xff\xff", b"ARROW1")):  # nsys export --type=arrow: Arrow IPC streams
+        from stepscope.ingest.nsys_columnar import read_nsys_columnar
+
+        return read_nsys_columnar(path, launch_config, "arrow")
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         try:
             from stepscope.ingest.kineto import read_kineto
         except ImportError:
             raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
         return read_kineto(path)
-    if path.suffix == ".nsys-rep":
-        raise InputError(
-            f"{path} is an nsys report, not its SQLite export; run: "
-            f"nsys export --type sqlite {path}"
-        )
     from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
 
     return read_nsys_sqlite(path)  # gives the precise "not a SQLite file" message

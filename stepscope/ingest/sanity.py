@@ -58,7 +58,7 @@ def checked(trace: Trace) -> Trace:
     w: list[str] = []
     before = trace.kernels.height
     kernels = _leave_out(trace.kernels, "kernels", _times(trace.kernels, True), w)
-    if trace.format == "nsys-sqlite" and kernels.height:
+    if trace.format.startswith("nsys-") and kernels.height:
         ids = trace.strings["id"]
         kernels = _leave_out(kernels, "kernels", {
             "with a shortName id not in StringIds": ~pl.col("short_id").is_in(ids.implode()),

@@ -35,10 +35,11 @@ SUFFIX = ".stepscope.json"
 
 
 def sidecar_path(trace: str | os.PathLike) -> Path:
-    """`run/x.sqlite` -> `run/x.stepscope.json` (also for `x.nsys-rep`, `x.json.gz`)."""
+    """`run/x.sqlite` -> `run/x.stepscope.json` (also for `x.nsys-rep`, `x.json.gz`, and nsys's columnar
+    exports of the same report, `x.arrow` and the folder `x.parquetdir`)."""
     p = Path(trace)
     name = p.name
-    for ext in (".json.gz", ".sqlite", ".nsys-rep", ".json", ".gz"):
+    for ext in (".json.gz", ".sqlite", ".nsys-rep", ".arrow", ".parquetdir", ".json", ".gz"):
         if name.endswith(ext):
             name = name[: -len(ext)]
             break
