@@ -59,7 +59,8 @@ def _is_many(p: Path) -> bool:
     import glob
 
     try:
-        return p.is_dir() or (not p.exists() and glob.has_magic(str(p)))
+        # a folder of Parquet files is one report (nsys export --type=parquetdir), not a run's reports
+        return (p.is_dir() and not any(p.glob("*.parquet"))) or (not p.exists() and glob.has_magic(str(p)))
     except OSError:  # a name too long, a loop: the one-file path says what is wrong with it
         return False
 

@@ -360,10 +360,9 @@ def _read_memops(t: Tables, readings: list) -> pl.DataFrame:
     for table, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if t.has(table):
             _need(t, table, "globalPid", "deviceId", "streamId", "correlationId", "start", "end")
-            df, rep = _frame(t, typed.Query(table, [
-                C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
-                C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
-                C("bytes", t.col_or_null(table, "bytes"), required=False, source="bytes")]))
+            from stepscope.ingest.nsys_sqlite import memop_query
+
+            df, rep = _frame(t, memop_query(table, kind, t.col_or_null))
             readings.append(rep)
             parts.append(df.with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind")).select(list(MEMOP_SCHEMA)))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
@@ -406,23 +405,12 @@ def _read_strings(t: Tables, ids: pl.Series, readings: list) -> pl.DataFrame:
 
 
 def _read_gpus(t: Tables, readings: list, warnings: list) -> pl.DataFrame:
-    name = "TARGET_INFO_GPU"
-    if not t.has(name):
-        return empty(GPU_SCHEMA)
-    have = t.cols(name)
-    device = "id" if "id" in have else "cuDevice" if "cuDevice" in have else None
-    if device is None:
-        warnings.append(f"table {name} has no column id: the GPUs are not named")
-        return empty(GPU_SCHEMA)
+    from stepscope.ingest.nsys_sqlite import GPU_TABLE, gpu_query
 
-    def opt(col: str) -> str:
-        return col if col in have else "NULL"
-
-    df, rep = _frame(t, typed.Query(name, [
-        C("device", device, I32), C("name", opt("name"), TEXT, False, "name"),
-        C("sm_count", opt("smCount"), required=False, source="smCount"),
-        C("memory_bandwidth_bps", opt("memoryBandwidth"), required=False, source="memoryBandwidth"),
-        C("total_memory_bytes", opt("totalMemory"), required=False, source="totalMemory")]))
+    q = gpu_query(t.cols(GPU_TABLE), warnings) if t.has(GPU_TABLE) else None
+    if q is None:
+        return empty(GPU_SCHEMA)
+    df, rep = _frame(t, q)
     readings.append(rep)
     return df.unique("device", keep="first").sort("device")
 

@@ -502,17 +502,23 @@ def _count(con: sqlite3.Connection, schema: _Schema, table: str) -> int:
     return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] if schema.has(table) else 0
 
 
+def memop_query(table: str, kind: str, col_or_null) -> typed.Query:
+    """A memcpy or memset table's query (every reader's); `col_or_null(table, col)`: the column,
+    or NULL where the table lacks it."""
+    return typed.Query(table, [
+        C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
+        C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
+        C("bytes", col_or_null(table, "bytes"), required=False, source="bytes"),
+        C("copy_kind", col_or_null(table, "copyKind") if kind == "memcpy" else "NULL", I32,
+          required=False, source="copyKind")])
+
+
 def _read_memops(con: sqlite3.Connection, schema: _Schema, path: Path, readings: list) -> pl.DataFrame:
     parts = []
     for table, kind in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if schema.has(table):
             _need(path, schema, table, "globalPid", "deviceId", "streamId", "correlationId", "start", "end")
-            df, rep = _frame(con, typed.Query(table, [
-                C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
-                C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
-                C("bytes", schema.col_or_null(table, "bytes"), required=False, source="bytes"),
-                C("copy_kind", schema.col_or_null(table, "copyKind") if kind == "memcpy" else "NULL", I32,
-                  required=False, source="copyKind")]))
+            df, rep = _frame(con, memop_query(table, kind, schema.col_or_null))
             readings.append(rep)
             parts.append(df.with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind")).select(list(MEMOP_SCHEMA)))
     return pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
@@ -566,23 +572,31 @@ def _read_strings(con: sqlite3.Connection, schema: _Schema, path: Path, ids: pl.
     return pl.concat(parts).unique("id", keep="first", maintain_order=True) if parts else empty(STRING_SCHEMA)
 
 
-def _read_gpus(con: sqlite3.Connection, schema: _Schema, readings: list, warnings: list) -> pl.DataFrame:
-    t = "TARGET_INFO_GPU"
-    if not schema.has(t):
-        return empty(GPU_SCHEMA)
-    have = schema.cols(t)
+GPU_TABLE = "TARGET_INFO_GPU"
+
+
+def gpu_query(have, warnings: list) -> typed.Query | None:
+    """The GPU table's query over the columns `have` (every reader's), or None, with a warning,
+    when it has no device column."""
     device = "id" if "id" in have else "cuDevice" if "cuDevice" in have else None
     if device is None:
-        warnings.append(f"table {t} has no column id: the GPUs are not named")
-        return empty(GPU_SCHEMA)
+        warnings.append(f"table {GPU_TABLE} has no column id: the GPUs are not named")
+        return None
 
     def opt(col: str) -> str:
         return col if col in have else "NULL"
 
-    df, rep = _frame(con, typed.Query(t, [
+    return typed.Query(GPU_TABLE, [
         C("device", device, I32), C("name", opt("name"), TEXT, False, "name"),
         C("sm_count", opt("smCount"), required=False, source="smCount"),
         C("memory_bandwidth_bps", opt("memoryBandwidth"), required=False, source="memoryBandwidth"),
-        C("total_memory_bytes", opt("totalMemory"), required=False, source="totalMemory")]))
+        C("total_memory_bytes", opt("totalMemory"), required=False, source="totalMemory")])
+
+
+def _read_gpus(con: sqlite3.Connection, schema: _Schema, readings: list, warnings: list) -> pl.DataFrame:
+    q = gpu_query(schema.cols(GPU_TABLE), warnings) if schema.has(GPU_TABLE) else None
+    if q is None:
+        return empty(GPU_SCHEMA)
+    df, rep = _frame(con, q)
     readings.append(rep)
     return df.unique("device", keep="first").sort("device")

@@ -215,25 +215,16 @@ def _name(path: str) -> str:
 
 def render_runs_compare(r: dict, console: Console) -> None:
     """Two runs by their matched steps (analysis/run_compare.py): per kind and over the run."""
+    from stepscope.render.run_compare import runs_table
+
     t = Table(show_edge=False, header_style="bold", title=f"runs: {r['pairs']} step pairs matched {r['matched']} "
               f"(A {r['a_steps']} steps, B {r['b_steps']}; unmatched {r['unmatched_a']} / {r['unmatched_b']})",
               title_justify="left")
-    what_if = "predicted_graph_time_ns" in r["run"]
-    cols = ["kind", "pairs", "Σ A", "Σ B", "speedup"] + (["A w/ graphs", "off by"] if what_if else [])
-    for col in cols:
+    head, rows = runs_table(r)
+    for col in head:
         t.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col == "kind")
-
-    def row(label: str, k: dict) -> list[str]:
-        cells = [label, str(k["pairs"]), ms(k["a_time_ns"]), ms(k["b_time_ns"]),
-                 f"{k['speedup']:.2f}×" if k["speedup"] else "–"]
-        if what_if:
-            cells += [ms(k["predicted_graph_time_ns"]) if "predicted_graph_time_ns" in k else "–",
-                      f"{100 * k['prediction_error']:+.1f}%" if "prediction_error" in k else "–"]
-        return cells
-
-    for k in r["kinds"]:
-        t.add_row(*row(term(k["kind"]), k))
-    t.add_row(*row("[bold]the run[/]", r["run"]))
+    for cells in rows:
+        t.add_row(term(cells[0]), *cells[1:])
     console.print(t)
 
 
