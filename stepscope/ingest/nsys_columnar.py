@@ -21,7 +21,8 @@ import polars as pl
 
 from stepscope import apinames
 from stepscope.errors import InputError
-from stepscope.ingest import sanity, typed
+import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
+import stepscope.ingest.typed as typed
 from stepscope.ingest.nsys_sqlite import (API_NAME_FILTER, KERNEL_TABLE, LAUNCH_COLUMNS, RUNTIME_TABLE, _merged,
                                           _unpack_pid, _unpack_tid)
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
