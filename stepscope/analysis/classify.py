@@ -223,6 +223,19 @@ def name_columns(names: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
     return short, dem
 
 
+def _class_end(text: str, i: int) -> int:
+    """The index of the `]` that closes the character class opening at text[i] (`[^]…]` and
+    escapes inside it read as regex reads them); len(text) when it is not closed."""
+    n, j = len(text), i + 1
+    if j < n and text[j] == "^":
+        j += 1
+    if j < n and text[j] == "]":
+        j += 1
+    while j < n and text[j] != "]":
+        j += 2 if text[j] == "\\" else 1
+    return j
+
+
 def without_lookaround(text: str) -> str | None:
     """`text` with its lookaround groups ((?=…), (?!…), (?<=…), (?<!…)) taken out: a pattern
     that matches every string `text` matches (and more), for polars to narrow the names Python
@@ -234,13 +247,7 @@ def without_lookaround(text: str) -> str | None:
             out.append(text[i:i + 2])
             i += 2
         elif c == "[":  # a character class: copied whole
-            j = i + 1
-            if j < n and text[j] == "^":
-                j += 1
-            if j < n and text[j] == "]":
-                j += 1
-            while j < n and text[j] != "]":
-                j += 2 if text[j] == "\\" else 1
+            j = _class_end(text, i)
             out.append(text[i:j + 1])
             i = j + 1
         elif text.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
@@ -274,14 +281,7 @@ def alternatives(text: str) -> list[str]:
             i += 2
             continue
         if c == "[":
-            j = i + 1
-            if j < n and text[j] == "^":
-                j += 1
-            if j < n and text[j] == "]":
-                j += 1
-            while j < n and text[j] != "]":
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
+            i = _class_end(text, i) + 1
             continue
         if c == "(":
             depth += 1
