@@ -13,32 +13,33 @@ def budget_json(doc: dict) -> str:
 def render_budget(doc) -> None:
     """`budget` on the terminal: the per-class and per-op table, how the kernels joined, and the
     kernels without a cell."""
-    from rich.console import Console
-    from rich.table import Table
-
+    from stepscope.render.console import Col, fitted, page
     from stepscope.render.names import term
-    from stepscope.render.units import MISSING, nbytes, us
+    from stepscope.render.units import MISSING, nbytes, us_num
 
-    con = Console()
+    con = page()
     for r in doc.get("verdict_block") or ():  # render/headline.py's rows, as analyze opens with them
         con.print(f"[bold]{term(r['label'])}:[/] {term(r['text'], 2000)}")
     st = doc["step"]
-    t = Table(title=f"HBM byte budget — step {doc['step_index']} ({term(st['phase'])}, batch "
-              f"{st['batch']}, context {st['context']}, {term(doc['model'])}) on {term(doc['gpu'] or '?')}")
-    for c in ("class", "op", "calls", "bytes/call", "measured", "minimum", "ampl.",
-              "removable", "floor", "kernel time"):
-        t.add_column(c, justify="left" if c in ("class", "op") else "right")
+    # (class, op) tells a row apart: neither is ever cut; under a width the class becomes a
+    # header row above its ops and the least needed figures go (bytes in a cell keep their unit:
+    # a step's byte figures span 4 B to 15 GB)
+    cols = [Col("class", "left", group=True, drop=3), Col("op", "left"), Col("calls"),
+            Col("bytes/call", drop=5), Col("measured"), Col("minimum", drop=2), Col("ampl.", drop=4),
+            Col("removable"), Col("floor µs", drop=5), Col("time µs")]
+    rows = []
     for r in doc["rows"]:
         amp = r["amplification"]
-        t.add_row(term(r["class"]), term(r["op"]) if r["op"] else "[dim](no cell)[/]", str(r["calls"]),
-                  nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
-                  f"{amp:.2f}" if amp is not None else MISSING, nbytes(r["removable_bytes"]),
-                  us(r["floor_ns"]), us(r["time_ns"]))
-    t.add_row("[bold]step[/]", "", str(st["calls"]), "", nbytes(st["measured_bytes"]),
-              nbytes(st["min_bytes"]),
-              f"{st['amplification']:.2f}" if st["amplification"] else MISSING,
-              nbytes(st["removable_bytes"]),
-              us(st["floor_ns"]), us(st["time_ns"]))
+        rows.append([term(r["class"]), term(r["op"]) if r["op"] else "[dim](no cell)[/]", str(r["calls"]),
+                     nbytes(r["measured_bytes_per_call"]), nbytes(r["measured_bytes"]), nbytes(r["min_bytes"]),
+                     f"{amp:.2f}" if amp is not None else MISSING, nbytes(r["removable_bytes"]),
+                     us_num(r["floor_ns"]), us_num(r["time_ns"])])
+    rows.append(["", "[bold]step[/]", str(st["calls"]), "", nbytes(st["measured_bytes"]), nbytes(st["min_bytes"]),
+                 f"{st['amplification']:.2f}" if st["amplification"] else MISSING, nbytes(st["removable_bytes"]),
+                 us_num(st["floor_ns"]), us_num(st["time_ns"])])
+    title = (f"HBM byte budget — step {doc['step_index']} ({term(st['phase'])}, batch {st['batch']}, context "
+             f"{st['context']}, {term(doc['model'])}) on {term(doc['gpu'] or '?')}")
+    t = fitted(con.width, cols, rows, title=title, total=True)
     con.print(t)
     ranked = [c for c in doc["classes"] if c["removable_bytes"] is not None]
     if ranked:
@@ -87,37 +88,39 @@ def cells_json(led, gpus, peak) -> str:
 
 
 def render_cells(led, gpus, peak) -> None:
-    """`cells show` on the terminal: the ledger of each profiled launch."""
-    from rich.console import Console
-    from rich.table import Table
+    """`cells show` on the terminal: the ledger of each profiled launch, one line each. A row is
+    told by its cell and launch number, never cut; the kernel's short name gets the width left,
+    the least needed figures go under a width (all in --json)."""
+    from stepscope.render.console import Col, fitted, page
+    from stepscope.render.names import short, term
+    from stepscope.render.units import MISSING, nbytes, us_num
 
-    from stepscope.render.names import term
-    from stepscope.render.units import MISSING, nbytes, us
-
-    con = Console()
-    t = Table(title=f"byte cells — {term(', '.join(gpus)) or 'GPU unknown'}"
-              + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
-    for col, just in (("cell", "left"), ("#", "right"), ("kernel", "left"), ("grid", "left"),
-                      ("read", "right"), ("write", "right"), ("min (cell)", "right"),
-                      ("ampl.", "right"), ("L2 hit", "right"), ("time", "right"),
-                      ("GB/s", "right")):
-        t.add_column(col, justify=just, overflow="fold")
+    con = page()
+    cols = [Col("cell", "left"), Col("#"), Col("kernel", "left", flex=True, min=16), Col("grid", "left", drop=3),
+            Col("read"), Col("write"), Col("min (cell)", drop=2), Col("ampl.", drop=2), Col("L2 hit", drop=4),
+            Col("time µs"), Col("GB/s", drop=1)]
+    rows, errors, unmatched = [], [], 0
     for r in led.iter_rows(named=True):
         if r.get("error"):
-            t.add_row(term(r.get("cell") or "?"), "", f"[red]error: {term(r['error'], 2000)}[/]", "", "", "", "",
-                      "", "", "", "")
+            errors.append(r)
             continue
-        kern = term((r.get("kernel") or "")[:60])
-        if r.get("matched") is False:
-            kern = f"[dim]{kern} (not the op's regex)[/]"
         amp = r.get("amplification")
-        t.add_row(
-            term(r.get("cell") or ""), "" if r.get("launch") is None else str(r["launch"]), kern,
-            term(r.get("grid") or ""), nbytes(r.get("dram_read_bytes")),
+        mark = ""
+        if r.get("matched") is False:
+            mark, unmatched = "* ", unmatched + 1
+        rows.append([
+            term(r.get("cell") or ""), "" if r.get("launch") is None else str(r["launch"]),
+            mark + term(short(r.get("kernel") or "")), term(r.get("grid") or ""), nbytes(r.get("dram_read_bytes")),
             nbytes(r.get("dram_write_bytes")), nbytes(r.get("cell_min_bytes")),
             f"{amp:.2f}" if amp is not None and r.get("launch") in (0, None) else "",
             f"{r['l2_hit_pct']:.1f}%" if r.get("l2_hit_pct") is not None else MISSING,
-            us(r.get("duration_ns")),
+            us_num(r.get("duration_ns")),
             f"{r['achieved_bps'] / 1e9:.0f}" if r.get("achieved_bps") is not None else MISSING,
-        )
-    con.print(t)
+        ])
+    title = (f"byte cells — {term(', '.join(gpus)) or 'GPU unknown'}"
+             + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
+    con.print(fitted(con.width, cols, rows, title=title))
+    if unmatched:
+        con.print(f"* {unmatched} kernel(s) not matched by their op's regex")
+    for r in errors:
+        con.print(f"[red]error[/] {term(r.get('cell') or '?')}: {term(r['error'], 2000)}")

@@ -8,17 +8,7 @@ A row's text has no markup; a renderer escapes it for its format.
 
 from __future__ import annotations
 
-from stepscope.render.units import MISSING, ms, node_gap, us
-
-
-def signed_percent(x: float | None) -> str:
-    """A signed ratio as people read it: `−4.1%`, `+7.8%` (a true minus sign)."""
-    return MISSING if x is None else f"{100 * x:+.1f}%".replace("-", "−")
-
-
-def times(x: float | None) -> str:
-    """A ratio of two times: `5.10×` (two decimals, whatever its JSON carries)."""
-    return MISSING if x is None else f"{x:.2f}×"
+from stepscope.render.units import MISSING, ms, node_gap, signed_percent, times, us  # noqa: F401
 
 
 def host_clause(f: dict, s: dict) -> str:

@@ -537,13 +537,13 @@ def _floors(views: list[StepView]) -> str:
         expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
                 f"vs {ms(dev)} {device}")
         overhead = v.profiler_overhead_ns
-        oh = (f"; nsys's own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
+        oh = (f"; {v.tracer}'s own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")
         u = v.untraced
         untr = ""
         if u:
             untr = (f'<p class="sub" id="untraced-{i}">untraced ({escape(u["source"].split(":")[0])}): step '
-                    f'{ms(u["step_time_ns"])} against {ms(step_t)} under nsys; {escape(str(u["verdict"]))}. '
+                    f'{ms(u["step_time_ns"])} against {ms(step_t)} under {escape(v.tracer)}; {escape(str(u["verdict"]))}. '
                     f'{escape(u["source"])}</p>')
         blocks.append(
             f'<div><div class="sub">{title}</div><span class="verdict {escape(verdict)}" id="verdict-{i}">{escape(verdict)}</span>'
@@ -660,7 +660,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: tuple | N
                   for i, v in enumerate(views)) + "</div>",
         verdict_block(blocks),
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
-        *(["<h2 id=\"run\">The run</h2>", run_html(run, list(run_steps))] if run is not None else []),
+        *(["<h2 id=\"run\">The run</h2>", run_html(run, list(run_steps), view.tracer)] if run is not None else []),
         *(["<h2 id=\"runs\">The two runs, by matched steps</h2>", runs_compare_html(runs)] if runs else []),
         "<h2>Summary</h2>", _summary(views),
         '<h2 id="floors">Floors and verdict</h2>', _floors(views),

@@ -48,7 +48,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
     if run is not None:
         from stepscope.render.run import run_markdown
 
-        out += ["### The run", ""] + run_markdown(run, _cell)
+        out += ["### The run", ""] + run_markdown(run, _cell, view.tracer)
     if runs:
         from stepscope.render.run_compare import runs_compare_markdown
 
@@ -88,13 +88,13 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         tag = f" ({_tag(i, n)})" if n > 1 else ""
         how = u["source"].split(":")[0]
         out += [f"**Untraced{tag}** ({how}): step {ms(u['step_time_ns'])} against {ms(v.figures['step_time_ns'])} "
-                f"under nsys; {u['verdict']} (CPU floor {ms(u['cpu_floor_ns'])} at {us(u['t_launch_ns'])} per "
+                f"under {v.tracer}; {u['verdict']} (CPU floor {ms(u['cpu_floor_ns'])} at {us(u['t_launch_ns'])} per "
                 f"launch). {md_text(u['source'])}.", ""]
         if v.engine:
             e = v.engine
-            out += [f"**vLLM engine step{tag}:** forward {us(e['forward_ns'])}, sampling {us(e['sample_ns'])}, "
-                    f"GPU tail {us(e['gpu_tail_ns'])}"
-                    + (f", frontend get_output {us(e['get_output_ns'])}" if e.get("get_output_ns") is not None else "")
+            from stepscope.render.headline import engine_sentence
+
+            out += [f"**vLLM engine step{tag}:** {md_text(engine_sentence(v))}"
                     + (f" ({md_text(e['note'])})" if e.get("note") else "") + ".", ""]
     for i, v in enumerate(views):
         if v.tp is None:

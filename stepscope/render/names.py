@@ -19,6 +19,26 @@ def cut(name, limit: int = TERMINAL):
     return f"{name[:limit]}… ({len(name):,} characters)"
 
 
+def short(name) -> str:
+    """A kernel's name without what a table has no room for: a demangled C++ name's return type,
+    namespaces, template arguments and parameters (`void at::native::reduce_kernel<512, 1,
+    ...>(T3)` -> `reduce_kernel`); a plain name (`nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT`) as it
+    is. The whole name stays in --json."""
+    if not isinstance(name, str):
+        return name
+    base = name.strip()
+    if base.startswith("void "):
+        base = base[5:]
+    cut_at = len(base)
+    for i, ch in enumerate(base):  # the first '<' or '(' outside '<unnamed>'-like brackets ends the name
+        if ch in "<(" and not base.startswith("<unnamed>", i):
+            cut_at = i
+            break
+    base = base[:cut_at]
+    scope = base.rfind("::")
+    return (base[scope + 2:] if scope >= 0 else base) or name
+
+
 # C0 controls (ESC, CR, LF, BEL, ...), DEL and C1 (CSI 0x9b, OSC 0x9d): in a name they would
 # clear a screen, retitle a window, plant an OSC 8 link or end a Markdown table row
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -176,6 +176,13 @@ class StepView:
         return step_rows(self.diagnosis) if self.diagnosis is not None else []
 
     @property
+    def tracer(self) -> str:
+        """What traced the step, as the sentences name it ("under nsys", "under torch.profiler")."""
+        from stepscope.render.views import tracer_name
+
+        return tracer_name(self.trace_format)
+
+    @property
     def ranks(self) -> list["StepView"]:
         """This step and its peers, by rank."""
         views = [self, *self.peers]

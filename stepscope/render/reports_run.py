@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import polars as pl
 from rich.console import Console
-from rich.table import Table
 
 from stepscope.analysis.reports_run import RunView, rank_totals, run_binding_rank, tp_groups
+from stepscope.render.console import Col, fitted, page, plural
 from stepscope.render.names import term
 from stepscope.render.sentences import tp_sentence
 from stepscope.render.units import ms, ms_num
@@ -59,15 +59,15 @@ def render_run(doc: dict, console: Console | None = None) -> None:
     """The run on the terminal: its reports, one row per rank (medians over its steps; pids in
     --json), the
     binding rank and its share, each TP step's skew and verdict (the first MAX_TP_LINES)."""
-    console = console or Console()
+    console = console or page()
     run = doc["run"]
-    console.rule(f"[bold]run: {run['reports']} reports · {run['ranks']} ranks on {len(run['hosts']) or '?'} "
-                 f"host(s) · {run['tp_steps']} TP step(s)")
+    console.rule(f"[bold]run: {plural(run['reports'], 'report')} · {plural(run['ranks'], 'rank')} on "
+                 f"{plural(len(run['hosts']), 'host') if run['hosts'] else '? hosts'} · {plural(run['tp_steps'], 'TP step')}")
     for r in doc["reports"]:
         ranks = ", ".join(str(x) for x in r["ranks"])
         console.print(f"report {r['report']}: [bold]{term(r['path'], 1000)}[/] · host {term(r['host'] or '?')} · "
-                      f"nsys {term(r['nsys_version'] or '?')} · {r['kernels']:,} kernels · {r['steps']} steps · "
-                      f"rank(s) {ranks} · clock +{ms(r['clock_offset_ns'])}")
+                      f"nsys {term(r['nsys_version'] or '?')} · {plural(r['kernels'], 'kernel')} · {plural(r['steps'], 'step')} · "
+                      f"{'rank' if len(r['ranks']) == 1 else 'ranks'} {ranks} · clock +{ms(r['clock_offset_ns'])}")
         for w in r["warnings"]:
             console.print(f"  [yellow]warning:[/] {term(w, 2000)}")
     for w in doc["warnings"]:
@@ -81,24 +81,22 @@ def render_run(doc: dict, console: Console | None = None) -> None:
     else:
         console.print("[bold]Verdict:[/] no TP step has a binding rank (no step's collectives are split across "
                       "every rank)")
-    t = Table(show_edge=False, header_style="bold", title="ranks (medians over each rank's steps)",
-              title_justify="left")
-    # figures are never cut: a narrow terminal wraps the headers and the host instead
-    for col in ("rank", "host", "GPU", "steps", "step ms", "comm ms", "transfer ms", "wait ms",
-                "device floor ms", "CPU floor ms", "verdict", "binds"):
-        t.add_column(col, justify="left" if col in ("host", "verdict") else "right", no_wrap=col == "verdict",
-                     min_width={"verdict": 12, "binds": 8}.get(col, 7 if "ms" in col else None))
-    notes = set()
+    # a rank is told by its number, never cut; under a width the least needed figures go
+    cols = [Col("rank"), Col("host", "left", flex=True, min=8), Col("GPU", drop=4), Col("steps", drop=4),
+            Col("step ms"), Col("comm ms", drop=3), Col("transfer ms", drop=2), Col("wait ms"),
+            Col("device floor ms", drop=1), Col("CPU floor ms", drop=1), Col("verdict", "left"), Col("binds")]
+    rows, notes = [], set()
     for x in doc["run_ranks"]:
         st = pl.DataFrame(x["steps"], infer_schema_length=None) if x["steps"] else None
         med = (lambda c: st[c].median() if st is not None and st[c].null_count() < st.height else None)  # noqa: E731
         verdicts = st["verdict"].mode().sort().to_list() if st is not None else []
-        t.add_row(str(x["rank"]), term(x["host"] or "?"), str(x["device"]),
-                  str(x["n_steps"] or 0), ms_num(med("step_time_ns")), ms_num(med("collective_ns")),
-                  ms_num(med("collective_transfer_ns")), ms_num(med("collective_wait_ns")),
-                  ms_num(med("device_floor_ns")), ms_num(med("cpu_floor_ns")), verdicts[0] if verdicts else "",
-                  f"{x['binding_steps']} ({100 * (x['binding_share'] or 0):.0f}%)")
+        rows.append([str(x["rank"]), term(x["host"] or "?"), str(x["device"]),
+                     str(x["n_steps"] or 0), ms_num(med("step_time_ns")), ms_num(med("collective_ns")),
+                     ms_num(med("collective_transfer_ns")), ms_num(med("collective_wait_ns")),
+                     ms_num(med("device_floor_ns")), ms_num(med("cpu_floor_ns")), verdicts[0] if verdicts else "",
+                     f"{x['binding_steps']} ({100 * (x['binding_share'] or 0):.0f}%)"])
         notes |= {s["split_note"] for s in x["steps"] if s["split_note"]}
+    t = fitted(console.width, cols, rows, title="ranks (medians over each rank's steps)")
     console.print(t)
     for n in sorted(notes):
         console.print(f"[yellow]not split into transfer and wait:[/] {term(n, 2000)}")

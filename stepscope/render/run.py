@@ -7,7 +7,7 @@ console)` prints them. Units follow render/units.py: whole-step figures in ms.
 
 from __future__ import annotations
 
-from stepscope.render.units import ms
+from stepscope.render.units import ms, ms_num, seconds, tick
 
 
 def pct(part: int, whole: int) -> str:
@@ -57,11 +57,14 @@ def headline(view: dict) -> str:
     parts = [f"{n} {p} ({100 * t / total:.0f}% of step time)"
              for p, (n, t) in sorted(by_phase.items(), key=lambda x: -x[1][1])]
     verdicts = ", ".join(f"{n} {v}" for v, n in sorted(view["verdicts"].items(), key=lambda x: -x[1]))
-    return (f"{view['steps']} steps in {view['wall_ns'] / 1e9:.3f} s: " + ", ".join(parts)
+    from stepscope.render.console import plural
+
+    return (f"{plural(view['steps'], 'step')} in {seconds(view['wall_ns'])}: " + ", ".join(parts)
             + f"; verdicts: {verdicts}.")
 
 
-def throughput_text(view: dict) -> str | None:
+def throughput_text(view: dict, tracer: str = "nsys") -> str | None:
+    """Tokens and tokens/s of the run, traced and untraced (`tracer`: what traced it)."""
     t = view["throughput"]
     if not t.get("tokens"):
         return None
@@ -69,7 +72,7 @@ def throughput_text(view: dict) -> str | None:
     if t.get("untraced_tokens_per_s"):
         n, m = view["steps"], t.get("untraced_measured_steps") or 0
         src = "measured" if m == n else ("estimated" if m == 0 else f"{m} of {n} steps measured, the rest estimated")
-        out += f", ≈ {t['untraced_tokens_per_s']:,.0f} tokens/s without nsys ({src})"
+        out += f", ≈ {t['untraced_tokens_per_s']:,.0f} tokens/s without {tracer} ({src})"
     return out
 
 
@@ -88,7 +91,7 @@ def time_rows(view: dict) -> list[tuple[str, int]]:
     return rows
 
 
-def render_run(view: dict, console, width: int | None = None) -> None:
+def render_run(view: dict, console, width: int | None = None, tracer: str = "nsys") -> None:
     """The run view on the terminal (fits 80 columns)."""
     from rich.table import Table
 
@@ -96,7 +99,7 @@ def render_run(view: dict, console, width: int | None = None) -> None:
 
     console.rule("[bold]the run")
     console.print(f"[bold]{headline(view)}[/]")
-    tp = throughput_text(view)
+    tp = throughput_text(view, tracer)
     if tp:
         console.print(tp)
     kinds = Table(title="steps by kind (phase · graph mode · requests)", show_edge=False, header_style="bold")
@@ -104,8 +107,8 @@ def render_run(view: dict, console, width: int | None = None) -> None:
     for col in ("n", "share", "p50 ms", "p90 ms", "max ms", "tokens"):
         kinds.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for k in view["kinds"]:
-        kinds.add_row(term(k["kind"]), str(k["count"]), f"{100 * k['share']:.0f}%", f"{k['p50_ns'] / 1e6:.2f}",
-                      f"{k['p90_ns'] / 1e6:.2f}", f"{k['max_ns'] / 1e6:.2f}",
+        kinds.add_row(term(k["kind"]), str(k["count"]), f"{100 * k['share']:.0f}%", ms_num(k['p50_ns']),
+                      ms_num(k['p90_ns']), ms_num(k['max_ns']),
                       "–" if k["tokens"] is None else f"{k['tokens']:,}")
     console.print(kinds)
     wall = max(view["wall_ns"], 1)
@@ -114,7 +117,7 @@ def render_run(view: dict, console, width: int | None = None) -> None:
     tt.add_column("ms", justify="right", no_wrap=True, min_width=9)
     tt.add_column("share", justify="right", no_wrap=True, min_width=6)
     for what, ns in time_rows(view):
-        tt.add_row(what, f"{ns / 1e6:,.3f}", pct(ns, wall))
+        tt.add_row(what, ms_num(ns), pct(ns, wall))
     console.print(tt)
     classes = view["time"]["gpu_busy_by_class"][:6]
     if classes:
@@ -130,14 +133,14 @@ def render_run(view: dict, console, width: int | None = None) -> None:
 PHASE_COLORS = {"decode": "#4e79a7", "mixed": "#f28e2b", "prefill": "#e15759"}
 
 
-def run_html(view: dict, steps: list[dict] | None = None) -> str:
+def run_html(view: dict, steps: list[dict] | None = None, tracer: str = "nsys") -> str:
     """The run view as HTML: the headline, the kinds, where the time went, the slowest steps and,
     given `steps` (index, begin_ns, step_time_ns, phase per step), step time over the run as an
     inline SVG chart."""
     from html import escape
 
     out = [f'<p><b>{escape(headline(view))}</b></p>']
-    tp = throughput_text(view)
+    tp = throughput_text(view, tracer)
     if tp:
         out.append(f"<p>{escape(tp)}</p>")
     if steps:
@@ -145,16 +148,16 @@ def run_html(view: dict, steps: list[dict] | None = None) -> str:
     head = "".join(f"<th>{h}</th>" for h in ("kind", "steps", "share", "p50 ms", "p90 ms", "max ms", "tokens"))
     rows = "".join(
         f"<tr><td>{escape(k['kind'])}</td><td>{k['count']}</td><td>{100 * k['share']:.0f}%</td>"
-        f"<td>{k['p50_ns'] / 1e6:.3f}</td><td>{k['p90_ns'] / 1e6:.3f}</td><td>{k['max_ns'] / 1e6:.3f}</td>"
+        f"<td>{ms_num(k['p50_ns'])}</td><td>{ms_num(k['p90_ns'])}</td><td>{ms_num(k['max_ns'])}</td>"
         f"<td>{'–' if k['tokens'] is None else format(k['tokens'], ',')}</td></tr>" for k in view["kinds"])
     out.append(f'<table id="run-kinds"><tr>{head}</tr>{rows}</table>')
     wall = max(view["wall_ns"], 1)
-    rows = "".join(f"<tr><td>{escape(w)}</td><td>{ns / 1e6:,.3f}</td><td>{pct(ns, wall)}</td></tr>"
+    rows = "".join(f"<tr><td>{escape(w)}</td><td>{ms_num(ns)}</td><td>{pct(ns, wall)}</td></tr>"
                    for w, ns in time_rows(view))
     out.append(f'<table id="run-time"><tr><th>where the run\'s {escape(ms(view["wall_ns"]))} went</th>'
                f"<th>ms</th><th>share</th></tr>{rows}</table>")
     rows = "".join(
-        f"<tr><td>{r['index']}</td><td>{r['step_time_ns'] / 1e6:.3f}</td><td>{escape(r['kind'])}</td>"
+        f"<tr><td>{r['index']}</td><td>{ms_num(r['step_time_ns'])}</td><td>{escape(r['kind'])}</td>"
         f"<td>{escape(composition_text(r))}</td><td>{escape(why(r))}</td></tr>" for r in view["slowest"])
     out.append('<table id="run-slowest"><tr><th>slowest step</th><th>ms</th><th>kind</th><th>composition</th>'
                f"<th>why</th></tr>{rows}</table>")
@@ -176,34 +179,34 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
         y = 10 + ph * (1 - s["step_time_ns"] / top)
         col = PHASE_COLORS.get(s.get("phase") or "", "#999")
         dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{col}"><title>step {s["index"]}: '
-                    f'{escape(str(s.get("phase") or "?"))}, {s["step_time_ns"] / 1e6:.3f} ms at '
-                    f'{(s["begin_ns"] - t0) / 1e9:.3f} s</title></circle>')
+                    f'{escape(str(s.get("phase") or "?"))}, {ms(s["step_time_ns"])} at '
+                    f'{seconds(s["begin_ns"] - t0)}</title></circle>')
     axes = (f'<line x1="{left}" y1="{10 + ph}" x2="{left + pw}" y2="{10 + ph}" stroke="#999"/>'
             f'<line x1="{left}" y1="10" x2="{left}" y2="{10 + ph}" stroke="#999"/>'
-            f'<text x="{left - 4}" y="14" text-anchor="end">{top / 1e6:.1f} ms</text>'
+            f'<text x="{left - 4}" y="14" text-anchor="end">{tick(top)}</text>'
             f'<text x="{left - 4}" y="{10 + ph}" text-anchor="end">0</text>'
             f'<text x="{left}" y="{height - 6}">0 s</text>'
-            f'<text x="{left + pw}" y="{height - 6}" text-anchor="end">{span / 1e9:.3f} s</text>')
+            f'<text x="{left + pw}" y="{height - 6}" text-anchor="end">{seconds(span)}</text>')
     legend = "".join(f'<tspan fill="{c}">● {p}</tspan> ' for p, c in PHASE_COLORS.items())
     return (f'<svg class="chart" id="run-chart" width="{width}" height="{height}" role="img" '
             f'aria-label="step time over the run">{axes}{"".join(dots)}'
             f'<text x="{left + 8}" y="22">{legend}</text></svg>')
 
 
-def run_markdown(view: dict, cell) -> list[str]:
+def run_markdown(view: dict, cell, tracer: str = "nsys") -> list[str]:
     """The run view as Markdown lines; `cell` escapes a table cell."""
     out = [f"**{cell(headline(view))}**", ""]
-    tp = throughput_text(view)
+    tp = throughput_text(view, tracer)
     if tp:
         out += [tp, ""]
     out += ["| kind | steps | share | p50 ms | p90 ms | max ms | tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {cell(k['kind'])} | {k['count']} | {100 * k['share']:.0f}% | {k['p50_ns'] / 1e6:.3f} | "
-            f"{k['p90_ns'] / 1e6:.3f} | {k['max_ns'] / 1e6:.3f} | "
+    out += [f"| {cell(k['kind'])} | {k['count']} | {100 * k['share']:.0f}% | {ms_num(k['p50_ns'])} | "
+            f"{ms_num(k['p90_ns'])} | {ms_num(k['max_ns'])} | "
             f"{'–' if k['tokens'] is None else format(k['tokens'], ',')} |" for k in view["kinds"]]
     wall = max(view["wall_ns"], 1)
     out += ["", f"| where the run's {ms(view['wall_ns'])} went | ms | share |", "|---|---:|---:|"]
-    out += [f"| {cell(w)} | {ns / 1e6:,.3f} | {pct(ns, wall)} |" for w, ns in time_rows(view)]
+    out += [f"| {cell(w)} | {ms_num(ns)} | {pct(ns, wall)} |" for w, ns in time_rows(view)]
     out += ["", "| slowest step | ms | kind | composition | why |", "|---:|---:|---|---|---|"]
-    out += [f"| {r['index']} | {r['step_time_ns'] / 1e6:.3f} | {cell(r['kind'])} | {cell(composition_text(r))} | "
+    out += [f"| {r['index']} | {ms_num(r['step_time_ns'])} | {cell(r['kind'])} | {cell(composition_text(r))} | "
             f"{cell(why(r))} |" for r in view["slowest"]]
     return out + [""]

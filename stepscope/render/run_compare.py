@@ -6,20 +6,19 @@ from __future__ import annotations
 from html import escape
 
 from stepscope.render.sentences import runs_sentence
-from stepscope.render.units import ms
+from stepscope.render.units import MISSING, ms_num, signed_percent, times
 
 
 def runs_table(r: dict) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): per kind, then the run."""
+    """(header, rows): per kind, then the run; times bare under a header in ms."""
     what_if = "predicted_graph_time_ns" in r["run"]
-    head = ["kind", "pairs", "Σ A", "Σ B", "speedup"] + (["A with graphs", "off by"] if what_if else [])
+    head = ["kind", "pairs", "Σ A ms", "Σ B ms", "speedup"] + (["A with graphs ms", "off by"] if what_if else [])
 
     def row(label: str, k: dict) -> list[str]:
-        cells = [label, str(k["pairs"]), ms(k["a_time_ns"]), ms(k["b_time_ns"]),
-                 f"{k['speedup']:.2f}×" if k["speedup"] else "–"]
+        cells = [label, str(k["pairs"]), ms_num(k["a_time_ns"]), ms_num(k["b_time_ns"]),
+                 times(k["speedup"]) if k["speedup"] else MISSING]
         if what_if:
-            cells += [ms(k["predicted_graph_time_ns"]) if "predicted_graph_time_ns" in k else "–",
-                      f"{100 * k['prediction_error']:+.1f}%" if "prediction_error" in k else "–"]
+            cells += [ms_num(k.get("predicted_graph_time_ns")), signed_percent(k.get("prediction_error"))]
         return cells
 
     return head, [row(k["kind"], k) for k in r["kinds"]] + [row("the run (matched steps)", r["run"])]

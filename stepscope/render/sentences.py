@@ -5,7 +5,7 @@ section's source). The analyses give the fields, these functions the words."""
 
 from __future__ import annotations
 
-from stepscope.render.units import ms2, node_gap
+from stepscope.render.units import ms, node_gap, signed_percent, times, us
 
 
 def runs_sentence(r: dict) -> str:
@@ -15,15 +15,15 @@ def runs_sentence(r: dict) -> str:
         return (f"No step of A ({r['a_steps']} steps) has a step of B ({r['b_steps']}) of the same composition: "
                 "the runs are of different workloads and no step is compared.")
     sp = run["speedup"]
-    change = f"{sp:.2f}× faster" if sp >= 1 else f"{1 / sp:.2f}× slower"
+    change = f"{times(sp)} faster" if sp >= 1 else f"{times(1 / sp)} slower"
     left = (f"; {r['unmatched_a']} of A's and {r['unmatched_b']} of B's steps have no partner and are left out"
             if r["unmatched_a"] or r["unmatched_b"] else "")
     s = (f"Over the {run['pairs']} steps matched {r['matched']} (same prompt/decode requests and tokens{left}), "
-         f"B's run is {change} than A's (Σ step time {ms2(run['a_time_ns'])} → {ms2(run['b_time_ns'])}).")
+         f"B's run is {change} than A's (Σ step time {ms(run['a_time_ns'])} → {ms(run['b_time_ns'])}).")
     if "predicted_graph_time_ns" in run:
-        s += f" With CUDA graphs A's matched steps would take about {ms2(run['predicted_graph_time_ns'])}"
-        s += (f" (off by {100 * run['prediction_error']:+.1f}% against B's)." if "prediction_error" in run else ".")
-    per = [f"{k['kind']} {k['speedup']:.2f}× ({k['pairs']})" for k in r["kinds"][:4] if k["speedup"]]
+        s += f" With CUDA graphs A's matched steps would take about {ms(run['predicted_graph_time_ns'])}"
+        s += (f" (off by {signed_percent(run['prediction_error'])} against B's)." if "prediction_error" in run else ".")
+    per = [f"{k['kind']} {times(k['speedup'])} ({k['pairs']})" for k in r["kinds"][:4] if k["speedup"]]
     if per:
         s += " By kind (pairs): " + ", ".join(per) + "."
     return s
@@ -37,31 +37,31 @@ def compare_sentence(doc: dict) -> str:
     a, b, sp = doc["a"], doc["b"], doc["speedup"]
     if sp is None:
         return "B has no measurable step time."
-    change = f"{sp:.2f}× faster" if sp >= 1 else f"{1 / sp:.2f}× slower"
-    s = (f"B's step is {change} than A's ({ms2(a['step_time_ns'])} → {ms2(b['step_time_ns'])}); "
+    change = f"{times(sp)} faster" if sp >= 1 else f"{times(1 / sp)} slower"
+    s = (f"B's step is {change} than A's ({ms(a['step_time_ns'])} → {ms(b['step_time_ns'])}); "
          f"A is {a['verdict']}, B is {b['verdict']}. ")
     host_a, host_b = a["idle_by_kind_ns"]["host_bound"], b["idle_by_kind_ns"]["host_bound"]
     if host_a - host_b > 0.1 * a["step_time_ns"]:
-        s += f"Host-bound GPU idle fell from {ms2(host_a)} to {ms2(host_b)}: the launches stopped binding. "
+        s += f"Host-bound GPU idle fell from {ms(host_a)} to {ms(host_b)}: the launches stopped binding. "
     if a["n_kernels"] != b["n_kernels"]:
         s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}. "
     if "predicted_graph_step_time_ns" in doc:
-        s += f"With CUDA graphs A would take about {ms2(doc['predicted_graph_step_time_ns'])}"
+        s += f"With CUDA graphs A would take about {ms(doc['predicted_graph_step_time_ns'])}"
         if doc.get("predicted_graph_step_low_ns") is not None:
-            s += f" ({ms2(doc['predicted_graph_step_low_ns'])} to {ms2(doc['predicted_graph_step_high_ns'])})"
-        s += (f", off by {100 * doc['prediction_error']:+.1f}% against B's "
-              f"{ms2(doc['prediction_reference_ns'])}"
+            s += f" ({ms(doc['predicted_graph_step_low_ns'])} to {ms(doc['predicted_graph_step_high_ns'])})"
+        s += (f", off by {signed_percent(doc['prediction_error'])} against B's "
+              f"{ms(doc['prediction_reference_ns'])}"
               + ("" if doc.get("prediction_in_range") else ", outside the range") if "prediction_error" in doc else "")
         wb = doc.get("with_b_constants")
-        s += (f"; with the constants measured on B itself, {ms2(wb['predicted_graph_step_time_ns'])} "
-              f"({100 * wb['prediction_error']:+.1f}%)." if wb else ".")
+        s += (f"; with the constants measured on B itself, {ms(wb['predicted_graph_step_time_ns'])} "
+              f"({signed_percent(wb['prediction_error'])})." if wb else ".")
     u = doc.get("untraced")
     if u and u.get("speedup"):
-        s += (f" Untraced (both timed outside nsys's capture): {ms2(u['a_step_time_ns'])} → "
-              f"{ms2(u['b_step_time_ns'])}, {u['speedup']:.2f}×")
+        s += (f" Untraced (both timed outside nsys's capture): {ms(u['a_step_time_ns'])} → "
+              f"{ms(u['b_step_time_ns'])}, {times(u['speedup'])}")
         if "prediction_error" in u:
-            s += (f"; predicted {ms2(u['predicted_graph_step_time_ns'])}, off by "
-                  f"{100 * u['prediction_error']:+.1f}% against B's {ms2(u['prediction_reference_ns'])}")
+            s += (f"; predicted {ms(u['predicted_graph_step_time_ns'])}, off by "
+                  f"{signed_percent(u['prediction_error'])} against B's {ms(u['prediction_reference_ns'])}")
         s += "."
     chosen = [f"{tag}'s rank {x['rank']['rank']} of {x['rank']['ranks']} (pid {x['rank']['pid']}, GPU "
               f"{x['rank']['device']}: {x['rank']['why']})" for tag, x in (("A", a), ("B", b)) if "rank" in x]
@@ -75,17 +75,17 @@ def compare_sentence(doc: dict) -> str:
 def tp_sentence(row: dict) -> str | None:
     """The verdict of a TP step, from its row of the Diagnosis' tp frame (collectives.group_verdicts:
     binding_rank, bound, binding_cpu_floor_ns, binding_device_floor_ns, waits), e.g.
-    "launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); rank 0 waits
-    13.80 ms in all-reduce". None without a binding rank."""
+    "launch-bound: rank 1's host (CPU floor 28.819 ms vs device floor 4.066 ms); rank 0 waits
+    13.800 ms in all-reduce". None without a binding rank."""
     binding = row.get("binding_rank")
     if binding is None:
         return None
-    cpu, dev = ms2(row["binding_cpu_floor_ns"]), ms2(row["binding_device_floor_ns"])
+    cpu, dev = ms(row["binding_cpu_floor_ns"]), ms(row["binding_device_floor_ns"])
     if row["bound"] == "launch-bound":
         out = f"launch-bound: rank {binding}'s host (CPU floor {cpu} vs device floor {dev})"
     else:
         out = f"device-bound: rank {binding}'s GPU (device floor {dev} vs CPU floor {cpu})"
-    waits = [f"rank {w['rank']} waits {ms2(w['collective_wait_ns'] or 0)} in {w['wait_op'] or 'collectives'}"
+    waits = [f"rank {w['rank']} waits {ms(w['collective_wait_ns'] or 0)} in {w['wait_op'] or 'collectives'}"
              for w in row.get("waits") or ()]
     return out + ("; " + ", ".join(waits) if waits else "")
 
@@ -115,7 +115,7 @@ def tp_note(note: tuple[str, dict]) -> str:
         return "collective cost measured from this TP trace (transfer time, waits removed)"
     if kind == "collective_default":
         s = (f"collective cost estimated: {f['allreduces_per_layer']} all-reduces per layer × "
-             f"{f['allreduce_ns'] / 1e3:.1f} µs (measured on the H200 TP=2 fixture)")
+             f"{us(f['allreduce_ns'])} (measured on the H200 TP=2 fixture)")
         if f["unsplit"]:
             return f"{s}; this trace's collectives cannot be split: {f['split_note']}"
         return s + "; give a TP trace or --collective-us to replace it"
@@ -126,11 +126,11 @@ def tp_note(note: tuple[str, dict]) -> str:
         return "eager mode not projected: a graph trace has no per-kernel launch cost"
     if kind == "graph_own":
         return ("graph mode: the what-if graph step with this trace's own constants: host before the replay "
-                f"(prologue + {f['lead_ns'] / 1e6:.3f} ms graph launch) + device work + its measured "
+                f"(prologue + {ms(f['lead_ns'])} graph launch) + device work + its measured "
                 f"{node_gap(f['node_gap_ns'])} per kernel between graph nodes")
     if kind == "graph_whatif":
         return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
-                f"{f['launch_ns'] / 1e6:.3f} ms graph launch) + device work + {f['node_gap_ns']:.0f} ns per "
+                f"{ms(f['launch_ns'])} graph launch) + device work + {node_gap(f['node_gap_ns'])} per "
                 f"kernel between graph nodes ({f['source']})")
     if kind == "measured_width_missing":
         return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"

@@ -11,9 +11,10 @@ from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import kinds, median_step
 from stepscope.paths import shown
 from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
+from stepscope.render.console import Col, fitted, page, plural
 from stepscope.render.names import cut, term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
-from stepscope.render.units import ms, ms_num, us, us_num
+from stepscope.render.units import ms, ms_num, seconds, us, us_num
 from stepscope.render.views import StepDiagnosis
 
 
@@ -38,7 +39,7 @@ def render_steps(d, ids: list[int], console: Console | None = None, run: dict | 
     kinds only when `kinds` asks."""
     from stepscope.render.views import step_diagnosis
 
-    console = console or Console()
+    console = console or page()
     n_kinds = len(step_kinds(d.inv, ids))
     show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
     render_analyze(d.inv, ids if show else [], console,
@@ -52,13 +53,13 @@ def render_steps(d, ids: list[int], console: Console | None = None, run: dict | 
 def startup_line(row: dict) -> str:
     """A serving run's start-up in one line (analysis/startup.py)."""
     what = row["evidence"] or "CUDA work before the first step"
-    return (f"engine start-up {row['duration_ns'] / 1e9:.1f} s (pid {row['pid']}): {what}; longest pause "
-            f"{row['longest_pause_ns'] / 1e9:.1f} s, GPU busy {row['gpu_busy_ns'] / 1e6:.1f} ms; left out of the steps")
+    return (f"engine start-up {seconds(row['duration_ns'])} (pid {row['pid']}): {what}; longest pause "
+            f"{seconds(row['longest_pause_ns'])}, GPU busy {ms(row['gpu_busy_ns'])}; left out of the steps")
 
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
                    headline=None, run: dict | None = None) -> None:
-    console = console or Console()
+    console = console or page()
     t = inv.trace
     # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
     source = (f"nsys {term(t.nsys_version or '?')} · schema {term(t.schema_version or '?')}"
@@ -66,7 +67,7 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
               f"torch.profiler trace · {term(t.schema_version or t.format)}" if t.format == "kineto-json" else term(t.format))
     n = len(inv.step_ids())
     console.print(f"[bold]{term(shown(t.path), 1000)}[/]  {source}"
-                  f" · {int(inv.acts['is_kernel'].sum()):,} kernels · {n} step{'' if n == 1 else 's'}")
+                  f" · {plural(int(inv.acts['is_kernel'].sum()), 'kernel')} · {plural(n, 'step')}")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     for w in inv.warnings:
@@ -76,7 +77,9 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
     if run is not None:
         from stepscope.render.run import render_run
 
-        render_run(run, console)
+        from stepscope.render.views import tracer_name
+
+        render_run(run, console, tracer=tracer_name(t.format))
     for first, members in step_kinds(inv, ids):
         _render_kind(inv, first, members, console, headline)
         if extra is not None:
@@ -88,9 +91,9 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     classes and the diagnosis are all that one step's."""
     med = first
     phase = first["phase"] or "phase unknown"
-    title = (f"{phase} step · {first['delimiter']} “{term(first['name'])}” · pid {first['pid']} · "
-             f"device {first['device']} · {len(members)} step{'' if len(members) == 1 else 's'}")
-    console.rule(f"[bold]{title}")
+    # the rule says which kind; the range's name (as long as a step's shape in words) under it
+    console.rule(f"[bold]{phase} step · pid {first['pid']} · device {first['device']} · {plural(len(members), 'step')}")
+    console.print(f"{first['delimiter']} “{term(first['name'])}”")
     evidence = phase_line(first)
     if evidence:
         console.print(f"[dim]{term(evidence, 2000)}[/]")
@@ -100,7 +103,7 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
     console.print(
         f"step time {ms(med['step_time_ns'])} · GPU busy {ms(med['gpu_busy_ns'])} · span "
         f"{ms(med['gpu_span_ns'])} · idle {ms(med['idle_ns'])} · {first['n_kernels']} kernels "
-        f"({layers}) · {int(med['n_launch_calls'])} launch calls, {ms(med['launch_call_ns'])} in them"
+        f"({layers}) · {plural(int(med['n_launch_calls']), 'launch call')}, {ms(med['launch_call_ns'])} in them"
         + (f"  [dim](step {first['step']}: the median by step time of the {len(members)} steps of this kind)[/]"
            if len(members) > 1 else ""))
     c = inv.classes.filter(pl.col("step") == first["step"])
@@ -217,22 +220,26 @@ def render_runs_compare(r: dict, console: Console) -> None:
     """Two runs by their matched steps (analysis/run_compare.py): per kind and over the run."""
     from stepscope.render.run_compare import runs_table
 
-    t = Table(show_edge=False, header_style="bold", title=f"runs: {r['pairs']} step pairs matched {r['matched']} "
-              f"(A {r['a_steps']} steps, B {r['b_steps']}; unmatched {r['unmatched_a']} / {r['unmatched_b']})",
-              title_justify="left")
     head, rows = runs_table(r)
-    for col in head:
-        t.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col == "kind")
-    for cells in rows:
-        t.add_row(term(cells[0]), *cells[1:])
-    console.print(t)
+    cols = [Col(h, "left" if h == "kind" else "right", drop={"A with graphs ms": 2, "off by": 1}.get(h, 0))
+            for h in head]
+    console.print(fitted(console.width, cols, [[term(c[0]), *c[1:]] for c in rows], total=True,
+                         title=f"runs: {r['pairs']} step pairs matched {r['matched']} (A {plural(r['a_steps'], 'step')}, "
+                         f"B {r['b_steps']}; unmatched {r['unmatched_a']} / {r['unmatched_b']})"))
 
 
 def render_compare(doc: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or page()
     a, b = doc["a"], doc["b"]
-    # the files' names: what tells A from B fits 80 columns (their paths are in --json)
-    console.rule(f"[bold]A {term(_name(a['path']))}  vs  B {term(_name(b['path']))}")
+    # the files' names tell A from B, whole (their paths are in --json): on the rule when both
+    # fit, else one line each above it
+    names = f"A {term(_name(a['path']))}  vs  B {term(_name(b['path']))}"
+    if len(names) + 4 <= console.width:
+        console.rule(f"[bold]{names}")
+    else:
+        console.print(f"[bold]A {term(_name(a['path']))}[/]")
+        console.print(f"[bold]B {term(_name(b['path']))}[/]")
+        console.rule()
     if doc.get("runs"):
         render_runs_compare(doc["runs"], console)
     t = Table(show_edge=False, header_style="bold")
@@ -261,16 +268,12 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     console.print(t)
     for tag, x in (("A", a), ("B", b)):
         if "ranks" in x:
-            r = Table(show_edge=False, header_style="bold", title=f"{tag}: every rank (medians per step)",
-                      title_justify="left")
-            for col in ("rank", "pid", "GPU", "steps", "step time", "GPU busy", "collective wait", "device floor",
-                        "CPU floor"):
-                r.add_column(col, justify="right")
-            for x_ in x["ranks"]:
-                r.add_row(str(x_["rank"]), str(x_["pid"]), str(x_["device"]), str(x_["steps"]), ms(x_["step_time_ns"]),
-                          ms(x_["gpu_busy_ns"]), ms(x_["collective_wait_ns"]), ms(x_["device_floor_ns"]),
-                          ms(x_["cpu_floor_ns"]))
-            console.print(r)
+            cols = [Col("rank"), Col("pid", drop=3), Col("GPU", drop=3), Col("steps", drop=2), Col("step ms"),
+                    Col("GPU busy ms", drop=1), Col("waiting ms"), Col("device floor ms"), Col("CPU floor ms")]
+            rows = [[str(x_["rank"]), str(x_["pid"]), str(x_["device"]), str(x_["steps"]), ms_num(x_["step_time_ns"]),
+                     ms_num(x_["gpu_busy_ns"]), ms_num(x_["collective_wait_ns"]), ms_num(x_["device_floor_ns"]),
+                     ms_num(x_["cpu_floor_ns"])] for x_ in x["ranks"]]
+            console.print(fitted(console.width, cols, rows, title=f"{tag}: every rank (medians per step)"))
     c = Table(show_edge=False, header_style="bold", title="per class (the quoted steps)", title_justify="left")
     for col in ("class", "A µs", "B µs", "Δ µs", "A count", "B count"):
         c.add_column(col, justify="left" if col == "class" else "right")
@@ -289,11 +292,8 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
         console.print(term(text, 2000) if label == "comparison" else f"[bold]{label}:[/] {term(text, 2000)}")
 
 
-NARROW = 110  # below this many columns a wide table shows fewer columns (the rest: --json, a wider terminal)
-
-
 def render_tp(doc: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or page()
     modes = [(m, doc["projections"][m]) for m in ("eager", "graph") if doc["projections"].get(m)]
     own = {r["tp"]: r for r in doc["projection"]}
     # one table per mode (stacked: both fit 80 columns), every cell a bare number under a header
@@ -340,26 +340,21 @@ def render_tp(doc: dict, console: Console | None = None) -> None:
         for line in wrapped(str(cut(n, 2000)), console.width):
             console.print(f"[dim]{term(line, 2000)}[/]")
     if "ranks" in doc:
-        narrow = console.width < NARROW
-        r = Table(show_edge=False, header_style="bold", title="ranks" + (" (pid, GPU, collectives and transfer: "
-                  "--json or a wider terminal)" if narrow else ""), title_justify="left")
-        cols = (("rank", "pid", "GPU", "step", "step ms", "collectives ms", "transfer ms", "waiting ms",
-                 "device floor ms", "CPU floor ms", "verdict") if not narrow else
-                ("rank", "step", "step ms", "waiting ms", "device floor ms", "CPU floor ms", "verdict"))
-        for col in cols:
-            r.add_column(col, justify="left" if col == "verdict" else "right",
-                         no_wrap=col in ("verdict", "rank", "step"), min_width=len(col) if col in ("rank", "step") else None)
-        notes = []
+        # rank and step tell a row apart, never cut; under a width pid, GPU, collectives and
+        # transfer go (the title says so)
+        cols = [Col("rank"), Col("pid", drop=2), Col("GPU", drop=2), Col("step"), Col("step ms"),
+                Col("collectives ms", drop=1), Col("transfer ms", drop=1), Col("waiting ms"),
+                Col("device floor ms"), Col("CPU floor ms"), Col("verdict", "left")]
+        rows, notes = [], []
         for x in doc["ranks"]:
             for st in x["steps"]:
-                cells = {"rank": str(x["rank"]), "pid": str(x["pid"]), "GPU": str(x["device"]), "step": str(st["step"]),
-                         "step ms": ms_num(st["step_time_ns"]), "collectives ms": ms_num(st["collective_ns"]),
-                         "transfer ms": ms_num(st["collective_transfer_ns"]),
-                         "waiting ms": ms_num(st["collective_wait_ns"]), "device floor ms": ms_num(st["device_floor_ns"]),
-                         "CPU floor ms": ms_num(st["cpu_floor_ns"]), "verdict": st["verdict"]}
-                r.add_row(*[cells[c] for c in cols])
+                rows.append([str(x["rank"]), str(x["pid"]), str(x["device"]), str(st["step"]),
+                             ms_num(st["step_time_ns"]), ms_num(st["collective_ns"]),
+                             ms_num(st["collective_transfer_ns"]), ms_num(st["collective_wait_ns"]),
+                             ms_num(st["device_floor_ns"]), ms_num(st["cpu_floor_ns"]), st["verdict"]])
                 if st["split_note"]:
                     notes.append(st["split_note"])
+        r = fitted(console.width, cols, rows, title="ranks")
         console.print(r)
         for n in sorted(set(notes)):
             console.print(f"[yellow]not split into transfer and wait:[/] {n}")

@@ -18,11 +18,16 @@ shown, so a number reads the same in `analyze` and in its report:
 - an **axis** labels each tick in the unit that fits the tick spacing (`tick`: `500 µs`, `2 ms`);
 - the **gap between two graph nodes** (a fraction of a µs, the what-if's and the TP projection's
   constant) is in microseconds, two decimals (`0.68 µs`, `node_gap`);
-- a **ratio of two times** is two decimals and `×` (`5.10×`); a signed percentage uses a true
-  minus sign (`−4.1%`) (render/headline.py);
+- a figure of a **whole run** (its wall time, an engine's start-up) is in seconds, three
+  decimals (`5.657 s`, `seconds`);
+- a **ratio of two times** is two decimals and `×` (`5.10×`, `times`); a signed percentage one
+  decimal with a true minus sign (`−4.1%`, `signed_percent`), a share one decimal without sign;
+- a **count** is singular for one (`1 step`, render/console.py's `plural`);
 - **bytes** are decimal SI with two decimals (`15.53 GB`), as ncu and HBM bandwidths count them.
 
-A missing value is `–`.
+A missing value is `–`. Sentences and tables follow the same rules (`29.868 ms` in a verdict
+sentence as in a table). Every renderer formats through these functions; none formats a time,
+a ratio or a percentage with its own f-string (tests/test_units.py looks).
 """
 
 from __future__ import annotations
@@ -35,10 +40,9 @@ def ms(ns, sign: bool = False) -> str:
     return MISSING if ns is None else f"{ms_num(ns, sign)} ms"
 
 
-def ms2(ns) -> str:
-    """A whole-step figure inside compare's verdict sentence: `29.87 ms` (two decimals, no
-    thousands separator: the sentence is part of `compare --json` and keeps its form)."""
-    return MISSING if ns is None else f"{ns / 1e6:.2f} ms"
+def seconds(ns) -> str:
+    """A figure of a whole run or an engine's start-up: `5.657 s`."""
+    return MISSING if ns is None else f"{ns / 1e9:,.3f} s"
 
 
 def us(ns, sign: bool = False) -> str:
@@ -81,6 +85,16 @@ def nbytes(b) -> str:
         if abs(b) >= div:
             return f"{b / div:.2f} {unit}"
     return f"{int(b)} B"
+
+
+def times(x) -> str:
+    """A ratio of two times: `5.10×` (two decimals, whatever its JSON carries)."""
+    return MISSING if x is None else f"{x:.2f}×"
+
+
+def signed_percent(x) -> str:
+    """A signed ratio as people read it: `−4.1%`, `+7.8%` (a true minus sign)."""
+    return MISSING if x is None else f"{100 * x:+.1f}%".replace("-", "\u2212")
 
 
 def wrapped(text: str, width: int) -> list[str]:

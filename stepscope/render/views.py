@@ -13,6 +13,12 @@ from stepscope.render.sentences import tp_sentence, untraced_source
 from stepscope.render.sections import ENGINE_FIELDS, FLOOR_FIELDS, TP_FIELDS, UNTRACED_FIELDS, has_untraced
 
 
+def tracer_name(fmt: str) -> str:
+    """What wrote a trace of format `fmt`, as sentences name it: "under nsys", "without
+    torch.profiler" (an engine's word only for that engine's traces)."""
+    return "torch.profiler" if fmt == "kineto-json" else "nsys"
+
+
 @dataclass(frozen=True)
 class StepDiagnosis:
     """One step's gaps, launch overhead, verdict, and its tp, untraced and engine figures."""
@@ -88,5 +94,5 @@ def step_diagnosis(d, step: int) -> StepDiagnosis:
         whatif=_whatif(d),
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
         class_time_ns=c["time_ns"].sum() or 1,
-        tracer="torch.profiler" if trace.format == "kineto-json" else "nsys",
+        tracer=tracer_name(trace.format),
     )
