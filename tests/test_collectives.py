@@ -98,7 +98,7 @@ def test_eager_tp2_binding_rank_is_the_one_that_waits_least():
         assert s["tp"]["binding_rank"] == binding
         v = s["tp"]["verdict"]
         assert v.startswith(f"launch-bound: rank {binding}'s host")
-        assert f"rank {other} waits {want[other]['wait'] / 1e6:.2f} ms in all-reduce" in v
+        assert f"rank {other} waits {want[other]['wait'] / 1e6:.3f} ms in all-reduce" in v
     g = analyze_doc(GRAPH_TP2)["steps"][0]["tp"]["verdict"]
     assert g.startswith("device-bound: rank ")
 
@@ -297,8 +297,9 @@ def test_tp_sentence_wording():
            "binding_device_floor_ns": 4_070_000,
            "waits": [{"rank": 0, "collective_wait_ns": 13_800_000, "wait_op": "all-reduce"},
                      {"rank": 2, "collective_wait_ns": None, "wait_op": None}]}
-    assert tp_sentence(row) == ("launch-bound: rank 1's host (CPU floor 28.82 ms vs device floor 4.07 ms); "
-                                "rank 0 waits 13.80 ms in all-reduce, rank 2 waits 0.00 ms in collectives")
+    # whole-step figures in sentences as in tables: ms, three decimals (render/units.py)
+    assert tp_sentence(row) == ("launch-bound: rank 1's host (CPU floor 28.820 ms vs device floor 4.070 ms); "
+                                "rank 0 waits 13.800 ms in all-reduce, rank 2 waits 0.000 ms in collectives")
     assert tp_sentence({**row, "bound": "device-bound", "waits": []}) == (
-        "device-bound: rank 1's GPU (device floor 4.07 ms vs CPU floor 28.82 ms)")
+        "device-bound: rank 1's GPU (device floor 4.070 ms vs CPU floor 28.820 ms)")
     assert tp_sentence({**row, "binding_rank": None}) is None

@@ -250,6 +250,6 @@ def test_the_run_on_the_terminal(run_dir):
     res = CliRunner().invoke(app, ["analyze", "--no-cache", str(run_dir[0].parent)], env={"COLUMNS": "160"})
     assert res.exit_code == 0, res.output
     out = res.stdout
-    assert "run: 8 reports · 8 ranks on 4 host(s) · 1 TP step(s)" in out
-    assert "rank 1 binds 1 of 1 TP step(s), 100% of the run's time" in out
+    assert "run: 8 reports · 8 ranks on 4 hosts · 1 TP step" in out
+    assert "rank 1 binds 1 of 1 TP step, 100% of the run's time" in out
     assert "13.800" in out  # rank 0's wait, in ms

@@ -37,15 +37,8 @@ def calibrate(
 
         typer.echo(json.dumps({**json.loads(cal.to_json()), "written": str(out), "notes": list(cal.notes)}))
         return
-    from stepscope.render.units import ms, us
+    from stepscope.render.sentences import calibration_lines
 
-    for c in cal.captures:
-        twin = f"; eager twin {c.eager_twin}: residual {100 * c.residual:+.1f}%" if c.eager_twin else ""
-        typer.echo(f"{c.named()}: graph launch lead {ms(c.graph_launch_lead_ns)} (+ {us(c.graph_launch_prep_ns)} "
-                   f"before the call), {c.node_gap_ns:.0f} ns per kernel node"
-                   + (f", {us(c.memop_gap_ns)} per memop" if c.memop_gap_ns is not None else "") + twin)
     for n in cal.notes:
         typer.echo(f"stepscope: note: {n}", err=True)
-    p = cal.point()
-    typer.echo(f"wrote {out}: {len(cal.captures)} capture(s); point: lead {ms(p.lead_ns)}, "
-               f"{p.node_gap_ns:.0f} ns per kernel node")
+    typer.echo("\n".join(calibration_lines(cal, out)))

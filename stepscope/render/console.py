@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stepscope.render.units import plural  # noqa: F401 (the renderers' one import)
+
 # a space between a number and its unit, which a line never breaks at (`4.661 ms`, `0.45 µs`)
 _GLUED = re.compile(r"(?<=\d) (?=(?:ms|µs|ns|s|GB|MB|KB|kB|B|GiB|MiB|TB/s|GB/s|%|×|tok)(?:\W|$))")
 _WORD = re.compile(r"\S+\s*")
@@ -75,11 +77,6 @@ class Page(Console):
 def page(stderr: bool = False) -> Page:
     """The console a view prints on."""
     return Page(stderr=stderr)
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """`1 step`, `2 steps` (`many`: an irregular plural)."""
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_me
                                           class_rows, footer, phase_line)
 from stepscope.render.run import run_html
 from stepscope.render.run_compare import runs_compare_html
-from stepscope.render.units import ms, nbytes, tick, us
+from stepscope.render.units import ms, nbytes, plural, tick, us
 
 CLASS_COLORS = {
     "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
@@ -653,7 +653,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: tuple | N
     title = f"stepscope · {view.label}" + (f" vs {other.label}" if other else "")
     body = [
         f"<h1>{escape(title)}</h1>",
-        f'<div class="sub">{escape(src)} · {view.n_steps} step(s) in the trace'
+        f'<div class="sub">{escape(src)} · {plural(view.n_steps, "step")} in the trace'
         + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(v.chosen)}; delimited by {escape(v.delimiter)}"
                   + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
                             for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)

@@ -6,7 +6,7 @@ from stepscope.analysis.classify import FAMILY_LABELS
 from stepscope.render.names import controls, md_code, md_text
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
-from stepscope.render.units import ms, nbytes, us
+from stepscope.render.units import ms, nbytes, plural, us
 
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 
@@ -56,8 +56,8 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
     for i, v in enumerate(views):
         gpu = f", {md_text(v.gpu_name)}" if v.gpu_name else ""
         prefix = f"**{_tag(i, n)}**: " if n > 1 else ""
-        out.append(f"- {prefix}{md_code(v.trace_name)} ({md_text(v.trace_format)}{gpu}), step {v.step} of {v.n_steps} "
-                   f"({md_text(v.chosen)}); delimited by {md_text(v.delimiter)}")
+        out.append(f"- {prefix}{md_code(v.trace_name)} ({md_text(v.trace_format)}{gpu}), step {v.step} · {plural(v.n_steps, 'step')} "
+                   f"in the trace ({md_text(v.chosen)}); delimited by {md_text(v.delimiter)}")
     for i, v in enumerate(views):
         for line in [phase_line(v.figures)] + class_by_lines(v.kernels):
             if line:

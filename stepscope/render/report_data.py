@@ -60,7 +60,8 @@ def framework_lines(inv: Inventory, step: int, limit: int = 6) -> list[str]:
     fam = inv.framework.filter(pl.col("step") == step)
     if fam.is_empty():
         return []
-    us = lambda ns: f"{ns / 1e3:,.1f} µs"  # noqa: E731
+    from stepscope.render.units import us
+
     out = ["framework by op family: " + " · ".join(
         f"{FAMILY_LABELS.get(r['family'], r['family'])} ×{r['count']} ({us(r['time_ns'])})" for r in fam.iter_rows(named=True))]
     ops = inv.framework_ops.filter(pl.col("step") == step)

@@ -75,7 +75,7 @@ def render_run(doc: dict, console: Console | None = None) -> None:
     b = doc["binding_rank"]
     if b is not None:
         first = next((g for g in doc["tp_steps"] if g["binding_rank"] == b["rank"] and g["verdict"]), None)
-        console.print(f"[bold]Verdict:[/] rank {b['rank']} binds {b['tp_steps']} of {b['of']} TP step(s), "
+        console.print(f"[bold]Verdict:[/] rank {b['rank']} binds {b['tp_steps']} of {plural(b['of'], 'TP step')}, "
                       f"{100 * (b['share'] or 0):.0f}% of the run's time ({ms(b['time_ns'])})"
                       + (f"; e.g. TP step {first['group']}: {term(first['verdict'], 2000)}" if first else ""))
     else:

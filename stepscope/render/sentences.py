@@ -162,3 +162,19 @@ def with_untraced_source(frame, sidecar: dict | None):
         pl.when(col == "measured").then(pl.lit(untraced_source("measured", sidecar)))
         .when(col == "estimated").then(pl.lit(untraced_source("estimated", sidecar)))
         .otherwise(col).alias("untraced_source"))
+
+
+def calibration_lines(cal, out) -> list[str]:
+    """`calibrate` on the terminal: each capture's constants, then the file written and its point."""
+    lines = []
+    for c in cal.captures:
+        twin = f"; eager twin {c.eager_twin}: residual {signed_percent(c.residual)}" if c.eager_twin else ""
+        lines.append(f"{c.named()}: graph launch lead {ms(c.graph_launch_lead_ns)} (+ {us(c.graph_launch_prep_ns)} "
+                     f"before the call), {node_gap(c.node_gap_ns)} per kernel node"
+                     + (f", {us(c.memop_gap_ns)} per memop" if c.memop_gap_ns is not None else "") + twin)
+    p = cal.point()
+    from stepscope.render.units import plural
+
+    lines.append(f"wrote {out}: {plural(len(cal.captures), 'capture')}; point: lead {ms(p.lead_ns)}, "
+                 f"{node_gap(p.node_gap_ns)} per kernel node")
+    return lines

@@ -243,8 +243,9 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     if doc.get("runs"):
         render_runs_compare(doc["runs"], console)
     t = Table(show_edge=False, header_style="bold")
-    console.print(f"[dim]A: step {a['step']} of its {a['steps']}: {a['chosen']} · B: step {b['step']} of its "
-                  f"{b['steps']}: {b['chosen']}[/]")
+    # a step is named by its index (the JSON's, from 0), its trace's count of steps apart
+    console.print(f"[dim]A: step {a['step']} · {plural(a['steps'], 'step')}: {a['chosen']} · B: step {b['step']} · "
+                  f"{plural(b['steps'], 'step')}: {b['chosen']}[/]")
     for col in ("figure (the quoted step)", "A", "B", "B − A"):
         t.add_column(col, justify="left" if col.startswith("figure") else "right")
     rows = [("step time", "step_time_ns"), ("GPU busy", "gpu_busy_ns"), ("GPU idle", "idle_ns"),

@@ -22,7 +22,7 @@ shown, so a number reads the same in `analyze` and in its report:
   decimals (`5.657 s`, `seconds`);
 - a **ratio of two times** is two decimals and `×` (`5.10×`, `times`); a signed percentage one
   decimal with a true minus sign (`−4.1%`, `signed_percent`), a share one decimal without sign;
-- a **count** is singular for one (`1 step`, render/console.py's `plural`);
+- a **count** is singular for one (`1 step`, `plural`);
 - **bytes** are decimal SI with two decimals (`15.53 GB`), as ncu and HBM bandwidths count them.
 
 A missing value is `–`. Sentences and tables follow the same rules (`29.868 ms` in a verdict
@@ -85,6 +85,11 @@ def nbytes(b) -> str:
         if abs(b) >= div:
             return f"{b / div:.2f} {unit}"
     return f"{int(b)} B"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """A count for people: `1 step`, `2 steps` (`many`: an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def times(x) -> str:
