@@ -127,6 +127,44 @@ class Capture:
 
 
 # --- pure builders (tested without a GPU) ---------------------------------------------------
+def trace_request(*, as_json: bool = False, no_nvtx: bool = False, requests: int | None = None,
+                  prompt_lens: str | None = None, output_lens: str | None = None, **fields) -> TraceRequest:
+    """The TraceRequest of `stepscope trace`'s options (`--json`, `--no-nvtx`, the serving
+    ranges as typed), its sizes checked before nsys starts: run_trace checks the lower bounds,
+    but a batch of 10^12 would fail much later."""
+    from stepscope import options as opt
+
+    opt.at_most(fields.get("batch", 1), "--batch", opt.MAX_BATCH)
+    opt.at_most(fields.get("context", 1), "--context", opt.MAX_CONTEXT)
+    opt.at_most(fields.get("tp", 1), "--tp", 1024)
+    opt.at_most(fields.get("layers"), "--layers", 10_000)
+    opt.number(fields.get("kv_cache_gib"), "--kv-cache-gib", 0.01, 4096)
+    return TraceRequest(json=as_json, nvtx=not no_nvtx, **fields,
+                        **serving_options(requests, prompt_lens, output_lens))
+
+
+def serving_options(requests: int | None, prompt_lens: str | None, output_lens: str | None) -> dict:
+    """--requests/--prompt-lens/--output-lens as TraceRequest fields (ranges checked here,
+    before nsys starts)."""
+    from stepscope import options as opt
+    from stepscope.capture.engines.vllm_serving import parse_range
+
+    if requests is None:
+        if prompt_lens or output_lens:
+            raise InputError("--prompt-lens and --output-lens need --requests")
+        return {}
+    opt.at_most(requests, "--requests", 100_000)
+    out: dict = {"requests": requests}
+    try:
+        if prompt_lens:
+            out["prompt_lens"] = parse_range(prompt_lens, "--prompt-lens")
+        if output_lens:
+            out["output_lens"] = parse_range(output_lens, "--output-lens")
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return out
+
+
 def vllm_available() -> bool:
     import importlib.util
 

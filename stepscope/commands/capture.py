@@ -65,24 +65,16 @@ def trace(
 ) -> None:
     """Run one engine step (or, with --requests, a serving-like run) under Nsight Systems and
     explain where its time goes."""
-    from stepscope import options as opt
-    from stepscope.capture.run import TraceRequest, run_trace
+    options = dict(locals())  # the command line's options, as trace_request takes them
+    from stepscope.capture.run import run_trace, trace_request
 
-    # before nsys starts (run_trace checks the lower bounds): batch 10^12 fails much later
-    opt.at_most(batch, "--batch", opt.MAX_BATCH)
-    opt.at_most(context, "--context", opt.MAX_CONTEXT)
-    opt.at_most(tp, "--tp", 1024)
-    opt.at_most(layers, "--layers", 10_000)
-    opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
-    serving = _serving_options(requests, prompt_lens, output_lens)
-    req = TraceRequest(model=model, engine=engine, mode=mode, phase=phase, batch=batch,
-                       context=context, tp=tp, layers=layers, out=out, json=as_json,
-                       warmup=warmup, untraced_steps=untraced_steps, steps=steps,
-                       step_name=step_name, nvtx=not no_nvtx, ops=ops, emit_nvtx=emit_nvtx,
-                       inductor_names=inductor_names, sync_scheduling=sync_scheduling,
-                       kv_cache_gib=kv_cache_gib, seed=seed, **serving)
-    captures = run_trace(req)
-    failed = [c for c in captures if c.analysis_rc not in (0, None)]
+    captures = run_trace(trace_request(**options))
+    _show(captures, as_json)
+
+
+def _show(captures, as_json: bool) -> None:
+    """Each capture's analysis (and, with --mode both, eager against graph); the first failed
+    analysis' exit code."""
     comparison = _compare_modes(captures)
     if as_json:
         doc = {"captures": [c.to_dict() for c in captures]}
@@ -99,31 +91,9 @@ def trace(
 
             typer.echo("== eager vs graph ==")
             render_compare(comparison)
+    failed = [c for c in captures if c.analysis_rc not in (0, None)]
     if failed:
         raise typer.Exit(failed[0].analysis_rc or 1)
-
-
-def _serving_options(requests, prompt_lens, output_lens) -> dict:
-    """--requests/--prompt-lens/--output-lens as TraceRequest fields (ranges checked here,
-    before nsys starts)."""
-    from stepscope import options as opt
-    from stepscope.capture.engines.vllm_serving import parse_range
-    from stepscope.errors import InputError
-
-    if requests is None:
-        if prompt_lens or output_lens:
-            raise InputError("--prompt-lens and --output-lens need --requests")
-        return {}
-    opt.at_most(requests, "--requests", 100_000)
-    out = {"requests": requests}
-    try:
-        if prompt_lens:
-            out["prompt_lens"] = parse_range(prompt_lens, "--prompt-lens")
-        if output_lens:
-            out["output_lens"] = parse_range(output_lens, "--output-lens")
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    return out
 
 
 def _compare_modes(captures) -> dict | None:

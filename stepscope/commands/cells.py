@@ -103,91 +103,16 @@ def run_cmd(
 ) -> None:
     """Measure each cell of a sweep under ncu and write OUT/cells.parquet + OUT/cells.csv;
     with --engine, every kernel of one real engine step."""
-    from stepscope import options as opt
-    from stepscope.bytes import sweep as sw
+    options = dict(locals())  # the command line's options, as run_cells takes them
+    from stepscope.bytes.cells_run import run_cells
 
-    if engine is not None:
-        _run_step(engine, model or "llama-3.1-8b", phase, batch, context, mode, layers, out, ncu,
-                  timeout if timeout != 300.0 else 540.0, cache_control, print_commands, stall, kv_cache_gib,
-                  replay_mode, target_processes)
-        return
-
-    opt.number(timeout, "--timeout", 1, 7 * 86_400)
-    opt.number(deadline, "--deadline", 1, 30 * 86_400)
-    s = sw.load_sweep(sweep)
-    names = list(cell or []) or (s.smoke if smoke else None)
-    specs = s.select(names)
-    if print_commands:
-        ncu_path = ncu or "ncu"
-        for spec in specs:
-            typer.echo(" ".join(sw.cell_command(ncu_path, s, spec, model)))
-        return
-    from stepscope.bytes.cells import frame, write_cells
-
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "sweep.log", "a") as log:
-        res = sw.run_sweep(s, out, model=model, cells=names,
-                           cells_per_process=cells_per_process, ncu=ncu,
-                           timeout_s=timeout, log=log, deadline_s=deadline)
-    df = frame(res.rows)
-    paths = write_cells(df, out / "cells")
-    ok = len(specs) - len(res.failed)
-    typer.echo(f"{ok}/{len(specs)} cells measured on {res.gpu or 'unknown GPU'} "
-               f"(ncu {res.ncu_version}) in {res.seconds:.0f} s -> "
-               f"{', '.join(map(str, paths))}")
-    if res.failed:
-        typer.echo(f"failed: {', '.join(res.failed)} (see {out / 'sweep.log'})", err=True)
-    if ok == 0:
-        raise typer.Exit(1)
-
-
-def _run_step(engine, model, phase, batch, context, mode, layers, out, ncu, timeout,
-              cache_control, print_commands, stall=None, kv_cache_gib=None,
-              replay_mode=None, target_processes=None) -> None:
-    from stepscope.bytes import stepcells
-    from stepscope.capture.models import load_card
-    from stepscope.errors import InputError
-
-    if phase not in ("decode", "prefill"):
-        raise InputError(f"--phase {phase!r}: decode or prefill")
-    if cache_control not in ("none", "all"):
-        raise InputError(f"--cache-control {cache_control!r}: none or all")
-    for name, v in (("batch", batch), ("context", context)):
-        if v < 1:
-            raise InputError(f"--{name} must be at least 1 (got {v})")
-    from stepscope import options as opt
-
-    opt.number(stall, "--stall", 1, 86_400)
-    opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
-    card = load_card(model)
-    if print_commands:
-        app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
-                                       mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)
-        rm, tp = stepcells.ncu_settings(engine, replay_mode, target_processes)
-        typer.echo(" ".join(stepcells.ncu_command(ncu or "ncu", app, cache_control=cache_control,
-                                                  replay_mode=rm, target_processes=tp)))
-        return
-    from rich.console import Console
-
-    from stepscope.bytes.cells import frame, write_cells
-
-    con = Console(stderr=True)
-    label = f"{card.name} {phase} b={batch} {mode} ({engine}) under ncu"
-    with con.status(f"{label}: starting the engine") as status:
-        def progress(n: int, s: float, what: str = "kernels profiled") -> None:
-            status.update(f"{label}: {n} {what}, {s:.0f} s")
-
-        res = stepcells.run_step_cells(engine, model, phase=phase, batch=batch, context=context,
-                                       mode=mode, layers=layers, out=out, ncu=ncu,
-                                       timeout_s=timeout, cache_control=cache_control,
-                                       on_progress=progress, stall_s=stall,
-                                       kv_cache_gib=kv_cache_gib, replay_mode=replay_mode,
-                                       target_processes=target_processes)
-    paths = write_cells(frame(res.rows), out / "cells")
-    passes = ", ".join(f"{n} kernel(s) in {p} pass(es)" for p, n in sorted(res.passes.items()))
-    typer.echo(f"{len(res.rows)} kernels of one {phase} step measured on {res.gpu or 'unknown GPU'} "
-               f"(ncu {res.ncu_version}) in {res.seconds:.0f} s"
-               + (f" ({passes})" if passes else "") + f" -> {', '.join(map(str, paths))}")
+    done = run_cells(**options)
+    for line in done.lines:
+        typer.echo(line)
+    for line in done.errors:
+        typer.echo(line, err=True)
+    if done.code:
+        raise typer.Exit(done.code)
 
 
 # `stepscope budget` lives in its own module; importing it here registers it on `app`
