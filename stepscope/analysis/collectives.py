@@ -279,6 +279,6 @@ def summary_rank(ranks: pl.DataFrame, tp: pl.DataFrame | None) -> dict:
              .group_by("binding_rank").agg(n=pl.len()).sort(["n", "binding_rank"], descending=[True, False]))
         n_groups = tp.filter(pl.col("binding_rank").is_not_null())["group"].n_unique()
         row["rank"] = int(b["binding_rank"][0])
-        row["why"] = f"the binding rank of {int(b['n'][0])} of {n_groups} TP step(s)"
+        row["why"] = f"the binding rank of {int(b['n'][0])} of {n_groups} TP step{'' if n_groups == 1 else 's'}"
     r = ranks.filter(pl.col("rank") == row["rank"]).row(0, named=True)
     return {"rank": row["rank"], "pid": r["pid"], "device": r["device"], "ranks": row["ranks"], "why": row["why"]}
