@@ -67,5 +67,7 @@ def export(trace: TraceArg,
         done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force)
     if is_stdout(output):  # stdout holds the export alone
         return
-    typer.echo(f"wrote {output}: {len(done.steps)} step(s), {done.activities:,} GPU activities; "
+    from stepscope.render.units import plural
+
+    typer.echo(f"wrote {output}: {plural(len(done.steps), 'step')}, {done.activities:,} GPU activities; "
                "open it at https://ui.perfetto.dev")

@@ -13,7 +13,7 @@ def budget_json(doc: dict) -> str:
 def render_budget(doc) -> None:
     """`budget` on the terminal: the per-class and per-op table, how the kernels joined, and the
     kernels without a cell."""
-    from stepscope.render.console import Col, fitted, page
+    from stepscope.render.console import Col, fitted, page, plural
     from stepscope.render.names import term
     from stepscope.render.units import MISSING, nbytes, us_num
 
@@ -54,7 +54,7 @@ def render_budget(doc) -> None:
     else:
         con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
                   f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; "
-                  f"{len(st['unjoined_kernels'])} kernel(s) without a cell")
+                  f"{plural(len(st['unjoined_kernels']), 'kernel')} without a cell")
     if st.get("unjoined_ops"):
         con.print(f"minimum over the joined ops: {nbytes(st['min_bytes'])}; ops no kernel joined "
                   f"({', '.join(st['unjoined_ops'])}) add {nbytes(st['unjoined_min_bytes'])} to the step's "
@@ -91,7 +91,7 @@ def render_cells(led, gpus, peak) -> None:
     """`cells show` on the terminal: the ledger of each profiled launch, one line each. A row is
     told by its cell and launch number, never cut; the kernel's short name gets the width left,
     the least needed figures go under a width (all in --json)."""
-    from stepscope.render.console import Col, fitted, page
+    from stepscope.render.console import Col, fitted, page, plural
     from stepscope.render.names import short, term
     from stepscope.render.units import MISSING, nbytes, us_num
 
@@ -121,6 +121,6 @@ def render_cells(led, gpus, peak) -> None:
              + (f" (peak {peak / 1e12:.2f} TB/s)" if peak else ""))
     con.print(fitted(con.width, cols, rows, title=title))
     if unmatched:
-        con.print(f"* {unmatched} kernel(s) not matched by their op's regex")
+        con.print(f"* {plural(unmatched, 'kernel')} not matched by their op's regex")
     for r in errors:
         con.print(f"[red]error[/] {term(r.get('cell') or '?')}: {term(r['error'], 2000)}")

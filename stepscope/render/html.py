@@ -225,7 +225,7 @@ def _rank_rows(v: StepView, left_ns: int, sx: float, y: int, plot: list[str], la
         if replays:
             for r in sorted(replays.values(), key=lambda r: r["start"]):
                 x0, x1 = x(r["start"]), x(r["end"])
-                tip = f"graph replay: {r['n']} kernels, {us(r['end'] - r['start'])}"
+                tip = f"graph replay: {plural(r['n'], 'kernel')}, {us(r['end'] - r['start'])}"
                 plot.append(f'<path class="graph-replay" data-x0="{x0:.4f}" data-x1="{x1:.4f}" data-y="{y + 1}" '
                             f'd="M{x0:.1f},{y + 1} v4 H{x1:.1f} v-4" stroke="{GRAPH_COLOR}" '
                             f'fill="none" stroke-width="1.5">{_t(tip)}</path>')
@@ -391,8 +391,9 @@ def _classes(views: list[StepView]) -> str:
             w = max(t / vmax * bar_w, 0.5 if t else 0)
             op = "1" if i == 0 else "0.55"
             tag = ("A " if i == 0 else "B ") if len(frames) > 1 else ""
+            count = plural(n, "kernel")
             rows.append(f'<rect class="c" x="140" y="{y + 2}" width="{w:.1f}" height="{ROW - 6}" fill="{CLASS_COLORS.get(c, "#ccc")}" '
-                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {n} kernels, {us(t)}")}</rect>'
+                        f'fill-opacity="{op}">{_t(f"{tag}{c}: {count}, {us(t)}")}</rect>'
                         f'<text x="{146 + w:.1f}" y="{y + 12}">{tag}{us(t)} · {n}×</text>')
             y += ROW - 2
         y += 4

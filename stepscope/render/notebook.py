@@ -7,7 +7,7 @@ from html import escape
 
 import polars as pl
 
-from stepscope.render.units import ms, us
+from stepscope.render.units import ms, plural, us
 
 SHOWN_STEPS = 20  # rows of the notebook table; the rest is said in one line
 
@@ -49,7 +49,7 @@ def analysis_html(name: str, table: pl.DataFrame, warnings: list[str]) -> str:
     more = (f"<p>… and {table.height - SHOWN_STEPS} more steps (Analysis.table has them all)</p>"
             if table.height > SHOWN_STEPS else "")
     warn = "".join(f"<p>warning: {escape(w)}</p>" for w in warnings)
-    return (f"<div><b>stepscope</b> · {escape(name)} · {table.height} step(s)"
+    return (f"<div><b>stepscope</b> · {escape(name)} · {plural(table.height, "step")}"
             f"<table><tr>{head}</tr>{rows}</table>{more}{warn}</div>")
 
 
