@@ -49,7 +49,7 @@ def analysis_html(name: str, table: pl.DataFrame, warnings: list[str]) -> str:
     more = (f"<p>… and {table.height - SHOWN_STEPS} more steps (Analysis.table has them all)</p>"
             if table.height > SHOWN_STEPS else "")
     warn = "".join(f"<p>warning: {escape(w)}</p>" for w in warnings)
-    return (f"<div><b>stepscope</b> · {escape(name)} · {plural(table.height, "step")}"
+    return (f"<div><b>stepscope</b> · {escape(name)} · {plural(table.height, 'step')}"
             f"<table><tr>{head}</tr>{rows}</table>{more}{warn}</div>")
 
 
