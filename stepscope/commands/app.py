@@ -37,6 +37,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Explains where the time and the bytes of one LLM inference engine step go.",
     pretty_exceptions_enable=False,
+    # a docstring's lines are one paragraph in the commands' list (rich mode kept their breaks:
+    # ragged lines at 80 columns)
+    rich_markup_mode="markdown",
 )
 
 

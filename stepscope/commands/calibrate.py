@@ -37,8 +37,12 @@ def calibrate(
 
         typer.echo(json.dumps({**json.loads(cal.to_json()), "written": str(out), "notes": list(cal.notes)}))
         return
+    from stepscope.render.console import page
+    from stepscope.render.names import term
     from stepscope.render.sentences import calibration_lines
 
     for n in cal.notes:
         typer.echo(f"stepscope: note: {n}", err=True)
-    typer.echo("\n".join(calibration_lines(cal, out)))
+    con = page()  # wrapped to the terminal, a figure never parted from its unit
+    for line in calibration_lines(cal, out):
+        con.print(term(line, 2000), highlight=False)
