@@ -307,6 +307,6 @@ def test_one_representative_step_everywhere(tmp_path):
     assert f"step time {ms}" in block and f"(step {want}: the median by step time of the 2 steps" in block
     md = tmp_path / "r.md"
     assert runner.invoke(app, ["report", str(path), "-o", str(md)]).exit_code == 0
-    assert f"step {want} of 3 (the median by step time of the 2 steps of the most common kind" in md.read_text()
+    assert f"step {want} · 3 steps in the trace (the median by step time of the 2 steps of the most common kind" in md.read_text()
     tp = runner.invoke(app, ["tp", str(path)], env={"COLUMNS": "300"}).output
     assert f"projected step: {want}, the median by step time" in tp
