@@ -135,7 +135,8 @@ def test_the_compare_report_carries_the_runs(tmp_path, doc, fmt):
     text = out.read_text()
     run = doc["runs"]["run"]
     assert "The two runs, by matched steps" in text and f"{run['speedup']:.2f}×" in text
-    assert f"{100 * run['prediction_error']:+.1f}%" in text
+    # a signed percentage with a true minus sign (docs/DEFINITIONS.md, Units for people)
+    assert f"{100 * run['prediction_error']:+.1f}%".replace("-", "\u2212") in text
 
 
 def test_graph_runs_replays_queue_behind_the_previous_step_in_plain_sql():

@@ -98,9 +98,13 @@ def test_node_gaps_ratios_and_signs_alike_in_every_format(tmp_path):
         assert not re.search(r"\d\.\d{3,}×", text), fmt
         assert not re.search(r"(?<![\w.\d])-\d+(\.\d+)?%", text), (fmt, re.findall(r".{30}-\d+\.\d%", text))
     assert gaps >= 3
+    import json
+
+    doc = json.loads(CliRunner().invoke(app, ["compare", str(EAGER), str(GRAPH), "--json"]).stdout)
+    err = f"{100 * doc['prediction_error']:+.1f}%".replace("-", "\u2212")  # A's what-if against B's step
     for fmt in ("term", "md", "html"):
-        assert "5.10×" in out[fmt], fmt
-        assert "−14.5%" in out[fmt], fmt  # A's what-if against B's measured step
+        assert f"{doc['speedup']:.2f}×" in out[fmt], fmt
+        assert f"prediction error: {err}" in re.sub(r"<[^>]+>|\*\*", "", out[fmt]).replace(":  ", ": "), fmt
 
 
 def test_counts_and_step_numbers(tmp_path):
