@@ -173,8 +173,10 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     the grid/block of chosen kernel names when the trace was read without them
     (stepscope.launch_config): phase evidence needs a few."""
     rules = rules or load_rules()
-    strings = trace.string_map()
-    api = api_flags(trace.api, strings)
+    # the API calls' names only: the kernels' are joined on as a frame (kernel_names)
+    api_ids = trace.api["name_id"].unique().drop_nulls()
+    api_strings = trace.strings.filter(pl.col("id").is_in(api_ids.implode()))
+    api = api_flags(trace.api, dict(zip(api_strings["id"].to_list(), api_strings["value"].to_list())))
     windows = find_windows(trace, api, step_regex)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
@@ -191,12 +193,14 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
-    acts, phases, names, by_nvtx = _classify(acts, seg.steps, trace, rules, strings, launch_config)
+    acts, phases, names, by_nvtx = _classify(acts, seg.steps, trace, rules, launch_config)
     started = startup(seg.steps, acts, api)
     # one sort for every interval figure: the running max of ends before each activity
     acts = sorted_by(acts, "step", "start", "end", consume=True).with_columns(
         prev_end=pl.col("end").cum_max().shift(1).over("step"))
-    keys = layer_keys(dict(zip(names["demangled_id"].to_list(), names["demangled"].to_list())))
+    # only Inductor's names can have a shorter key: the others never reach Python
+    triton = names.filter(pl.col("demangled").str.starts_with("triton_"))
+    keys = layer_keys(dict(zip(triton["demangled_id"].to_list(), triton["demangled"].to_list())))
     layers = _layers(in_steps(acts, "step", "demangled_id", "is_kernel"), keys)
     acts, evidence = place_anonymous(acts, names, rules, layers)
     families, ops = framework_tables(acts, names, trace.nvtx, rules)
@@ -272,27 +276,29 @@ def _few(ids: pl.Series) -> str:
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
-              strings: dict[int, str], launch_config: LaunchConfigReader | None = None
+              launch_config: LaunchConfigReader | None = None
               ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Activities with name, demangled and class; each step's phase (phase.PHASE_SCHEMA); the
     distinct kernel names (short_id, demangled_id, name, demangled, class by name); and the
     kernels an NVTX range classed (evidence.EVIDENCE_SCHEMA)."""
-    names = kernel_names(acts, strings, rules)
+    names = kernel_names(acts, trace.strings, rules)
     acts = _named(acts, names)
     acts, by_nvtx = _classed_by_nvtx(acts, trace, rules)
     phases = _phase_evidence(acts, _phases_by_name(steps), names, trace, rules, launch_config)
     return _attention_by_phase(acts, phases), phases, names, by_nvtx
 
 
-def kernel_names(acts: pl.DataFrame, strings: dict[int, str], rules: RuleSet) -> pl.DataFrame:
+def kernel_names(acts: pl.DataFrame, strings: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     """The distinct kernel names of the activities, classed by name: short_id, demangled_id,
-    name, demangled, class (decided once per name, not per kernel)."""
+    name, demangled, class (decided once per name, not per kernel). `strings`: the trace's
+    (id, value), joined on (a trace can have 200k distinct names: no Python string per name)."""
     kernels = acts.select("short_id", "demangled_id", "is_kernel").filter(pl.col("is_kernel"))
     names = group_by_packed(kernels, ["short_id", "demangled_id"])  # the distinct pairs
-    names = names.with_columns(
-        pl.Series("name", [strings.get(i) for i in names["short_id"].to_list()], dtype=pl.String),
-        pl.Series("demangled", [strings.get(i) for i in names["demangled_id"].to_list()], dtype=pl.String),
-    )
+    text = strings.select(pl.col("id").cast(pl.Int32), "value").unique("id", keep="first")
+    names = (names.join(text.rename({"id": "short_id", "value": "name"}), on="short_id", how="left",
+                        maintain_order="left")
+             .join(text.rename({"id": "demangled_id", "value": "demangled"}), on="demangled_id", how="left",
+                   maintain_order="left"))
     return classify_names(names, rules)
 
 
@@ -319,7 +325,7 @@ def _named(acts: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
 
     def mapped(col: str, dtype) -> pl.Series:
         extra = ["memops", "memops"] if col == "class" else memop_kinds
-        table = pl.Series(col, names[col].to_list() + extra, dtype=pl.String).cast(dtype)
+        table = pl.concat([names[col].cast(pl.String), pl.Series(col, extra, dtype=pl.String)]).cast(dtype)
         return table.gather(idx).alias(col)
 
     return acts.with_columns(mapped("name", pl.Categorical), mapped("demangled", pl.Categorical),
