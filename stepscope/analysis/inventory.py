@@ -543,6 +543,10 @@ def _layers(acts: pl.DataFrame, keys: dict[int, int] | None = None) -> pl.DataFr
         .with_columns(sig=pl.col("seq").hash())
     )
     uniq = seqs.unique("sig", keep="first")
+    if not keys:
+        # a sequence without a repeated name has no period (layer_pattern's own first test): such
+        # steps (a trace whose every kernel has its own name) never reach Python
+        uniq = uniq.filter(pl.col("seq").list.n_unique() < pl.col("seq").list.len())
     src = np.array(sorted(keys or {}), dtype=np.int64)
     dst = np.array([keys[k] for k in src.tolist()], dtype=np.int64) if keys else src
     found = {}

@@ -385,7 +385,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
     # added as nulls here rather than selected as NULL (which costs SQLite as much as data).
     # graphNodeId sits near the end of a wide row, where reading it costs as much as start and
     # end together: it is read only from exports that recorded CUDA graphs at all.
-    graphs = _has_graphs(con, schema)
+    graphs = _has_graphs(con, schema, string_ids)
     cols = [C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
             C("corr", "correlationId", required=False), C("start", "start"), C("end", "end"),
             C("short_id", "shortName", I32), C("demangled_id", "demangledName", I32)]
@@ -496,7 +496,7 @@ def _merged(readings: list[typed.Reading]) -> list[typed.Reading]:
     return list(by.values())
 
 
-def _has_graphs(con: sqlite3.Connection, schema: _Schema) -> bool:
+def _has_graphs(con: sqlite3.Connection, schema: _Schema, string_ids: "_StringIds | None" = None) -> bool:
     """Whether any kernel can carry a graphNodeId: the export has graph tables or a graph
     launch call's name. False only when both are certainly absent."""
     if "graphNodeId" not in schema.cols(KERNEL_TABLE):
@@ -505,6 +505,8 @@ def _has_graphs(con: sqlite3.Connection, schema: _Schema) -> bool:
         return True
     if "value" not in schema.cols("StringIds"):
         return True
+    if string_ids is not None and string_ids.readable():  # the strings' one read, not a scan of its own
+        return bool(string_ids.beginning(apinames.GRAPH_LAUNCH, with_id=False))
     graph_names = " OR ".join(f"value GLOB '{p}*'" for p in apinames.GRAPH_LAUNCH)
     return con.execute(f"SELECT 1 FROM StringIds WHERE {graph_names} LIMIT 1").fetchone() is not None
 
@@ -576,15 +578,24 @@ class _StringIds:
     only on the rows asked for, so a damaged string no one names is neither kept nor counted."""
 
     QUERY = typed.Query("StringIds", [C("id", "id", I32), C("value", "value", TEXT)])
-    assert all(p.startswith("cu") for p in apinames.KEPT)  # api_ids' first test
 
     def __init__(self, con: sqlite3.Connection, schema: _Schema, path: Path):
         self.con, self.schema, self.path = con, schema, path
         self.raw: tuple[pl.DataFrame, bool] | None = None
 
+    def readable(self) -> bool:
+        return self.schema.has("StringIds") and {"id", "value"} <= self.schema.cols("StringIds")
+
     def api_ids(self) -> list[int]:
         """The integer ids of the names apinames.KEPT begins (the SQL was `typeof(id) =
-        'integer' AND value GLOB 'p*'`): the raw value is the text's bytes."""
+        'integer' AND value GLOB 'p*'`)."""
+        return self.beginning(apinames.KEPT)
+
+    def beginning(self, prefixes: tuple[str, ...], with_id: bool = True) -> list[int | None]:
+        """The ids of the strings that begin with one of `prefixes` (all of which begin with
+        "cu"); `with_id`: only rows whose id is an integer. The raw value is the text's bytes,
+        as SQLite's GLOB 'p*' reads them."""
+        assert all(p.startswith("cu") for p in prefixes)
         if self.raw is None:
             (raw, is_typed), = list(_bulk_raw(self.con, [self.QUERY]))
             self.raw = raw, is_typed
@@ -592,9 +603,9 @@ class _StringIds:
         if not raw.height:
             return []
         value = pl.col("value").cast(pl.Binary)
-        # every kept name begins with "cu": that one test settles most strings
-        cu = raw.filter(pl.col("id").is_not_null() & value.bin.starts_with(b"cu"))
-        begins = pl.any_horizontal([value.bin.starts_with(p.encode()) for p in apinames.KEPT])
+        # that one test first: it settles most strings
+        cu = raw.filter((pl.col("id").is_not_null() if with_id else pl.lit(True)) & value.bin.starts_with(b"cu"))
+        begins = pl.any_horizontal([value.bin.starts_with(p.encode()) for p in prefixes])
         return cu.filter(begins)["id"].to_list()
 
     def decoded(self, ids: pl.Series, readings: list) -> pl.DataFrame:
