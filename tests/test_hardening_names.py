@@ -181,3 +181,38 @@ def test_packed_sort_is_the_plain_sort(seed, n, times, steps):
                "count": pl.Int64, "time_ns": pl.Int64})
     want = k.sort("step", "time_ns", "name", "demangled", "class", descending=[False, True, False, False, False])
     assert _by_step_and_time(k).equals(want)
+
+
+USER_RULES = '''
+[[rule]]
+class = "sampling"
+field = "short"
+pattern = "^nvjet.*TNT$"
+
+[[rule]]
+class = "norm"
+field = "demangled"
+pattern = "(?i)kernel<"
+
+[[rule]]
+class = "rope"
+field = "any"
+pattern = "x{3,}|_cos_"
+'''
+
+
+@SETTINGS
+@given(picks=st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(NAMES), edits, edits), min_size=1, max_size=40))
+def test_first_match_with_a_users_rules_is_classify_name(picks):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "rules.toml"
+        f.write_text(USER_RULES)
+        rules = load_rules(f)
+    short = [_edit(a, ea) for a, _, ea, _ in picks]
+    dem = [_edit(b, eb) if i % 3 else short[i] for i, (_, b, _, eb) in enumerate(picks)]
+    s, d_ = name_columns(pl.DataFrame({"name": short, "demangled": dem}))
+    got = first_match(s, d_, [(r.cls, r.pattern, r.field) for r in rules.kernel_rules], "other").to_list()
+    assert got == [rules.classify_name(a, b) for a, b in zip(short, dem)]
