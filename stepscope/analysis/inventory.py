@@ -14,7 +14,7 @@ import polars as pl
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
 from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
 from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
-from stepscope.analysis.frames import KEY_BITS, group_by_packed, join_key, lookup, sorted_by
+from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.overlap import shared_devices
@@ -426,12 +426,12 @@ def _by_step_and_time(k: pl.DataFrame) -> pl.DataFrame:
     full = ("step", "time_ns", "name", "demangled", "class"), [False, True, False, False, False]
     if k.height < 2 or k["step"].null_count() or k["time_ns"].null_count():
         return k.sort(*full[0], descending=full[1])
-    s_lo, s_hi, t_lo, t_hi = k.select(pl.col("step").min().alias("a"), pl.col("step").max().alias("b"),
-                                      pl.col("time_ns").min().alias("c"), pl.col("time_ns").max().alias("d")).row(0)
-    t_bits = (t_hi - t_lo).bit_length()
-    if (s_hi - s_lo).bit_length() + t_bits > KEY_BITS:
-        return k.sort(*full[0], descending=full[1])
-    key = ((pl.col("step") - s_lo) * (1 << t_bits) + (t_hi - pl.col("time_ns"))).alias("_k")
+    # time descending: its distance below the largest
+    k = k.with_columns((pl.col("time_ns").max() - pl.col("time_ns")).alias("_t"))
+    p = packing([k], ["step", "_t"])
+    if p is None:
+        return k.drop("_t").sort(*full[0], descending=full[1])
+    key = p.expr("_k")
     k = k.with_columns(key).sort("_k")
     tied = k["_k"].is_duplicated()
     if tied.any():
@@ -439,7 +439,7 @@ def _by_step_and_time(k: pl.DataFrame) -> pl.DataFrame:
         places = tied.arg_true()
         order = (k.with_row_index("_r").filter(tied).sort("_k", "name", "demangled", "class")["_r"])
         k = k[pl.int_range(k.height, dtype=pl.UInt32, eager=True).scatter(places, order)]
-    return k.drop("_k")
+    return k.drop("_k", "_t")
 
 
 def _step_figures(steps: pl.DataFrame, acts: pl.DataFrame, calls: pl.DataFrame,
