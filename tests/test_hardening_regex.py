@@ -98,12 +98,20 @@ def test_megabyte_names_render_fast_and_cut(huge, tmp_path):
     r = CliRunner().invoke(app, ["export", str(huge), "-o", str(tmp_path / "p.json")])
     assert r.exit_code == 0 and (tmp_path / "p.json").stat().st_size < 5_000_000
     assert time.perf_counter() - t < 30
-    # the JSON document keeps the names whole
+    # the JSON document holds the names as ingest shortened them (sanity.NAME_MAX): their first
+    # NAME_MAX characters, the whole name's length and its digest
+    import hashlib
     import json
 
+    from stepscope.ingest.sanity import NAME_MAX
+
     doc = json.loads(CliRunner().invoke(app, ["analyze", str(huge), "--json"]).stdout)
-    assert len(doc["steps"][0]["name"]) > 1_000_000
-    assert max(len(k["name"]) for k in doc["steps"][0]["kernels"]) == 1_000_000
+    with sqlite3.connect(f"file:{huge}?mode=ro", uri=True) as con:
+        step_name = con.execute("SELECT text FROM NVTX_EVENTS WHERE text LIKE 'step %' LIMIT 1").fetchone()[0]
+    digest = hashlib.sha256(step_name.encode()).hexdigest()[:16]
+    assert doc["steps"][0]["name"] == f"{step_name[:NAME_MAX]}…[{len(step_name):,} characters, sha256 {digest}]"
+    longest = max((k["name"] for k in doc["steps"][0]["kernels"]), key=len)
+    assert longest == "z" * NAME_MAX + f"…[1,000,000 characters, sha256 {hashlib.sha256(b'z' * 1_000_000).hexdigest()[:16]}]"
     assert sha256(huge) == before
 
 

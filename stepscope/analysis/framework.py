@@ -52,7 +52,10 @@ def framework_tables(acts: pl.DataFrame, names: pl.DataFrame, nvtx: pl.DataFrame
             .select("step", "short_id", "demangled_id", "start", "end", "pid", "tid", "launch_start").collect())
     if glue.is_empty():
         return pl.DataFrame(schema=FAMILY_SCHEMA), pl.DataFrame(schema=OP_SCHEMA)
-    glue = glue.join(family_table(names, rules), on=["short_id", "demangled_id"], how="left")
+    ids = ["short_id", "demangled_id"]
+    # the families of the names the glue kernels have, not of every name the trace has
+    glue = glue.join(family_table(names.join(glue.select(ids).unique(), on=ids, how="semi"), rules), on=ids,
+                     how="left")
     agg = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
     fams = (glue.group_by("step", "family").agg(*agg)
             .select("step", pl.col("family").cast(pl.String), "count", "time_ns")

@@ -36,7 +36,7 @@ def layer_pattern(seq: np.ndarray, max_period: int = 512) -> tuple[int | None, i
     begins: seq[start + i] sits at position i % p of its layer.
     """
     n = len(seq)
-    if n < 4:
+    if n < 4 or np.unique(seq).size == n:  # no kernel name repeats: no period
         return None, None, None
     cover = []
     for p in range(1, min(n // 2, max_period) + 1):

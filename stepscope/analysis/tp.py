@@ -124,6 +124,15 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     step = rep["step"]
     med = mine.filter(pl.col("step") == step).row(0, named=True)
     base_tp = _step_tp(med["name"]) or rank["ranks"]
+    from stepscope.options import MAX_WIDTH
+
+    if not 1 <= base_tp <= MAX_WIDTH:
+        # the trace's word, not a checked option: tp=2^62 projected every width from it (sharded
+        # time x 2^62) and the document's integers left 64 bits
+        from stepscope.errors import InputError
+
+        raise InputError(f"step {step}'s name says tp={base_tp}, outside 1..{MAX_WIDTH:,}: not a width stepscope "
+                         "can project from (fix the range name, or give --kernels/--launch-us/--device-ms)")
     c = inv.classes.filter(pl.col("step") == step)
     t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
     sharded = float(sum(t.get(k, 0) for k in SHARDED))

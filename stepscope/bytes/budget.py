@@ -133,7 +133,7 @@ class BudgetResult:
     def self_check(self) -> None:
         m = self.rows["measured_bytes"].fill_null(0).sum()
         assert m == self.step["measured_bytes"]
-        assert self.rows["min_bytes"].fill_null(0).sum() == self.step["plan_min_bytes"]
+        assert self.rows["plan_min_bytes"].fill_null(0).sum() == self.step["plan_min_bytes"]
         joined = self.rows.filter(pl.col("measured_bytes").is_not_null())["min_bytes"].fill_null(0).sum()
         assert joined == self.step["min_bytes"]
 
@@ -230,6 +230,13 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
                shared: int = 1, reason: str | None = None) -> dict:
         cls = k["class"]
         label = _op_label(hit.get("op"), hit.get("proj")) if hit else None
+        if hit and label is None:
+            # a cell that names no op (`cells import` of a plain ncu run): the op of the kernel's
+            # class, a GEMM's the projection whose minimum is nearest the bytes it moved, so that
+            # the kernel is set against its own minimum (it was set against none: minimum 0)
+            label = _order_op(cls, (k.get("name") or "") + " " + (k.get("demangled") or ""), None, 0, 0,
+                              int(hit["bytes_per_call"]), plan_by_op)
+            inferred.append(k)
         if hit and cls in ("framework", "other", "unknown") and label in plan_by_op:
             cls = plan_by_op[label]["class"]
         sc = scale_of(hit) if hit else None
@@ -251,6 +258,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
 
     out: list[dict] = []
     pending: list[dict] = []  # kernels for the one-to-one op join
+    inferred: list[dict] = []  # kernels joined to a cell without an op
     sk = step_kernels
     if "demangled" not in sk.columns:
         sk = sk.with_columns(pl.lit(None, pl.String).alias("demangled"))
@@ -326,7 +334,12 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
                     k, None, None, k["count"], k["time_ns"],
                     reason=f"cell {near.get('cell')} ({len(launches)} launch(es)) is joined to "
                            f"this class's longer kernel(s); no cell for this one"))
-    return _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    if inferred:
+        res.warnings.append(f"{len(inferred)} kernel(s) joined to cells that name no op (cells import of a plain ncu "
+                            "run): each is set against the minimum of its class's op (a GEMM's: the projection "
+                            "whose minimum is nearest the bytes it moved)")
+    return res
 
 
 KSCHEMA = {"name": pl.String, "demangled": pl.String, "class": pl.String,
@@ -354,9 +367,16 @@ def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, g
             / pl.col("count").filter(pl.col("l2_hit_pct").is_not_null()).sum()).alias("l2_hit_pct"),
     )
     plan = pl.DataFrame(plan_rows).select(
-        "class", "op", pl.col("calls").alias("min_calls"), "min_bytes")
+        "class", "op", pl.col("calls").alias("min_calls"), "min_bytes", "min_bytes_per_call")
     rows = meas.join(plan, on=["class", "op"], how="full", coalesce=True).with_columns(
         pl.col("calls").fill_null(0), pl.col("time_ns").fill_null(0))
+    # the minimum a row's measured bytes are set against is that of the calls measured: an op
+    # with 1 of its 32 calls joined (cells of a few kernels) is compared with one call's minimum,
+    # not the 32's; plan_min_bytes keeps the step plan's minimum of the op
+    rows = rows.with_columns(pl.col("min_bytes").alias("plan_min_bytes")).with_columns(
+        pl.when(pl.col("measured_bytes").is_not_null() & pl.col("min_calls").is_not_null())
+        .then(pl.col("min_bytes_per_call") * pl.min_horizontal("calls", "min_calls"))
+        .otherwise(pl.col("min_bytes")).alias("min_bytes")).drop("min_bytes_per_call")
     rows = rows.with_columns(
         pl.when(pl.col("calls") > 0).then(pl.col("measured_bytes") / pl.col("calls"))
         .otherwise(None).alias("measured_bytes_per_call"),
@@ -374,11 +394,14 @@ def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, g
             pl.when(pl.col("l2_hit_pct") > 100).then(pl.lit(" (ncu: over 100)")).otherwise(pl.lit(""))))
         .alias("note"),
     ).sort("class", "op", nulls_last=True)
+    measured_row = pl.col("measured_bytes").is_not_null()
     classes = rows.group_by("class").agg(
         pl.col("calls").sum(),
-        pl.when(pl.col("measured_bytes").is_not_null().any())
-        .then(pl.col("measured_bytes").sum()).otherwise(None).alias("measured_bytes"),
-        pl.col("min_bytes").sum(), pl.col("time_ns").sum(),
+        pl.when(measured_row.any()).then(pl.col("measured_bytes").sum()).otherwise(None).alias("measured_bytes"),
+        # a class with measured kernels: the minimum of those (its unjoined ops are in plan_min_bytes)
+        pl.when(measured_row.any()).then(pl.col("min_bytes").filter(measured_row).sum())
+        .otherwise(pl.col("min_bytes").sum()).alias("min_bytes"),
+        pl.col("plan_min_bytes").sum(), pl.col("time_ns").sum(),
     ).with_columns(
         (pl.col("measured_bytes") - pl.col("min_bytes")).alias("removable_bytes"),
         _floor("measured_bytes", peak_bps).alias("floor_ns"),
@@ -386,7 +409,7 @@ def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, g
     measured = int(kern["measured_bytes"].fill_null(0).sum())
     # measured and minimum over the same kernels: the minimum of the ops with measured bytes;
     # an op no kernel of the step joined is listed with its minimum only (unjoined_min_bytes)
-    plan_min = int(rows["min_bytes"].fill_null(0).sum())
+    plan_min = int(rows["plan_min_bytes"].fill_null(0).sum())
     minimum = int(rows.filter(pl.col("measured_bytes").is_not_null())["min_bytes"].fill_null(0).sum())
     unjoined = kern.filter(pl.col("join").is_null())
     step = {

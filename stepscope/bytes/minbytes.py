@@ -134,23 +134,52 @@ def load_card(card: dict | str | Path) -> dict:
     raise InputError(f"unknown model {card!r}; known: {', '.join(known)} (or pass a config.json)")
 
 
+# The largest value a card's size may have: far past any model's (hidden 16,384 and vocab 262,144
+# are today's largest), low enough that a step's bytes stay integers polars holds (a card saying
+# hidden_size=2^62 overflowed the budget's 128-bit sums).
+CARD_MAX = {"hidden_size": 1 << 20, "num_attention_heads": 1 << 16, "num_key_value_heads": 1 << 16,
+            "head_dim": 1 << 16, "intermediate_size": 1 << 22, "num_hidden_layers": 1 << 12,
+            "vocab_size": 1 << 24}
+# a step's minimum bytes beyond this is no step a GPU runs (2^62 B: 4.6 EB), and its sums and
+# differences would leave 64 bits
+MAX_STEP_BYTES = 1 << 62
+
+
+def _size(c: dict, key: str, default: int | None = None) -> int:
+    """The card's `key` as a whole number from 1 to CARD_MAX[key], else InputError naming it."""
+    v = c.get(key)
+    if v is None or v == 0:
+        if default is not None:
+            return default
+        if key not in c:
+            raise InputError(f"model card lacks {key!r}")
+    given = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
+    if isinstance(v, float) and v.is_integer() and abs(v) <= CARD_MAX[key]:
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= CARD_MAX[key]:
+        raise InputError(f"model card: {key} must be a whole number from 1 to {CARD_MAX[key]:,}, not {given}")
+    return v
+
+
 def shape_of(card: dict | str | Path) -> Shape:
     c = load_card(card)
-    if "text_config" in c and "hidden_size" not in c:  # multimodal HF configs nest the LM
+    if not isinstance(c, dict):
+        raise InputError(f"model card must be a JSON object of config.json keys, not {type(c).__name__}")
+    if isinstance(c.get("text_config"), dict) and "hidden_size" not in c:  # multimodal HF configs nest the LM
         c = c["text_config"]
-    try:
-        hidden = int(c["hidden_size"])
-        heads = int(c["num_attention_heads"])
-        kv = int(c.get("num_key_value_heads") or heads)
-        hd = int(c.get("head_dim") or hidden // heads)
-        dt = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
-        return Shape(
-            hidden=hidden, heads=heads, kv_heads=kv, head_dim=hd,
-            intermediate=int(c["intermediate_size"]), layers=int(c["num_hidden_layers"]),
-            vocab=int(c["vocab_size"]), elem=DTYPE_BYTES.get(dt.lower(), 2),
-        )
-    except KeyError as e:
-        raise InputError(f"model card lacks {e.args[0]!r}") from None
+    hidden = _size(c, "hidden_size")
+    heads = _size(c, "num_attention_heads")
+    kv = _size(c, "num_key_value_heads", heads)
+    hd = _size(c, "head_dim", max(hidden // heads, 1))
+    if heads * hd > CARD_MAX["hidden_size"] or kv * hd > CARD_MAX["hidden_size"]:
+        raise InputError(f"model card: attention heads x head_dim must stay within {CARD_MAX['hidden_size']:,}, "
+                         f"not {max(heads, kv) * hd:,}")
+    dt = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
+    return Shape(
+        hidden=hidden, heads=heads, kv_heads=kv, head_dim=hd,
+        intermediate=_size(c, "intermediate_size"), layers=_size(c, "num_hidden_layers"),
+        vocab=_size(c, "vocab_size"), elem=DTYPE_BYTES.get(dt.lower(), 2),
+    )
 
 
 def _rw(read: int, write: int) -> dict[str, int]:
@@ -244,6 +273,11 @@ def step_rows(
             "min_bytes_per_call": m["min_bytes"], "min_bytes": m["min_bytes"] * calls,
             "read_bytes": m["read_bytes"] * calls, "write_bytes": m["write_bytes"] * calls,
         })
+    total = sum(r["min_bytes"] for r in out)
+    if total >= MAX_STEP_BYTES:
+        raise InputError(f"a {phase} step of batch {batch:,} and context {context:,} on this model needs {total:.3e} "
+                         "bytes at least, beyond 2^62: no GPU runs such a step (check --batch, --context and the "
+                         "model card)")
     return out
 
 

@@ -47,7 +47,8 @@ import polars as pl
 from stepscope import model
 from stepscope.model import Trace
 
-FORMAT = 5  # 4: the key holds a content fingerprint; meta.json is checked field by field; 5: checksums
+FORMAT = 6  # 4: the key holds a content fingerprint; meta.json is checked field by field; 5: checksums;
+# 6: names beyond sanity.NAME_MAX characters are stored shortened
 STALE_S = 3600  # a .tmp-* folder older than this is a killed write's
 MAX_BYTES = 4 << 30  # default budget of one cache folder ($STEPSCOPE_CACHE_MAX_BYTES)
 MIN_KERNELS = 50_000

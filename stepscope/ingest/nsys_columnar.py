@@ -23,7 +23,7 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
-from stepscope.ingest.nsys_sqlite import (API_NAME_FILTER, KERNEL_TABLE, LAUNCH_COLUMNS, RUNTIME_TABLE, _merged,
+from stepscope.ingest.nsys_sqlite import (KERNEL_TABLE, LAUNCH_COLUMNS, RUNTIME_TABLE, _merged,
                                           _unpack_pid, _unpack_tid)
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.model import (API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
@@ -34,7 +34,6 @@ ARROW_STREAM_HEAD = b"\xff\xff\xff\xff"  # an IPC stream's first message: the co
 ARROW_FILE_HEAD = b"ARROW1"
 PARQUET_HEAD = b"PAR1"
 FORMATS = {"arrow": "nsys-arrow", "parquetdir": "nsys-parquet"}
-_ = API_NAME_FILTER  # the SQLite reader's filter of the kept API names: KEPT below is the same list
 
 
 def kind_of(path: Path, head: bytes) -> str | None:

@@ -12,6 +12,13 @@ out and counted in a warning, so no figure is computed from them.
   memory), where the byte budget's sums leave 64 bits.
 
 A trace left without kernels is refused: its figures would all be empty.
+
+A name (kernel, API call, NVTX range) longer than NAME_MAX characters is shortened to its first
+NAME_MAX, followed by its length and a digest of the whole (so two long names that share their
+beginning stay apart), and a warning says how many were. Everything after reads the shortened
+name: the rules classify it, the reports show it. No compiler or profiler writes such a name (the
+longest demangled template names run to a few thousand characters); one 10 MB name, carried
+into every step's kernel table, made a 200k-kernel trace take 5 GB and its JSON 10 GB.
 """
 
 from __future__ import annotations
@@ -24,6 +31,29 @@ from stepscope.model import Trace
 MAX_ACTIVITY_NS = 3_600 * 10**9
 MAX_BYTES = 1 << 48
 TIME_BOUND = 1 << 62
+NAME_MAX = 16_384
+
+
+def _shortened(value: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{value[:NAME_MAX]}…[{len(value):,} characters, sha256 {digest}]"
+
+
+def capped(df: pl.DataFrame, col: str) -> tuple[pl.DataFrame, int]:
+    """`df` with the names of `col` beyond NAME_MAX characters shortened (_shortened), and how
+    many distinct names were. Only the names over NAME_MAX bytes reach Python (normally none)."""
+    if df.is_empty() or col not in df.columns:
+        return df, 0
+    over = df[col].str.len_bytes() > NAME_MAX
+    if not over.any():
+        return df, 0
+    # each distinct long name once (an NVTX name repeats on every range it names)
+    long = {v: _shortened(v) for v in df[col].filter(over).unique().to_list() if len(v) > NAME_MAX}
+    if not long:
+        return df, 0
+    return df.with_columns(pl.col(col).replace(list(long), list(long.values()))), len(long)
 
 
 def _times(df: pl.DataFrame, long: bool) -> dict[str, pl.Expr]:
@@ -69,6 +99,12 @@ def checked(trace: Trace) -> Trace:
         "with a byte count below 0 or beyond 2^48": (pl.col("bytes") < 0) | (pl.col("bytes") > MAX_BYTES)}, w)
     trace.api = _leave_out(trace.api, "API calls", _times(trace.api, True), w)
     trace.nvtx = _leave_out(trace.nvtx, "NVTX ranges", _times(trace.nvtx, False), w)
+    for frame, what in (("strings", "kernel or API call name(s)"), ("nvtx", "NVTX range name(s)")):
+        df, n = capped(getattr(trace, frame), "value" if frame == "strings" else "name")
+        if n:
+            setattr(trace, frame, df)
+            w.append(f"{n:,} {what} longer than {NAME_MAX:,} characters shortened to the first {NAME_MAX:,} "
+                     "(classified and shown so)")
     trace.warnings = list(trace.warnings) + w
     if kernels.is_empty():
         if before:

@@ -55,10 +55,10 @@ def render_budget(doc) -> None:
         con.print(f"joined: {j['launch']} calls by kernel+grid+block, {j['name']} by name only, "
                   f"{j['op']} by op, {j.get('trace', 0)} memops by their trace bytes; "
                   f"{plural(len(st['unjoined_kernels']), 'kernel')} without a cell")
-    if st.get("unjoined_ops"):
-        con.print(f"minimum over the joined ops: {nbytes(st['min_bytes'])}; ops no kernel joined "
-                  f"({', '.join(st['unjoined_ops'])}) add {nbytes(st['unjoined_min_bytes'])} to the step's "
-                  f"{nbytes(st['plan_min_bytes'])}")
+    if st.get("unjoined_min_bytes"):
+        ops = f" (ops no kernel joined: {', '.join(st['unjoined_ops'])})" if st.get("unjoined_ops") else ""
+        con.print(f"minimum over the joined kernels: {nbytes(st['min_bytes'])}; the step's calls no kernel "
+                  f"joined{ops} add {nbytes(st['unjoined_min_bytes'])} to the step's {nbytes(st['plan_min_bytes'])}")
     below = [r for r in doc["rows"] if r.get("note") is not None]
     if below:
         con.print("below their minimum (DRAM bytes only: inputs the previous kernel left in L2 were read "

@@ -140,13 +140,20 @@ def reindent(text: str) -> str:
         import orjson
     except ImportError:
         return json.dumps(json.loads(text), indent=2)
-    return orjson.dumps(orjson.loads(text), option=orjson.OPT_INDENT_2).decode()
+    try:
+        return orjson.dumps(orjson.loads(text), option=orjson.OPT_INDENT_2).decode()
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # an integer beyond 64 bits: json's are exact
+        return json.dumps(json.loads(text), indent=2)
 
 
 def dumps(doc: dict) -> str:
-    """Indented JSON for other commands' documents (orjson when installed)."""
+    """Indented JSON for other commands' documents (orjson when installed; json's module for a
+    document holding an integer beyond 64 bits, which orjson refuses and Python's ints hold)."""
     try:
         import orjson
     except ImportError:
         return json.dumps(doc, indent=2, default=str)
-    return orjson.dumps(doc, default=str, option=orjson.OPT_INDENT_2).decode()
+    try:
+        return orjson.dumps(doc, default=str, option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(doc, indent=2, default=str)

@@ -1,7 +1,9 @@
 """Names as they are shown: a trace may hold a name of a megabyte (a runaway f-string in an NVTX
 range, a generated kernel), which rich would wrap and measure for minutes and an HTML report
 would repeat in every tooltip. What is shown is cut, with its length said; the JSON documents
-(analyze, compare, tp --json) keep every name whole.
+(analyze, compare, tp --json) keep every name as the trace was read: whole up to
+ingest/sanity.NAME_MAX characters, beyond it shortened at ingest with its length and digest
+(a 10 MB name repeated in every step's kernel list made a 10 GB document).
 """
 
 from __future__ import annotations
@@ -12,11 +14,18 @@ TERMINAL = 200    # characters of a name on the terminal
 DOCUMENT = 4096   # in a report's tooltips and a Perfetto event (long C++ template names fit)
 
 
+# the tail ingest/sanity.py gives a name it shortened: the whole name's length and digest
+_SHORTENED = re.compile(r"…\[([\d,]+) characters, sha256 [0-9a-f]{16}\]\Z")
+
+
 def cut(name, limit: int = TERMINAL):
-    """`name` when it is at most `limit` characters, else its start and how long it was."""
+    """`name` when it is at most `limit` characters, else its start and how long it was (the
+    length of the whole name, for one ingest shortened)."""
     if not isinstance(name, str) or len(name) <= limit:
         return name
-    return f"{name[:limit]}… ({len(name):,} characters)"
+    m = _SHORTENED.search(name)
+    length = m.group(1) if m else f"{len(name):,}"
+    return f"{name[:limit]}… ({length} characters)"
 
 
 def short(name) -> str:
