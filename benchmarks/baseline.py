@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args(argv)
 
-    traces = [Path(t) for t in args.trace]
+    traces = [Path(t).resolve() for t in args.trace]  # each checkout runs in its own folder
     if not traces:
         for src in args.source or DEFAULT_SOURCES:
             info = _inflate.inflate(REPO / src, _inflate.parse_size(args.size), Path(args.out), quiet=True)
