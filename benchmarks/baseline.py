@@ -74,7 +74,7 @@ def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900
     cmd = [sys.executable, "-m", "stepscope", "analyze", str(trace), "--json", "--steps", "all"]
     if cold:
         cmd.append("--no-cache")
-    env = dict(os.environ, PYTHONPATH=str(code))
+    env = _run.child_env(PYTHONPATH=str(code))
     r_fd, w_fd = os.pipe()
     with open(out, "wb") as stdout, tempfile.TemporaryFile() as err:
         try:
@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         for rev in [args.baseline, *args.also]:
             codes.append((rev, checkout(rev, tmp)))
         base_label = args.baseline
+        for _, code in codes:  # each checkout's bytecode written once, as an installed package has it
+            timed(code, (REPO / DEFAULT_SOURCES[1]).resolve(), True, tmp / "warmup.json")
         rows = []
         load0 = os.getloadavg()[0]
         for trace in traces:
