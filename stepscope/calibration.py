@@ -19,6 +19,17 @@ from stepscope.errors import InputError
 CONSTANTS = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration.json"
 FORMAT = "stepscope-calibration/1"
+# A replay "with memsets" holds at least one memset node per MEMSET_EVERY kernels (one per layer,
+# e.g. cuDNN attention's workspace memset). On every committed capture the graph launch lead
+# follows that split: 0.09-0.13 ms with memsets (7 captures), 0.63-1.15 ms without (4 captures, the
+# first round's torch engine and every vLLM graph): the point takes the captures of the step's mode.
+MEMSET_EVERY = 64
+
+
+def with_memsets(memops, kernels) -> bool:
+    """Whether a replay (or an eager step's forward) of `kernels` kernels and `memops` memsets and
+    memcpys is one "with memsets" (MEMSET_EVERY)."""
+    return bool(memops) and memops * MEMSET_EVERY >= (kernels or 0)
 
 
 @dataclass(frozen=True)
@@ -84,14 +95,17 @@ class Calibration:
     origin: str = "bundled"  # "bundled", or the file it was read from
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def members(self, engine: str | None = None) -> tuple[Capture, ...]:
-        """The captures that calibrate a step of `engine`: those of the same engine, else all."""
-        same = tuple(c for c in self.captures if engine is not None and c.engine == engine)
-        return same or self.captures
+    def members(self, engine: str | None = None, memsets: bool | None = None) -> tuple[Capture, ...]:
+        """The captures that calibrate a step of `engine`: those of the same engine, else all; with
+        `memsets` given, those of them whose replay is of that mode (with_memsets), when any is."""
+        same = tuple(c for c in self.captures if engine is not None and c.engine == engine) or self.captures
+        if memsets is None:
+            return same
+        return tuple(c for c in same if with_memsets(c.memops, c.nodes) == memsets) or same
 
-    def point(self, engine: str | None = None) -> GraphConstants:
-        """The median of each constant over members(engine) (over those that have it)."""
-        m = self.members(engine)
+    def point(self, engine: str | None = None, memsets: bool | None = None) -> GraphConstants:
+        """The median of each constant over members(engine, memsets) (over those that have it)."""
+        m = self.members(engine, memsets)
 
         def med(k: str, default=None):
             v = [getattr(c, k) for c in m if getattr(c, k) is not None]
@@ -118,12 +132,12 @@ class Calibration:
         r = [c.loo_error for c in self.members(engine) if c.loo_error is not None]
         return min([0.0, *r]), max([0.0, *r])
 
-    def describe(self, engine: str | None = None) -> dict:
+    def describe(self, engine: str | None = None, memsets: bool | None = None) -> dict:
         """What the output names: the point constants and every capture behind them."""
-        p = self.point(engine)
-        return {"origin": self.origin, "engine": engine,
+        p = self.point(engine, memsets)
+        return {"origin": self.origin, "engine": engine, "memsets": memsets,
                 **{k: round(getattr(p, k), 1) for k in CONSTANTS}, "source": p.source,
-                "captures": [asdict(c) for c in self.members(engine)]}
+                "captures": [asdict(c) for c in self.members(engine, memsets)]}
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "captures": [asdict(c) for c in self.captures]}, indent=1) + "\n"

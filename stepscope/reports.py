@@ -25,9 +25,9 @@ from stepscope.paths import shown
 # what a directory given on the command line contributes: nsys SQLite exports
 REPORT_GLOB = "*.sqlite"
 # the per-step figures a report sends back (its inventory's, then the floors' inputs)
-STEP_COLUMNS = ("step", "pid", "device", "delimiter", "name", "phase", "step_begin", "step_time_ns", "n_kernels",
-                "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns", "n_launch_calls", "launch_call_ns",
-                "layers", "kernels_per_layer")
+STEP_COLUMNS = ("step", "pid", "device", "delimiter", "name", "phase", "step_begin", "step_end", "step_time_ns",
+                "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns", "n_launch_calls",
+                "launch_call_ns", "layers", "kernels_per_layer")
 FLOOR_COLUMNS = ("t_launch_ns", "cpu_floor_ns", "host_bound_gap_ns")
 
 

@@ -45,14 +45,14 @@ NO_REPLAY = "vllm/llama8b_prefill_b1_graph"
 
 # The point error (%) of each pair, calibrated without the pair's own graph capture (docs/WHATIF.md)
 LEAVE_ONE_OUT = {
-    "llama8b_decode_b1_eager": -14.7, "llama8b_decode_b8_eager": -14.2, "llama8b_decode_b1_eager_r4": -0.6,
-    "llama8b_decode_b1_eager_tp2": -0.9, "round5/llama8b_decode_b1_eager": -0.4,
-    "round5/llama8b_decode_b8_eager": 0.1, "vllm/llama8b_decode_b1_eager": -4.2,
+    "llama8b_decode_b1_eager": 1.4, "llama8b_decode_b8_eager": -1.1, "llama8b_decode_b1_eager_r4": 0.1,
+    "llama8b_decode_b1_eager_tp2": -1.1, "round5/llama8b_decode_b1_eager": 0.3,
+    "round5/llama8b_decode_b8_eager": 0.6, "vllm/llama8b_decode_b1_eager": -4.2,
     "vllm/llama8b_decode_b8_eager": -7.4, "vllm/qwen7b_decode_b1_eager": 15.1,
-    "pairs/torch_llama-3.2-1b_decode_b1_eager": -2.9, "pairs/vllm_llama-3.2-1b_decode_b1_eager": -12.5,
+    "pairs/torch_llama-3.2-1b_decode_b1_eager": -2.6, "pairs/vllm_llama-3.2-1b_decode_b1_eager": -12.5,
 }
 # the point error (%) of the held-out pairs with the bundled calibration (docs/WHATIF.md)
-HELD_OUT_ERRORS = {"pairs/torch_llama-3.2-1b_decode_b32_eager": 1.8, "pairs/torch_qwen2.5-7b_decode_b16_eager": 0.8,
+HELD_OUT_ERRORS = {"pairs/torch_llama-3.2-1b_decode_b32_eager": 0.7, "pairs/torch_qwen2.5-7b_decode_b16_eager": 0.4,
                    "pairs/vllm_llama-3.2-1b_decode_b32_eager": -10.0, "pairs/vllm_llama-3.1-8b_decode_b32_eager": -9.2}
 
 
@@ -169,18 +169,35 @@ def test_held_out_pairs(eager, graph):
     assert err == pytest.approx(HELD_OUT_ERRORS[eager], abs=0.1) and abs(err) < 10
 
 
-def test_point_within_10_percent_except_where_the_lead_differs():
-    """Within 10 % on every pair but the first machine's two torch pairs (graph launch lead 0.92 and
-    1.05 ms, eight times the other captures'), the qwen pair (its graph run's host was 30 % faster:
-    prologue 1.55 ms against 2.08–2.48 ms) and the seventh round's vLLM llama-3.2-1b b1 pair (its
-    host slower: prologue 2.48 ms, 3.24 ms after the graph launch against the 2.94 ms median);
-    B's own constants bring each within 2 %."""
-    off = {"llama8b_decode_b1_eager", "llama8b_decode_b8_eager", "vllm/qwen7b_decode_b1_eager",
-           "pairs/vllm_llama-3.2-1b_decode_b1_eager"}
+def test_point_within_10_percent_except_where_the_graph_runs_host_drifted():
+    """Within 10 % on every pair but two vLLM pairs whose graph run's host differed from the
+    others': the qwen pair (30 % faster: prologue 1.55 ms against 2.08–2.48 ms) and the seventh
+    round's llama-3.2-1b b1 pair (slower: prologue 2.48 ms, 3.24 ms after the graph launch against
+    the 2.94 ms median). The first machine's two torch pairs (graph launch lead 0.92 and 1.05 ms,
+    eight times the others') are within 1 % since the point takes the captures of the step's
+    memset mode. B's own constants bring each within 2 %."""
+    off = {"vllm/qwen7b_decode_b1_eager", "pairs/vllm_llama-3.2-1b_decode_b1_eager"}
     for eager, graph in PAIRS:
         doc = stepscope.compare(fx(eager), fx(graph))
         assert (abs(doc["prediction_error"]) < 0.10) == (eager not in off), eager
         assert abs(doc["with_b_constants"]["prediction_error"]) < 0.02 or eager.endswith("tp2"), eager
+
+
+def test_the_graph_launch_lead_follows_the_memset_mode_in_plain_sql():
+    """Every committed graph capture: its replay has memsets throughout (≥ 1 memset per 64
+    kernels) exactly when its graph launch lead is short (< 0.2 ms) — why the point takes the
+    captures of the step's mode (docs/DEFINITIONS.md, "Memset mode")."""
+    from stepscope.calibration import with_memsets
+
+    for c in bundled().captures:
+        path = need(FIXTURES.parent / c.source)
+        con = ro(path)
+        k, m, devs = con.execute("""
+            SELECT (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL),
+                   (SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE graphNodeId IS NOT NULL),
+                   (SELECT count(DISTINCT deviceId) FROM CUPTI_ACTIVITY_KIND_KERNEL)""").fetchone()
+        assert (c.nodes, c.memops) == (k // devs, m // devs), c.source
+        assert with_memsets(m // devs, k // devs) == (sql_lead(path) < 200_000), (c.source, m, k, sql_lead(path))
 
 
 def test_graph_step_is_one_function_of_a_steps_figures():

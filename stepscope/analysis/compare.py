@@ -20,7 +20,8 @@ from stepscope.analysis.gaps import KINDS
 from stepscope.analysis.representative import representative
 from stepscope.analysis.run_compare import compare_runs
 from stepscope.analysis.steps import step_shape
-from stepscope.analysis.whatif import Calibration, GraphConstants, engine_of, is_graph_trace, predict_graph_step
+from stepscope.analysis.whatif import (Calibration, GraphConstants, describe_for, engine_of, is_graph_trace,
+                                       predict_graph_step)
 from stepscope.paths import shown
 
 CONSTANT_NAMES = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
@@ -152,7 +153,7 @@ def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | N
                                       **{k: cal.__dict__[k] for k in CONSTANT_NAMES}, "source": cal.source,
                                       "captures": []}
         else:
-            doc["graph_constants"] = cal.describe(eng)
+            doc["graph_constants"] = describe_for(a.inv, cal, a.prologue)
         if sb["graph"] and sb["step_time_ns"]:
             ref = sb["step_time_ns"]
             doc["prediction_reference_ns"] = ref  # B's quoted step the error is computed against

@@ -66,7 +66,7 @@ def combine(results: list) -> RunView:
     steps = pl.concat([r.steps.with_columns(report=pl.lit(i, pl.Int64)) for i, r in enumerate(results)],
                       how="vertical_relaxed")
     steps = (steps.with_columns(*key_types).join(idx, on="report", how="left")
-             .with_columns(step_begin=pl.col("step_begin") + pl.col("_off"))
+             .with_columns(step_begin=pl.col("step_begin") + pl.col("_off"), step_end=pl.col("step_end") + pl.col("_off"))
              .sort("report", "step").with_columns(run_step=pl.int_range(pl.len(), dtype=pl.Int64)))
     ranks = (steps.select(*KEYS, "host").unique()
              .sort(pl.col("host").fill_null(""), "device", "pid", "report")
@@ -94,6 +94,7 @@ def combine(results: list) -> RunView:
     coll_steps = step_collectives(run.select("step", *KEYS, "step_begin"), rank_keys, matched, tp)
     waited = coll_steps.filter(pl.col("split") & (pl.col("collective_wait_ns") > 0)).select("step")
     work = work_of(run.select("step", "gpu_busy_ns"), matched, waited, touching, other)
+    eng = engine_of_names(run["name"])
     floors = (run.join(work, on="step", how="left")
               .with_columns(device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"))
               .with_columns(
@@ -101,7 +102,7 @@ def combine(results: list) -> RunView:
                   margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                           / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
                   predicted_graph_step_time_ns=pl.when(pl.col("replayed").fill_null(False)).then(None)
-                  .otherwise(predicted_expr(active().point(engine_of_names(run["name"]))).round(0)).cast(pl.Int64))
+                  .otherwise(predicted_expr(active(), eng, queued=eng == "vllm", by=("report", "pid", "device")).round(0)).cast(pl.Int64))
               .select("step", "cpu_floor_ns", "device_floor_ns", "verdict", "margin", "predicted_graph_step_time_ns"))
     coll = Collectives(ranks.select(*KEYS, "rank"), matched, coll_steps, work)
     groups = group_verdicts(coll, run.select("step", "step_time_ns"), floors)

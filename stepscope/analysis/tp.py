@@ -73,16 +73,16 @@ def project(
 
 def project_graph(figures: dict, consts, sharded_ns: float, unsharded_ns: float = 0.0, widths=(1, 2, 4, 8),
                   base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
-                  scale: float = 1.0) -> Projection:
+                  scale: float = 1.0, queued: bool = False) -> Projection:
     """Graph mode: per width, whatif.graph_step of a step's `figures` (whatif.FIGURES) with its
     device floor projected as in project(): cpu_floor_ns its host path, device_floor_ns its GPU
-    path (whatif.graph_paths), step_time_ns the larger."""
+    path (whatif.graph_paths; `queued`: behind the previous step's replay), step_time_ns the larger."""
     from stepscope.analysis.whatif import graph_paths, step_figures
 
     base = project(0, 0.0, sharded_ns, unsharded_ns, widths, base_tp, layers, collective_per_layer_ns, scale)
     host = None
     for r in base.rows:
-        host, gpu = graph_paths(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts)
+        host, gpu = graph_paths(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts, queued)
         cpu = host if host is not None else 0.0
         r.update(cpu_floor_ns=int(round(cpu)), device_floor_ns=int(round(gpu)),
                  step_time_ns=int(round(max(cpu, gpu))), bound=verdict_of(cpu, gpu))
@@ -114,7 +114,7 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     """Project the trace's representative step (the median by step time of the most common kind
     of its summary rank's steps: the step compare and report quote), in eager and graph mode.
     `d`: the trace's Diagnosis."""
-    from stepscope.analysis.whatif import FIGURES, is_graph_trace, point_of
+    from stepscope.analysis.whatif import FIGURES, is_graph_trace, point_of, with_memsets
 
     inv = d.inv
     rank = summary_rank(d.collectives.ranks, d.tp)
@@ -164,17 +164,22 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     # work already is a replay's), else the calibration's, as analyze uses them
     pro = d.prologue.filter(pl.col("step") == step).row(0, named=True)
     figs = {**{k: pro[k] for k in FIGURES if k in pro}, "device_floor_ns": device_base}
+    memsets = with_memsets(pro["forward_memops"], pro["forward_kernels"])  # the calibration's mode for this step
+    # a step whose replay would queue behind its predecessor's (async scheduling), as analyze has it
+    gq = d.graph_prediction.filter(pl.col("step") == step)["predicted_graph_queued"] \
+        if "predicted_graph_queued" in d.graph_prediction.columns else None
+    queued = bool(gq is not None and gq.len() and gq[0])
     if graph_trace and d.replay is not None:
         from dataclasses import replace
 
-        g_consts = replace(d.replay.constants(point_of(inv, d.calibration)), device_ratio=1.0, prologue_host_ns=None,
-                           prologue_always=False)
+        g_consts = replace(d.replay.constants(point_of(inv, d.calibration, memsets=memsets)), device_ratio=1.0,
+                           prologue_host_ns=None, prologue_always=False)
         notes.append(("graph_own", {"node_gap_ns": g_consts.node_gap_ns, "lead_ns": g_consts.lead_ns}))
     else:
-        g_consts = point_of(inv, d.calibration)
+        g_consts = point_of(inv, d.calibration, memsets=memsets)
         notes.append(("graph_whatif", {"launch_ns": g_consts.lead_ns, "node_gap_ns": g_consts.node_gap_ns,
-                                       "source": g_consts.source}))
-    graph = project_graph(figs, g_consts, sharded, unsharded, widths, base_tp, layers, c_layer, scale)
+                                       "source": g_consts.source, "queued": queued}))
+    graph = project_graph(figs, g_consts, sharded, unsharded, widths, base_tp, layers, c_layer, scale, queued)
     own_rows = (graph if graph_trace else eager).rows
     for r in own_rows:
         if r["tp"] == base_tp:

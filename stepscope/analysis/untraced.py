@@ -62,7 +62,8 @@ def is_vllm_step() -> pl.Expr:
     return pl.col("name").fill_null("").str.contains(_VLLM.pattern)
 
 
-def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None) -> pl.DataFrame:
+def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
+             pro: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
     device_floor_ns), the device work the steady-state (vLLM) estimate uses; `calibration`: the
     what-if's (whatif.point_of), whose node gap that estimate adds.
@@ -151,7 +152,7 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None)
         .fill_null(0).alias("_tail"))
     replay = (pl.max_horizontal("gpu_end", "host_end") + pl.col("_tail") - pl.col("step_begin"))
     steady = pl.max_horizontal(pl.col("host_end") + pl.col("_tail") - pl.col("step_begin"),
-                               pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration).node_gap_ns)
+                               pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration, pro).node_gap_ns)
     est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
     return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
 
@@ -215,10 +216,10 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     """Per step, the SCHEMA columns: the untraced step time and its source, the estimate, and
     the untraced Equation 1.3 (verdict, CPU floor) and graph what-if."""
     work = floors.select("step", "device_floor_ns")
-    est = estimate(inv, work, calibration)
-    gc = point_of(inv, calibration)
-    meas = measured(inv)
     pro = prologue(inv) if pro is None else pro
+    est = estimate(inv, work, calibration, pro)
+    gc = point_of(inv, calibration, pro)
+    meas = measured(inv)
     sc = inv.trace.sidecar
     t_launch = (pl.col("interval_median_ns") - OVERHEAD_PER_LAUNCH_NS).clip(lower_bound=MIN_INTERVAL_NS)
     # measured: the host time the engine took to issue the step outside the capture range, per

@@ -26,7 +26,7 @@ SCHEMA = {
     "host_prep_ns": pl.Int64, "host_after_ns": pl.Int64, "host_wait_ns": pl.Int64, "host_bound_on": pl.String,
     "step_time_ns": pl.Int64,
     "predicted_graph_step_time_ns": pl.Int64, "predicted_graph_step_low_ns": pl.Int64,
-    "predicted_graph_step_high_ns": pl.Int64,
+    "predicted_graph_step_high_ns": pl.Int64, "predicted_graph_queued": pl.Boolean,
     "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String, "untraced_measured_ns": pl.Int64,
     "untraced_estimated_ns": pl.Int64, "untraced_t_launch_ns": pl.Int64, "untraced_cpu_floor_ns": pl.Int64,
     "untraced_verdict": pl.String, "untraced_predicted_graph_step_time_ns": pl.Int64,

@@ -37,8 +37,9 @@ from pathlib import Path
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
-from stepscope.calibration import (CONSTANTS, Calibration, Capture, GraphConstants, bundled,  # noqa: F401
-                                   default_calibration, read_calibration, user_calibration_path)
+from stepscope.calibration import (CONSTANTS, MEMSET_EVERY, Calibration, Capture, GraphConstants,  # noqa: F401
+                                   bundled, default_calibration, read_calibration, user_calibration_path,
+                                   with_memsets)
 
 _CHOSEN: Calibration | None = None
 
@@ -63,9 +64,12 @@ def active() -> Calibration:
 
 
 def graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
-                c: GraphConstants):
+                c: GraphConstants, queued=False):
     """(host path, GPU path) of the what-if graph step (docs/DEFINITIONS.md): numbers, or polars
-    expressions for a frame of steps. The host path is None when `c` has no host_after_ns."""
+    expressions for a frame of steps. The host path is None when `c` has no host_after_ns.
+    `queued` (a bool, or a boolean expression): the step's replay is queued behind the previous
+    step's GPU work (async scheduling), so its GPU path is the replay alone (prologue, prep and
+    lead overlap the previous step)."""
     expr = isinstance(device_floor, pl.Expr)
     work = device_floor - prologue_busy
     work = pl.max_horizontal(work, pl.lit(0)) if expr else max(work, 0)
@@ -75,18 +79,22 @@ def graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, f
         else:  # for a step that has one
             prologue_host = (pl.when(prologue_launches > 0).then(pl.lit(c.prologue_host_ns)).otherwise(prologue_host)
                              if expr else (c.prologue_host_ns if prologue_launches > 0 else prologue_host))
-    gpu = (prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns + work * c.device_ratio
-           + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns)
+    body = work * c.device_ratio + forward_kernels * c.node_gap_ns + forward_memops * c.memop_gap_ns
+    before = prologue_host + c.graph_launch_prep_ns + c.graph_launch_lead_ns
+    if isinstance(queued, pl.Expr):
+        gpu = pl.when(queued).then(body).otherwise(before + body)
+    else:
+        gpu = body if queued else before + body
     host = None if c.host_after_ns is None else prologue_host + c.graph_launch_prep_ns + c.host_after_ns
     return host, gpu
 
 
 def graph_step(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
-               c: GraphConstants):
+               c: GraphConstants, queued=False):
     """The what-if graph step of one step from its figures (numbers, or polars expressions for a
     frame of steps): the later of its host and GPU paths (graph_paths)."""
     host, gpu = graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels,
-                            forward_memops, c)
+                            forward_memops, c, queued)
     if host is None:
         return gpu
     return pl.max_horizontal(host, gpu) if isinstance(gpu, pl.Expr) else max(host, gpu)
@@ -101,15 +109,61 @@ FIGURES = ("prologue_launches", "prologue_host_ns", "device_floor_ns", "prologue
            "forward_memops")
 
 
-def _step_expr(c: GraphConstants) -> pl.Expr:
-    return graph_step(*[pl.col(k) for k in FIGURES], c)
+def _step_expr(c: GraphConstants, queued: pl.Expr | bool = False) -> pl.Expr:
+    return graph_step(*[pl.col(k) for k in FIGURES], c, queued)
 
 
-def predicted_expr(consts: GraphConstants | None = None) -> pl.Expr:
+def _paths_expr(c: GraphConstants) -> tuple[pl.Expr, pl.Expr]:
+    """(host path, GPU path) over a frame's FIGURES columns, not queued (host: 0 when `c` has none)."""
+    host, gpu = graph_paths(*[pl.col(k) for k in FIGURES], c)
+    return (pl.lit(0.0) if host is None else host), gpu
+
+
+MEMSETS = (pl.col("forward_memops") > 0) & (pl.col("forward_memops") * MEMSET_EVERY >= pl.col("forward_kernels"))
+
+
+def memsets_of(pro: pl.DataFrame) -> bool:
+    """The memset mode (calibration.with_memsets) of a trace's forwards: its median step's."""
+    if pro.is_empty():
+        return False
+    return with_memsets(pro["forward_memops"].median(), pro["forward_kernels"].median())
+
+
+def scheduling(inv: Inventory) -> str:
+    """"async" when a step's host work overlaps the previous step's GPU work in graph mode (vLLM's
+    async scheduling: its default, unless the capture's sidecar says it was off), else "sync"."""
+    cap = ((inv.trace.sidecar or {}).get("capture") or {}) if isinstance(inv.trace.sidecar, dict) else {}
+    if isinstance(cap.get("sync_scheduling"), bool):
+        return "sync" if cap["sync_scheduling"] else "async"
+    return "async" if engine_of(inv) == "vllm" else "sync"
+
+
+def queued_expr(point_memsets: GraphConstants, point_plain: GraphConstants, by=("pid", "device")) -> pl.Expr:
+    """Over a frame of steps (FIGURES, step_begin, step_end, pid, device; sorted by step) of an
+    async run: whether a step's graph replay would queue behind its predecessor's: the previous step
+    on the same process and device ends its host path, plus the host's gap between the two steps
+    (this step's begin − that step's end, as traced), before its GPU path ends."""
+    hw, gw = _paths_expr(point_memsets)
+    hn, gn = _paths_expr(point_plain)
+    host = pl.when(MEMSETS).then(hw).otherwise(hn)
+    gpu = pl.when(MEMSETS).then(gw).otherwise(gn)
+    by = list(by)
+    slack = (gpu - host).shift(1).over(by, order_by="step_begin")
+    gap = (pl.col("step_begin") - pl.col("step_end").shift(1).over(by, order_by="step_begin")).clip(lower_bound=0)
+    return (gap < slack).fill_null(False)
+
+
+def predicted_expr(cal: Calibration | GraphConstants | None = None, engine: str | None = None,
+                   queued: bool = False, by=("pid", "device")) -> pl.Expr:
     """The what-if graph step (unrounded) of a step that is not a replay, as an expression over
-    its FIGURES columns: graph_step, the one model, with `consts` (else the active calibration's
-    point over every engine). The run view of several reports applies it to each rank's step."""
-    return _step_expr(active().point() if consts is None else consts)
+    its FIGURES columns: graph_step, the one model, with `cal`'s point for `engine` and each step's
+    memset mode (else the active calibration's); `queued`: an async run's frame (FIGURES,
+    step_begin, step_end, pid, device), whose queued steps (queued_expr) drop their prologue and
+    launch. The run view of several reports applies it to each rank's step."""
+    cal = active() if cal is None else cal
+    pw, pn = (cal, cal) if isinstance(cal, GraphConstants) else (cal.point(engine, True), cal.point(engine, False))
+    q = queued_expr(pw, pn, by) if queued else False
+    return pl.when(MEMSETS).then(_step_expr(pw, q)).otherwise(_step_expr(pn, q))
 
 
 def engine_of(inv: Inventory) -> str:
@@ -257,7 +311,7 @@ def held_out_error(cal: Calibration, c: Capture, eager) -> float:
     """How far `cal`'s point without capture `c` misses `c`'s own step from its eager twin (a
     Diagnosis): (predicted − measured) / measured, the median over the twin's steps."""
     rest = Calibration(tuple(x for x in cal.captures if x is not c), "held out")
-    p = predict_graph_step(eager.inv, rest.point(c.engine), work=eager.floors, pro=eager.prologue)
+    p = predict_graph_step(eager.inv, rest, work=eager.floors, pro=eager.prologue)
     return (p["predicted_graph_step_time_ns"].median() - c.step_time_ns) / c.step_time_ns
 
 
@@ -267,10 +321,21 @@ def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | N
     return None if c is None else c.constants(active().point(c.engine))
 
 
-def point_of(inv: Inventory, calibration: Calibration | GraphConstants | None = None) -> GraphConstants:
-    """The point constants that apply to `inv`'s steps (its engine's, from `calibration` or active())."""
+def point_of(inv: Inventory, calibration: Calibration | GraphConstants | None = None,
+             pro: pl.DataFrame | None = None, memsets: bool | None = None) -> GraphConstants:
+    """The point constants that apply to `inv`'s steps (its engine's and memset mode's — `memsets`,
+    else its median step's from `pro` or prologue(inv) — from `calibration` or active())."""
     cal = active() if calibration is None else calibration
-    return cal if isinstance(cal, GraphConstants) else cal.point(engine_of(inv))
+    if isinstance(cal, GraphConstants):
+        return cal
+    if memsets is None:
+        memsets = memsets_of(prologue(inv) if pro is None else pro)
+    return cal.point(engine_of(inv), memsets)
+
+
+def describe_for(inv: Inventory, cal: Calibration, pro: pl.DataFrame | None = None) -> dict:
+    """cal.describe for `inv`'s engine and its median step's memset mode (what point_of uses)."""
+    return cal.describe(engine_of(inv), memsets_of(prologue(inv) if pro is None else pro))
 
 
 def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants | None = None,
@@ -287,21 +352,29 @@ def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants
     cal = active() if calibration is None else calibration
     eng = engine_of(inv)
     if isinstance(cal, GraphConstants):
-        point, spread = cal, [cal]
+        pw = pn = cal
+        spread = [cal]
     else:
-        point, spread = cal.point(eng), cal.spread(eng)
+        pw, pn, spread = cal.point(eng, True), cal.point(eng, False), cal.spread(eng)
     replayed = _graph_steps(inv)["step"].to_list()
-    s = inv.steps.select("step").join(work.select("step", "device_floor_ns"), on="step", how="left",
-                                      maintain_order="left").join(
-        (prologue(inv) if pro is None else pro), on="step", how="left", maintain_order="left")
+    s = inv.steps.select("step", "pid", "device", "step_begin", "step_end").join(
+        work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
+        (prologue(inv) if pro is None else pro), on="step", how="left", maintain_order="left").sort("step")
     own = pl.col("step").is_in(replayed)
+    queued = queued_expr(pw, pn) if scheduling(inv) == "async" else pl.lit(False)  # see predicted_expr
+    s = s.with_columns(queued.alias("graph_queued"))
+    q = pl.col("graph_queued")
+
+    def by_mode(w: GraphConstants, n: GraphConstants) -> pl.Expr:
+        return pl.when(MEMSETS).then(_step_expr(w, q)).otherwise(_step_expr(n, q))
 
     def out(e: pl.Expr, name: str) -> pl.Expr:
         return pl.when(own).then(None).otherwise(e).cast(pl.Int64).alias(name)
 
     lo_e, hi_e = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.errors(eng)
-    p = _step_expr(point)
-    each = [p, *[_step_expr(c) for c in spread]]
+    p = by_mode(pw, pn)
+    each = [p, *[_step_expr(c, q) for c in spread]]
     return s.select("step", out(p.round(0), "predicted_graph_step_time_ns"),
                     out(pl.min_horizontal(*each, p * (1 + lo_e)).floor(), "predicted_graph_step_low_ns"),
-                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil(), "predicted_graph_step_high_ns"))
+                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil(), "predicted_graph_step_high_ns"),
+                    pl.when(own).then(None).otherwise(q).alias("predicted_graph_queued"))

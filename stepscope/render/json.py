@@ -146,10 +146,10 @@ def _document(inv: Inventory, which, diag, run) -> tuple[bytes, int]:
     if run is not None:
         head["run"] = run
     if diag is not None and getattr(diag, "calibration", None) is not None and hasattr(diag.calibration, "describe"):
-        from stepscope.analysis.whatif import engine_of
+        from stepscope.analysis.whatif import describe_for
 
-        # the constants every step's predicted_graph_step_* used, and the captures they come from
-        head["whatif_calibration"] = diag.calibration.describe(engine_of(inv))
+        # the constants the median step's predicted_graph_step_* used, and the captures they come from
+        head["whatif_calibration"] = describe_for(inv, diag.calibration, diag.prologue)
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
     return b"".join([text.encode(), b',"steps":[', _steps_joined(inv, ids, diag), b"]}"]), len(ids)
 

@@ -128,6 +128,11 @@ def tp_note(note: tuple[str, dict]) -> str:
         return ("graph mode: the what-if graph step with this trace's own constants: host before the replay "
                 f"(prologue + {f['lead_ns'] / 1e6:.3f} ms graph launch) + device work + its measured "
                 f"{node_gap(f['node_gap_ns'])} per kernel between graph nodes")
+    if kind == "graph_whatif" and f.get("queued"):
+        return (f"graph mode: the what-if graph step analyze reports: under async scheduling this step's "
+                f"replay queues behind the previous step's, so its prologue and graph launch overlap that "
+                f"step: device work + {f['node_gap_ns']:.0f} ns per kernel between graph nodes, or the "
+                f"host's own work when longer ({f['source']})")
     if kind == "graph_whatif":
         return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
                 f"{f['launch_ns'] / 1e6:.3f} ms graph launch) + device work + {f['node_gap_ns']:.0f} ns per "

@@ -55,9 +55,9 @@ def _whatif(d) -> dict | None:
     cal = getattr(d, "calibration", None)
     if cal is None or not hasattr(cal, "describe"):
         return None
-    from stepscope.analysis.whatif import engine_of
+    from stepscope.analysis.whatif import describe_for
 
-    return cal.describe(engine_of(d.inv))
+    return describe_for(d.inv, cal, d.prologue)
 
 
 def step_diagnosis(d, step: int) -> StepDiagnosis:

@@ -121,34 +121,30 @@ def graph_sizes(batch: int) -> list[int]:
     return sorted({1, 2, 4, 8, int(batch)})
 
 
-def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
-               profiler_config: Any | None = None, timer: bool = False,
-               inductor_names: str | None = None, sync_scheduling: bool = False,
-               kv_cache_gib: float | None = None) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM`."""
-    plen = prompt_len(phase, context)
-    # room for the prompt, the generated tokens and the untraced decode run, whatever the phase
-    max_len = context + DECODE_UNTRACED + 64
-    kw: dict[str, Any] = {
+def base_kwargs(model_dir: str, *, mode: str, tp: int, max_model_len: int, max_num_seqs: int,
+                max_num_batched_tokens: int, seed: int = 0) -> dict[str, Any]:
+    """What every `vllm.LLM` stepscope starts has: dummy weights, no tokenizer, bf16, eager or
+    CUDA graphs, no prefix caching, and the given limits (a single step's or a serving run's)."""
+    return {
         "model": model_dir,
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
         "enforce_eager": mode == "eager",
         "tensor_parallel_size": tp,
-        "max_model_len": max_len,
-        "max_num_seqs": max(batch, 8),
-        # the whole batch's prefill in one step, for any batch up to 8 (one configuration)
-        "max_num_batched_tokens": max(batch * plen, 8 * max_len, 8192),
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
         "enable_prefix_caching": False,
         "gpu_memory_utilization": 0.85,
-        "seed": 0,
+        "seed": seed,
     }
-    if mode != "eager":
-        comp: dict[str, Any] = {"cudagraph_capture_sizes": graph_sizes(max(batch, 8))}
-        if inductor_names:
-            comp["inductor_compile_config"] = {"triton.descriptive_names": inductor_names}
-        kw["compilation_config"] = comp
+
+
+def with_options(kw: dict[str, Any], *, sync_scheduling: bool = False, kv_cache_gib: float | None = None,
+                 timer: bool = False, profiler_config: Any | None = None) -> dict[str, Any]:
+    """`kw` with the capture's options: async scheduling off, a KV cache of a given size, the
+    untraced timer's worker extension, vLLM's profiler config."""
     if sync_scheduling:
         # one step at a time: under ncu, which serializes every kernel, vLLM 0.26's async
         # scheduling (the next step prepared while this one runs) is the first suspect of the
@@ -165,6 +161,26 @@ def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: st
     if profiler_config is not None:
         kw["profiler_config"] = profiler_config
     return kw
+
+
+def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
+               profiler_config: Any | None = None, timer: bool = False,
+               inductor_names: str | None = None, sync_scheduling: bool = False,
+               kv_cache_gib: float | None = None) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM`."""
+    plen = prompt_len(phase, context)
+    # room for the prompt, the generated tokens and the untraced decode run, whatever the phase
+    max_len = context + DECODE_UNTRACED + 64
+    # the whole batch's prefill in one step, for any batch up to 8 (one configuration)
+    kw = base_kwargs(model_dir, mode=mode, tp=tp, max_model_len=max_len, max_num_seqs=max(batch, 8),
+                     max_num_batched_tokens=max(batch * plen, 8 * max_len, 8192))
+    if mode != "eager":
+        comp: dict[str, Any] = {"cudagraph_capture_sizes": graph_sizes(max(batch, 8))}
+        if inductor_names:
+            comp["inductor_compile_config"] = {"triton.descriptive_names": inductor_names}
+        kw["compilation_config"] = comp
+    return with_options(kw, sync_scheduling=sync_scheduling, kv_cache_gib=kv_cache_gib, timer=timer,
+                        profiler_config=profiler_config)
 
 
 def legacy_profiler_env(phase: str) -> dict[str, str]:

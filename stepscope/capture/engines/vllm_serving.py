@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.capture.engines.vllm_engine import base_kwargs, with_options
+
 DEFAULT_PROMPT_LENS = (16, 3000)
 DEFAULT_OUTPUT_LENS = (4, 96)
 MAX_NUM_SEQS = 32
@@ -87,32 +89,11 @@ def llm_kwargs(model_dir: str, work: Workload, *, mode: str, tp: int, timer: boo
                sync_scheduling: bool = False) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a serving run: vLLM's defaults (chunked prefill,
     async scheduling, its own CUDA-graph sizes) but for the batch limits and dummy weights."""
-    kw: dict[str, Any] = {
-        "model": model_dir,
-        "load_format": "dummy",
-        "skip_tokenizer_init": True,
-        "dtype": "bfloat16",
-        "enforce_eager": mode == "eager",
-        "tensor_parallel_size": tp,
-        "max_model_len": work.max_model_len,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": token_budget,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": False,
-        "gpu_memory_utilization": 0.85,
-        "seed": work.seed,
-    }
-    if kv_cache_gib:
-        kw["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-    if sync_scheduling:
-        kw["async_scheduling"] = False
-    if timer:
-        from stepscope.capture.engines.vllm_timer import QUALNAME
-
-        kw["worker_extension_cls"] = QUALNAME
-    if profiler_config is not None:
-        kw["profiler_config"] = profiler_config
-    return kw
+    kw = base_kwargs(model_dir, mode=mode, tp=tp, max_model_len=work.max_model_len, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=token_budget, seed=work.seed)
+    kw["enable_chunked_prefill"] = True
+    return with_options(kw, sync_scheduling=sync_scheduling, kv_cache_gib=kv_cache_gib, timer=timer,
+                        profiler_config=profiler_config)
 
 
 def sampling(SamplingParams, work: Workload) -> list:
