@@ -71,6 +71,9 @@ class Timed:
 
 
 def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900) -> Timed:
+    """One fresh run of `code`'s CLI on `trace`, in out's folder: every checkout runs in the same
+    folder, so that the path its document shows is the same (a checkout's own folder made the
+    tree's relative and the others' absolute: "DIFFERS" on equal documents)."""
     cmd = [sys.executable, "-m", "stepscope", "analyze", str(trace), "--json", "--steps", "all"]
     if cold:
         cmd.append("--no-cache")
@@ -79,7 +82,7 @@ def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900
     with open(out, "wb") as stdout, tempfile.TemporaryFile() as err:
         try:
             p = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(w_fd), *cmd], stdout=stdout, stderr=err,
-                                 stdin=subprocess.DEVNULL, env=env, cwd=code, pass_fds=(w_fd,))
+                                 stdin=subprocess.DEVNULL, env=env, cwd=out.parent, pass_fds=(w_fd,))
             os.close(w_fd)
             report = b""
             while chunk := os.read(r_fd, 4096):
