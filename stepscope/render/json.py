@@ -39,11 +39,13 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     return _steps_frame(inv, ids, diag).to_series().to_list()
 
 
-def _steps_joined(inv: Inventory, ids: list[int], diag=None) -> bytes:
-    """steps_text's objects joined with commas, as UTF-8 taken from polars in one piece: a
-    Python string per step, joined and encoded again, costs more than making them (a step's
-    text holds a character beyond Latin-1, so every copy of 18 MB is one of 36 MB, widened)."""
-    return _steps_frame(inv, ids, diag).select(pl.first().str.join(",").cast(pl.Binary)).item()
+def _steps_joined(inv: Inventory, ids: list[int], diag=None, before: str = "", after: str = "") -> bytes:
+    """steps_text's objects joined with commas between `before` and `after`, as UTF-8 taken from
+    polars in one piece: a Python string per step, joined and encoded again, costs more than
+    making them (a step's text holds a character beyond Latin-1, so every copy of 18 MB is one of
+    36 MB, widened), and each copy of the whole document is held beside the last."""
+    return _steps_frame(inv, ids, diag).select(pl.concat_str(
+        pl.lit(before), pl.first().str.join(","), pl.lit(after)).cast(pl.Binary)).item()
 
 
 def _steps_frame(inv: Inventory, ids: list[int], diag=None) -> pl.DataFrame:
@@ -151,7 +153,7 @@ def _document(inv: Inventory, which, diag, run) -> tuple[bytes, int]:
         # the constants the median step's predicted_graph_step_* used, and the captures they come from
         head["whatif_calibration"] = describe_for(inv, diag.calibration, diag.prologue)
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
-    return b"".join([text.encode(), b',"steps":[', _steps_joined(inv, ids, diag), b"]}"]), len(ids)
+    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}"), len(ids)
 
 
 def analyze_document(inv: Inventory, which=None, diag=None) -> dict:
