@@ -71,15 +71,18 @@ class Timed:
 
 
 def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900) -> Timed:
+    """One fresh run of `code`'s CLI on `trace`, in out's folder: every checkout runs in the same
+    folder, so that the path its document shows is the same (a checkout's own folder made the
+    tree's relative and the others' absolute: "DIFFERS" on equal documents)."""
     cmd = [sys.executable, "-m", "stepscope", "analyze", str(trace), "--json", "--steps", "all"]
     if cold:
         cmd.append("--no-cache")
-    env = dict(os.environ, PYTHONPATH=str(code))
+    env = _run.child_env(PYTHONPATH=str(code))
     r_fd, w_fd = os.pipe()
     with open(out, "wb") as stdout, tempfile.TemporaryFile() as err:
         try:
             p = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(w_fd), *cmd], stdout=stdout, stderr=err,
-                                 stdin=subprocess.DEVNULL, env=env, cwd=code, pass_fds=(w_fd,))
+                                 stdin=subprocess.DEVNULL, env=env, cwd=out.parent, pass_fds=(w_fd,))
             os.close(w_fd)
             report = b""
             while chunk := os.read(r_fd, 4096):
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args(argv)
 
-    traces = [Path(t) for t in args.trace]
+    traces = [Path(t).resolve() for t in args.trace]  # each checkout runs in its own folder
     if not traces:
         for src in args.source or DEFAULT_SOURCES:
             info = _inflate.inflate(REPO / src, _inflate.parse_size(args.size), Path(args.out), quiet=True)
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         for rev in [args.baseline, *args.also]:
             codes.append((rev, checkout(rev, tmp)))
         base_label = args.baseline
+        for _, code in codes:  # each checkout's bytecode written once, as an installed package has it
+            timed(code, (REPO / DEFAULT_SOURCES[1]).resolve(), True, tmp / "warmup.json")
         rows = []
         load0 = os.getloadavg()[0]
         for trace in traces:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args(argv)
-    env = dict(os.environ, NO_COLOR="1", TERM="dumb")
+    env = _run.child_env(NO_COLOR="1", TERM="dumb")
     stepscope = [sys.executable, "-m", "stepscope"]
     load0 = os.getloadavg()
     lines = ["| trace | command | wall (median) | x analyze | peak RSS | x analyze | bound | ok |",

@@ -115,6 +115,15 @@ os.write(fd, f"{wall!r} {ru.ru_maxrss} {os.waitstatus_to_exitcode(status)}".enco
 """
 
 
+def child_env(**extra: str) -> dict:
+    """The children's environment: ours, less PYTHONDONTWRITEBYTECODE, so that the warm-up run
+    writes stepscope's bytecode as an installed package has it (set, as on this project's boxes,
+    every run compiled the whole package again: 0.25 s of CPU, 0.3-0.5 s of wall on the 2-core box)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra)
+    return env
+
+
 def run_child(cmd: list[str], env: dict | None = None, stdout_path: Path | None = None,
               timeout_s: float = 900, cwd: Path | None = None) -> tuple[Run, str]:
     """Run one fresh child under LAUNCHER; wall from its fork to its reap, peak RSS from the
@@ -343,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp2 and TP2_SOURCE not in sources:
         sources.append(TP2_SOURCE)
 
-    env_base = dict(os.environ, NO_COLOR="1", TERM="dumb")
+    env_base = child_env(NO_COLOR="1", TERM="dumb")
     ss_base = args.stepscope.split()
     ss_analyze, has_no_cache = stepscope_cmd(ss_base)
     ss_extra = ["--json", "--steps", "all"] + (["--no-cache"] if has_no_cache else [])

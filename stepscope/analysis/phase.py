@@ -111,11 +111,14 @@ def step_evidence(k: pl.DataFrame, sm_count: dict[int, int]) -> pl.DataFrame:
             .sort("step", "t", "name", descending=[False, True, False]).group_by("step", maintain_order=True).first()
             .select("step", pl.col("name").alias("attention"), pl.col("role").alias("att_role"), "gx", "gy", "blocks"))
     per = per.join(main, on="step", how="left")
-    rows = []
-    for r in per.sort("step").iter_rows(named=True):
-        phase, by, detail = _decide(r, sm_count.get(r["device"]))
-        rows.append((r["step"], phase, by, detail, r["tokens"]))
-    return pl.DataFrame(rows, schema=PHASE_SCHEMA, orient="row")
+    # decided once per distinct evidence: a run's thousands of steps show a few shapes
+    shape = [c for c in per.columns if c != "step"]
+    kinds = per.select(shape).unique(maintain_order=True)
+    decided = pl.DataFrame([_decide(r, sm_count.get(r["device"])) for r in kinds.iter_rows(named=True)],
+                           schema={"phase": pl.String, "phase_by": pl.String, "phase_detail": pl.String}, orient="row")
+    kinds = pl.concat([kinds, decided], how="horizontal")
+    return (per.select("step", *shape).join(kinds, on=shape, how="left", nulls_equal=True).sort("step")
+            .select(list(PHASE_SCHEMA)).cast(PHASE_SCHEMA))
 
 
 def _decide(r: dict, sms: int | None) -> tuple[str | None, str | None, str | None]:

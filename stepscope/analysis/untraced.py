@@ -80,7 +80,7 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
     # the arrays of a million rows are built one at a time and dropped as soon as they are used:
     # the estimate must not hold a second copy of the activity frame's columns
     calls = inv.launch_calls  # sorted by (step, start)
-    c_step = np.searchsorted(sid, calls["step"].to_numpy()).astype(np.int32)
+    c_step = _positions(sid, calls["step"])
     ct = calls["start"].to_numpy()
     t2 = d2 = None
     if ct.size:
@@ -94,14 +94,17 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
         t2 = cumsum_within(x, cs)
         t2 += begin[c_step]
         del x
-        names = calls["api_name"].cast(pl.String)
-        graph_call = (names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch")).to_numpy()
+        # the few distinct API names tested, not a million rows' text
+        names = calls["api_name"].unique().drop_nulls().cast(pl.String)
+        graph_names = names.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
+        graph_call = (calls["api_name"].is_in(graph_names.cast(calls.schema["api_name"])).to_numpy()
+                      if graph_names.len() else np.zeros(ct.size, dtype=bool))
         d2 = calls["end"].to_numpy() - ct
         np.minimum(d2, UNTRACED_CALL_NS, out=d2)
         d2[graph_call] = UNTRACED_GRAPH_CALL_NS
         host_end[c_step[cs]] = np.maximum.reduceat(t2 + d2, cs)
     a = inv.in_steps("step", "start", "end", "launch_start", "graph_node_id")
-    a_step = np.searchsorted(sid, a["step"].to_numpy()).astype(np.int32)
+    a_step = _positions(sid, a["step"])
     st = a["start"].to_numpy()
     ready = st.copy()
     has_call = a["launch_start"].is_not_null().to_numpy()
@@ -152,6 +155,16 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
                                pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration, pro).node_gap_ns)
     est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
     return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
+
+
+def _positions(sid: np.ndarray, steps: pl.Series) -> np.ndarray:
+    """Each value's index in the sorted step ids `sid` (int32): the value itself when the ids
+    are 0 … n-1, as a trace's steps are numbered (no binary search over a million rows)."""
+    v = steps.to_numpy()
+    n = sid.size
+    if n and sid[0] == 0 and sid[-1] == n - 1 and (not v.size or (v.min() >= 0 and v.max() < n)):
+        return v.astype(np.int32)
+    return np.searchsorted(sid, v).astype(np.int32)
 
 
 SERVING_KEY = ("prompt_reqs", "prompt_tokens", "decode_reqs", "decode_tokens")

@@ -43,11 +43,13 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
                               calibration=calibration)
         ids = parse_steps(steps, d.inv.steps)
     if as_json:
-        from stepscope.render.json import analyze_json
+        from stepscope.render.json import analyze_json_bytes
 
         run = run_view(d)
         ONE_SHOT.results_ready(d)  # the document needs only the per-step results
-        typer.echo(analyze_json(d.inv, ids, d, run=run))
+        # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
+        typer.echo(analyze_json_bytes(d.inv, ids, d, run=run), nl=False)
+        typer.echo()
         return
     from stepscope.render.terminal import render_steps
 

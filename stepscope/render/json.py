@@ -36,6 +36,20 @@ def gpus_list(inv: Inventory) -> list[dict]:
 def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     """One JSON object per selected step, as text; `diag` (a Diagnosis) adds the gaps, launch
     and floors sections."""
+    return _steps_frame(inv, ids, diag).to_series().to_list()
+
+
+def _steps_joined(inv: Inventory, ids: list[int], diag=None, before: str = "", after: str = "") -> bytes:
+    """steps_text's objects joined with commas between `before` and `after`, as UTF-8 taken from
+    polars in one piece: a Python string per step, joined and encoded again, costs more than
+    making them (a step's text holds a character beyond Latin-1, so every copy of 18 MB is one of
+    36 MB, widened), and each copy of the whole document is held beside the last."""
+    return _steps_frame(inv, ids, diag).select(pl.concat_str(
+        pl.lit(before), pl.first().str.join(","), pl.lit(after)).cast(pl.Binary)).item()
+
+
+def _steps_frame(inv: Inventory, ids: list[int], diag=None) -> pl.DataFrame:
+    """One column of steps_text's objects, in step order."""
     sel = list(ids)
     steps = inv.steps.filter(pl.col("step").is_in(sel)).rename({"step": "index"})
     head = steps.select(pl.col("index").alias("step"), jsontext.open_records(
@@ -60,7 +74,7 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
                       pl.lit(',"untraced":'), pl.col("untraced").fill_null("null")]
         if "engine" in sections.columns:  # vLLM traces only
             parts += [pl.lit(',"engine":'), pl.col("engine").fill_null("null")]
-    return t.sort("step").select(pl.concat_str(*parts, pl.lit("}"))).to_series().to_list()
+    return t.sort("step").select(pl.concat_str(*parts, pl.lit("}")))
 
 
 def _kernel_arrays(k: pl.DataFrame) -> pl.DataFrame:
@@ -109,6 +123,19 @@ def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
     stepscope.selection's grammar: an InputError when it selects none), with the sections
     `diag` adds (see steps_text) and, for a trace of several steps, the run view (`run`:
     analysis/run.py's, computed from `diag` when not given) as a top-level `run` section."""
+    doc, n = _document(inv, which, diag, run)
+    return reindent(doc.decode()) if n <= INDENT_MAX_STEPS else doc.decode()
+
+
+def analyze_json_bytes(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> bytes:
+    """analyze_json's document as UTF-8, for a writer of bytes (the CLI): the same bytes
+    without a Python string of the whole document in between."""
+    doc, n = _document(inv, which, diag, run)
+    return reindent(doc.decode()).encode() if n <= INDENT_MAX_STEPS else doc
+
+
+def _document(inv: Inventory, which, diag, run) -> tuple[bytes, int]:
+    """The compact document as UTF-8 and how many steps it holds."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.steps)
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
     if inv.startup.height:
@@ -125,9 +152,8 @@ def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
 
         # the constants the median step's predicted_graph_step_* used, and the captures they come from
         head["whatif_calibration"] = describe_for(inv, diag.calibration, diag.prologue)
-    text = json.dumps(head, separators=(",", ":"), default=str)[:-1]
-    text += ',"steps":[' + ",".join(steps_text(inv, ids, diag)) + "]}"
-    return reindent(text) if len(ids) <= INDENT_MAX_STEPS else text
+    text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
+    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}"), len(ids)
 
 
 def analyze_document(inv: Inventory, which=None, diag=None) -> dict:
