@@ -43,17 +43,22 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
                               calibration=calibration)
         ids = parse_steps(steps, d.inv.steps)
     if as_json:
-        from stepscope.render.json import analyze_json_bytes
-
-        run = run_view(d)
-        ONE_SHOT.results_ready(d)  # the document needs only the per-step results
-        # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
-        typer.echo(analyze_json_bytes(d.inv, ids, d, run=run), nl=False)
-        typer.echo()
-        return
+        return _echo_json(d, ids)
     from stepscope.render.terminal import render_steps
 
     render_steps(d, ids, run=run_view(d), kinds=kinds)
+
+
+def _echo_json(d, ids) -> None:
+    from stepscope.analysis.memory import ONE_SHOT
+    from stepscope.analysis.run import run_view
+    from stepscope.render.json import analyze_json_bytes
+
+    run = run_view(d)
+    ONE_SHOT.results_ready(d)  # the document needs only the per-step results
+    # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
+    typer.echo(analyze_json_bytes(d.inv, ids, d, run=run), nl=False)
+    typer.echo()
 
 
 def _is_many(p: Path) -> bool:
