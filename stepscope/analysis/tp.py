@@ -175,9 +175,8 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     figs = {**{k: pro[k] for k in FIGURES if k in pro}, "device_floor_ns": device_base}
     memsets = with_memsets(pro["forward_memops"], pro["forward_kernels"])  # the calibration's mode for this step
     # a step whose replay would queue behind its predecessor's (async scheduling), as analyze has it
-    gq = d.graph_prediction.filter(pl.col("step") == step)["predicted_graph_queued"] \
-        if "predicted_graph_queued" in d.graph_prediction.columns else None
-    queued = bool(gq is not None and gq.len() and gq[0])
+    queued = bool(d.graph_prediction.filter(pl.col("step") == step)["predicted_graph_queued"]
+                  .fill_null(False).any())
     if graph_trace and d.replay is not None:
         from dataclasses import replace
 

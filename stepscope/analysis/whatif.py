@@ -122,6 +122,16 @@ def _paths_expr(c: GraphConstants) -> tuple[pl.Expr, pl.Expr]:
 MEMSETS = (pl.col("forward_memops") > 0) & (pl.col("forward_memops") * MEMSET_EVERY >= pl.col("forward_kernels"))
 
 
+def _by_mode(with_memsets_e: pl.Expr, plain_e: pl.Expr) -> pl.Expr:
+    """Per step, the first expression for a forward with memsets (MEMSETS), else the second."""
+    return pl.when(MEMSETS).then(with_memsets_e).otherwise(plain_e)
+
+
+def _points(cal: Calibration | GraphConstants, engine: str | None) -> tuple[GraphConstants, GraphConstants]:
+    """The point constants for a step of `engine` with memsets and without (one set: both)."""
+    return (cal, cal) if isinstance(cal, GraphConstants) else (cal.point(engine, True), cal.point(engine, False))
+
+
 def memsets_of(pro: pl.DataFrame) -> bool:
     """The memset mode (calibration.with_memsets) of a trace's forwards: its median step's."""
     if pro.is_empty():
@@ -145,8 +155,7 @@ def queued_expr(point_memsets: GraphConstants, point_plain: GraphConstants, by=(
     (this step's begin − that step's end, as traced), before its GPU path ends."""
     hw, gw = _paths_expr(point_memsets)
     hn, gn = _paths_expr(point_plain)
-    host = pl.when(MEMSETS).then(hw).otherwise(hn)
-    gpu = pl.when(MEMSETS).then(gw).otherwise(gn)
+    host, gpu = _by_mode(hw, hn), _by_mode(gw, gn)
     by = list(by)
     slack = (gpu - host).shift(1).over(by, order_by="step_begin")
     gap = (pl.col("step_begin") - pl.col("step_end").shift(1).over(by, order_by="step_begin")).clip(lower_bound=0)
@@ -160,10 +169,9 @@ def predicted_expr(cal: Calibration | GraphConstants | None = None, engine: str 
     memset mode (else the active calibration's); `queued`: an async run's frame (FIGURES,
     step_begin, step_end, pid, device), whose queued steps (queued_expr) drop their prologue and
     launch. The run view of several reports applies it to each rank's step."""
-    cal = active() if cal is None else cal
-    pw, pn = (cal, cal) if isinstance(cal, GraphConstants) else (cal.point(engine, True), cal.point(engine, False))
+    pw, pn = _points(active() if cal is None else cal, engine)
     q = queued_expr(pw, pn, by) if queued else False
-    return pl.when(MEMSETS).then(_step_expr(pw, q)).otherwise(_step_expr(pn, q))
+    return _by_mode(_step_expr(pw, q), _step_expr(pn, q))
 
 
 def engine_of(inv: Inventory) -> str:
@@ -351,28 +359,22 @@ def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
     cal = active() if calibration is None else calibration
     eng = engine_of(inv)
-    if isinstance(cal, GraphConstants):
-        pw = pn = cal
-        spread = [cal]
-    else:
-        pw, pn, spread = cal.point(eng, True), cal.point(eng, False), cal.spread(eng)
+    pw, pn = _points(cal, eng)
+    spread = [cal] if isinstance(cal, GraphConstants) else cal.spread(eng)
     replayed = _graph_steps(inv)["step"].to_list()
     s = inv.steps.select("step", "pid", "device", "step_begin", "step_end").join(
         work.select("step", "device_floor_ns"), on="step", how="left", maintain_order="left").join(
         (prologue(inv) if pro is None else pro), on="step", how="left", maintain_order="left").sort("step")
     own = pl.col("step").is_in(replayed)
-    queued = queued_expr(pw, pn) if scheduling(inv) == "async" else pl.lit(False)  # see predicted_expr
+    queued = queued_expr(pw, pn) if scheduling(inv) == "async" else pl.lit(False)
     s = s.with_columns(queued.alias("graph_queued"))
     q = pl.col("graph_queued")
-
-    def by_mode(w: GraphConstants, n: GraphConstants) -> pl.Expr:
-        return pl.when(MEMSETS).then(_step_expr(w, q)).otherwise(_step_expr(n, q))
 
     def out(e: pl.Expr, name: str) -> pl.Expr:
         return pl.when(own).then(None).otherwise(e).cast(pl.Int64).alias(name)
 
     lo_e, hi_e = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.errors(eng)
-    p = by_mode(pw, pn)
+    p = _by_mode(_step_expr(pw, q), _step_expr(pn, q))
     each = [p, *[_step_expr(c, q) for c in spread]]
     return s.select("step", out(p.round(0), "predicted_graph_step_time_ns"),
                     out(pl.min_horizontal(*each, p * (1 + lo_e)).floor(), "predicted_graph_step_low_ns"),
