@@ -49,6 +49,7 @@ class ReportResult:
     touching: pl.DataFrame      # (step) where a collective overlaps another activity
     other: pl.DataFrame         # (step, start, end): those steps' other activities
     kernels: int = 0            # the report's kernel count
+    scheduling: str = "sync"    # whatif.scheduling of the report: "async" when its steps' replays can queue
 
 
 @dataclass
@@ -67,6 +68,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     from stepscope import library
     from stepscope.analysis.collectives import other_activities, touching_steps
     from stepscope.analysis.memory import ONE_SHOT
+    from stepscope.analysis.whatif import scheduling
     from stepscope.ingest.session import session_clock
 
     d = library.diagnosis(path, step_regex, rules, cache=cache, memory=ONE_SHOT)
@@ -85,7 +87,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     t = inv.trace
     out = ReportResult(shown(path), clock.start_utc_ns, clock.host, t.nsys_version, t.schema_version,
                        t.gpus.to_dicts(), list(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
-                       touching, other, n_kernels)
+                       touching, other, n_kernels, scheduling(inv))
     ONE_SHOT.results_ready(d)
     return out
 

@@ -254,3 +254,29 @@ def test_the_run_on_the_terminal(run_dir):
     assert "run: 8 reports · 8 ranks on 4 hosts · 1 TP step" in out
     assert "rank 1 binds 1 of 1 TP step, 100% of the run's time" in out
     assert "13.800" in out  # rank 0's wait, in ms
+
+
+def test_a_serving_report_keeps_its_queued_replays_in_the_run_view():
+    """A vLLM serving export as a run of one report: its steps' what-if is analyze's, queued
+    replays included (async, vLLM's default); the same report marked sync (a sidecar saying
+    sync_scheduling) is not queued, and its queued decodes come out longer."""
+    from dataclasses import replace
+
+    import polars as pl
+
+    from stepscope.analysis.reports_run import combine
+    from stepscope.reports import report_result
+    from tests.conftest import SERVING, gunzipped
+
+    path = gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz")
+    r = report_result(path, cache=False)
+    assert r.scheduling == "async"
+    d = library.diagnosis(path, None, None, cache=False)
+    want = d.graph_prediction.select("step", "predicted_graph_step_time_ns", "predicted_graph_queued")
+    got = combine([r]).steps.select("step", "predicted_graph_step_time_ns")
+    both = want.join(got, on="step", suffix="_run")
+    assert both.height == d.inv.steps.height
+    assert (both["predicted_graph_step_time_ns"] == both["predicted_graph_step_time_ns_run"]).all()
+    sync = combine([replace(r, scheduling="sync")]).steps.select("step", "predicted_graph_step_time_ns")
+    q = both.join(sync, on="step", suffix="_sync").filter(pl.col("predicted_graph_queued"))
+    assert q.height > 50 and (q["predicted_graph_step_time_ns_sync"] > q["predicted_graph_step_time_ns"]).all()

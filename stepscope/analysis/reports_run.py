@@ -95,6 +95,8 @@ def combine(results: list) -> RunView:
     waited = coll_steps.filter(pl.col("split") & (pl.col("collective_wait_ns") > 0)).select("step")
     work = work_of(run.select("step", "gpu_busy_ns"), matched, waited, touching, other)
     eng = engine_of_names(run["name"])
+    # each report's scheduling as analyze reads it (engine, sidecar): queued replays only when all are async
+    queued = all(r.scheduling == "async" for r in results)
     floors = (run.join(work, on="step", how="left")
               .with_columns(device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"))
               .with_columns(
@@ -102,7 +104,7 @@ def combine(results: list) -> RunView:
                   margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                           / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
                   predicted_graph_step_time_ns=pl.when(pl.col("replayed").fill_null(False)).then(None)
-                  .otherwise(predicted_expr(active(), eng, queued=eng == "vllm", by=("report", "pid", "device")).round(0)).cast(pl.Int64))
+                  .otherwise(predicted_expr(active(), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
               .select("step", "cpu_floor_ns", "device_floor_ns", "verdict", "margin", "predicted_graph_step_time_ns"))
     coll = Collectives(ranks.select(*KEYS, "rank"), matched, coll_steps, work)
     groups = group_verdicts(coll, run.select("step", "step_time_ns"), floors)
