@@ -23,6 +23,8 @@ PAIRS = [
     "pairs/torch_llama-3.2-1b_decode_b1", "pairs/vllm_llama-3.2-1b_decode_b1",
     "pairs/torch_llama-3.2-1b_decode_b32", "pairs/torch_qwen2.5-7b_decode_b16",
     "pairs/vllm_llama-3.2-1b_decode_b32", "pairs/vllm_llama-3.1-8b_decode_b32",
+    "round8/vllm_llama-3.2-1b_decode_b1@_rep1", "round8/vllm_llama-3.2-1b_decode_b1@_rep2",
+    "round8/vllm_qwen2.5-7b_decode_b1@_rep1", "round8/vllm_qwen2.5-7b_decode_b1@_rep2",
 ]
 
 

@@ -39,6 +39,16 @@ PAIRS = [
 HELD_OUT = [(f"pairs/{n}_eager", f"pairs/{n}_graph") for n in (
     "torch_llama-3.2-1b_decode_b32", "torch_qwen2.5-7b_decode_b16", "vllm_llama-3.2-1b_decode_b32",
     "vllm_llama-3.1-8b_decode_b32")]
+# the eighth device round: the two pairs over 10 % above, each captured twice more with its own
+# command (fixtures/README.md); held out, and not held to 10 %: see test_repeated_pairs
+REPEATS = {"pairs/vllm_llama-3.2-1b_decode_b1": [f"round8/vllm_llama-3.2-1b_decode_b1_{{}}_rep{r}" for r in (1, 2)],
+           "vllm/qwen7b_decode_b1": [f"round8/vllm_qwen2.5-7b_decode_b1_{{}}_rep{r}" for r in (1, 2)]}
+REPEATED = [(n.format("eager"), n.format("graph")) for ns in REPEATS.values() for n in ns]
+# their point errors (%) with the bundled calibration (docs/WHATIF.md)
+REPEATED_ERRORS = {"round8/vllm_llama-3.2-1b_decode_b1_eager_rep1": 16.0,
+                   "round8/vllm_llama-3.2-1b_decode_b1_eager_rep2": 17.7,
+                   "round8/vllm_qwen2.5-7b_decode_b1_eager_rep1": -9.2,
+                   "round8/vllm_qwen2.5-7b_decode_b1_eager_rep2": 4.1}
 # vLLM runs a 2048-token prefill eagerly in graph mode too (above its largest capture size): that
 # "graph" capture has no replay, so it neither calibrates nor checks the what-if
 NO_REPLAY = "vllm/llama8b_prefill_b1_graph"
@@ -123,7 +133,7 @@ def test_bundled_calibration_is_the_committed_graph_captures():
                                           c.residual) for c in cal.captures]
 
 
-@pytest.mark.parametrize("eager,graph", PAIRS + HELD_OUT, ids=[p[0] for p in PAIRS + HELD_OUT])
+@pytest.mark.parametrize("eager,graph", PAIRS + HELD_OUT + REPEATED, ids=[p[0] for p in PAIRS + HELD_OUT + REPEATED])
 def test_every_committed_pair_lies_inside_its_range(eager, graph):
     doc = stepscope.compare(fx(eager), fx(graph))
     measured = sql_step_times(fx(graph))[doc["b"]["rank"]["pid"] if "rank" in doc["b"] else
@@ -167,6 +177,25 @@ def test_held_out_pairs(eager, graph):
     doc = stepscope.compare(fx(eager), fx(graph))
     err = 100 * doc["prediction_error"]
     assert err == pytest.approx(HELD_OUT_ERRORS[eager], abs=0.1) and abs(err) < 10
+
+
+def test_repeated_pairs():
+    """Three runs of one command measure a host-bound vLLM graph step 21-33 % apart (plain SQL):
+    more than 1.1² apart, so no single prediction can be within 10 % of each run. Against the mean
+    of the three runs the bundled point is within 6 %; each repeat's error is docs/WHATIF.md's."""
+    for first, again in REPEATS.items():
+        runs = [(f"{first}_eager", f"{first}_graph")] + [(n.format("eager"), n.format("graph")) for n in again]
+        measured = [next(iter(sql_step_times(fx(g)).values())) for _, g in runs]
+        assert max(measured) / min(measured) > 1.1 ** 2, (first, measured)
+        docs = [stepscope.compare(fx(e), fx(g)) for e, g in runs]
+        assert [d["prediction_reference_ns"] for d in docs] == measured
+        mean = statistics.fmean(measured)
+        for (e, _), d in zip(runs, docs):
+            assert abs(d["predicted_graph_step_time_ns"] / mean - 1) < 0.06, (e, d["predicted_graph_step_time_ns"], mean)
+            if e in REPEATED_ERRORS:  # the repeats: held out, each with its own error
+                assert not any(e.replace("eager", "graph") in c.source for c in bundled().captures)
+                assert 100 * d["prediction_error"] == pytest.approx(REPEATED_ERRORS[e], abs=0.1)
+            assert d["prediction_in_range"]
 
 
 def test_point_within_10_percent_except_where_the_graph_runs_host_drifted():
