@@ -23,11 +23,11 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
-from stepscope.ingest.nsys_sqlite import (KERNEL_TABLE, LAUNCH_COLUMNS, RUNTIME_TABLE, _merged,
-                                          _unpack_pid, _unpack_tid)
+from stepscope.ingest.nsys_sqlite import (KERNEL_TABLE, LAUNCH_COLUMNS, PROCESS_COLUMNS, RUNTIME_TABLE,
+                                          THREAD_COLUMNS, _merged, _unpack_pid, _unpack_tid, read_names)
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
-from stepscope.model import (API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, PROCESS_SCHEMA,
-                             STRING_SCHEMA, THREAD_SCHEMA, Trace, empty)
+from stepscope.model import (API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, STRING_SCHEMA,
+                             Trace, empty)
 from stepscope.paths import shown
 
 ARROW_STREAM_HEAD = b"\xff\xff\xff\xff"  # an IPC stream's first message: the continuation marker
@@ -278,29 +278,9 @@ def _read(t: Tables, path: Path, launch_config: bool, fmt: str) -> Trace:
     strings = _read_strings(t, pl.concat([kernels["short_id"].unique(), kernels["demangled_id"].unique(),
                                           api["name_id"].unique()]).unique().drop_nulls(), readings)
     gpus = _read_gpus(t, readings, warnings)
-    processes = empty(PROCESS_SCHEMA)
-    if t.has("PROCESSES"):
-        missing = _lacks(t, "PROCESSES", "pid", "name")
-        if missing:
-            warnings.append(f"table PROCESSES has no column {missing}: process names are not shown")
-        else:
-            processes, rep = _frame(t, typed.Query("PROCESSES", [C("pid", "pid", I32), C("name", "name", TEXT, False)]))
-            readings.append(rep)
-    threads = empty(THREAD_SCHEMA)
-    if t.has("ThreadNames"):
-        missing = _lacks(t, "ThreadNames", "globalTid", "nameId") or _lacks(t, "StringIds", "id", "value")
-        if missing:
-            warnings.append(f"table ThreadNames or StringIds has no column {missing}: thread names are not shown")
-        else:
-            # ThreadNames t JOIN StringIds s ON s.id = t.nameId, in ThreadNames' order
-            joined = t.frame("ThreadNames", ["globalTid", "nameId"]).join(
-                t.frame("StringIds", ["id", "value"]).unique("id", keep="first", maintain_order=True),
-                left_on="nameId", right_on="id", how="inner", maintain_order="left")
-            raw, rep = _frame(t, typed.Query("ThreadNames", [
-                C("gtid", "t.globalTid", source="globalTid"), C("name", "s.value", TEXT, False, "StringIds.value")]),
-                src=joined)
-            readings.append(rep)
-            threads = raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "name").cast(THREAD_SCHEMA)
+    processes, threads = read_names(
+        t.has, lambda *a: _lacks(t, *a), lambda: _frame(t, typed.Query("PROCESSES", PROCESS_COLUMNS)),
+        lambda: _frame(t, typed.Query("ThreadNames", THREAD_COLUMNS), src=_thread_names(t)), warnings, readings)
 
     graph_level = t.rows("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
     if graph_level:
@@ -324,6 +304,13 @@ def _read(t: Tables, path: Path, launch_config: bool, fmt: str) -> Trace:
         nsys_version=meta.get("EXPORT_PRODUCT_VERSION"), schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
         graph_level_launches=int(graph_level), profiler_overhead_count=int(overhead_n),
         profiler_overhead_ns=int(overhead_ns), warnings=warnings))
+
+
+def _thread_names(t: Tables) -> pl.DataFrame:
+    """ThreadNames t JOIN StringIds s ON s.id = t.nameId, in ThreadNames' order."""
+    return t.frame("ThreadNames", ["globalTid", "nameId"]).join(
+        t.frame("StringIds", ["id", "value"]).unique("id", keep="first", maintain_order=True),
+        left_on="nameId", right_on="id", how="inner", maintain_order="left")
 
 
 def _glob_any(text: pl.Expr, prefixes) -> pl.Expr:

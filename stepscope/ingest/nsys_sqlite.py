@@ -440,26 +440,11 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         kernels["short_id"].unique(), kernels["demangled_id"].unique(), api["name_id"].unique()]).unique().drop_nulls(),
         readings)
     gpus = _read_gpus(con, schema, readings, warnings)
-    processes = empty(PROCESS_SCHEMA)
-    if schema.has("PROCESSES"):
-        missing = _lacks(schema, "PROCESSES", "pid", "name")
-        if missing:
-            warnings.append(f"table PROCESSES has no column {missing}: process names are not shown")
-        else:
-            processes, rep = _frame(con, typed.Query("PROCESSES", [C("pid", "pid", I32), C("name", "name", TEXT, False)]))
-            readings.append(rep)
-
-    threads = empty(THREAD_SCHEMA)
-    if schema.has("ThreadNames") and schema.has("StringIds"):
-        missing = _lacks(schema, "ThreadNames", "globalTid", "nameId") or _lacks(schema, "StringIds", "id", "value")
-        if missing:
-            warnings.append(f"table ThreadNames or StringIds has no column {missing}: thread names are not shown")
-        else:
-            raw, rep = _frame(con, typed.Query("ThreadNames", [
-                C("gtid", "t.globalTid", source="globalTid"), C("name", "s.value", TEXT, False, "StringIds.value")],
-                from_="ThreadNames t JOIN StringIds s ON s.id = t.nameId"))
-            readings.append(rep)
-            threads = raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "name").cast(THREAD_SCHEMA)
+    processes, threads = read_names(
+        schema.has, lambda *a: _lacks(schema, *a), lambda: _frame(con, typed.Query("PROCESSES", PROCESS_COLUMNS)),
+        lambda: _frame(con, typed.Query("ThreadNames", THREAD_COLUMNS,
+                                        from_="ThreadNames t JOIN StringIds s ON s.id = t.nameId")),
+        warnings, readings)
 
     graph_level = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
     if graph_level:
@@ -486,6 +471,35 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
         warnings=warnings,
     ))
+
+
+PROCESS_COLUMNS = [C("pid", "pid", I32), C("name", "name", TEXT, False)]
+THREAD_COLUMNS = [C("gtid", "t.globalTid", source="globalTid"), C("name", "s.value", TEXT, False, "StringIds.value")]
+
+
+def read_names(has, lacks, read_processes, read_threads, warnings: list, readings: list
+               ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The process and thread names, as both readers (this one and nsys_columnar) take them:
+    PROCESSES, and ThreadNames joined with StringIds; a table without its columns is a warning.
+    `has(table)` and `lacks(table, *cols)` ask the reader's schema; `read_processes()` and
+    `read_threads()` read PROCESS_COLUMNS and THREAD_COLUMNS (the join is the reader's)."""
+    processes, threads = empty(PROCESS_SCHEMA), empty(THREAD_SCHEMA)
+    if has("PROCESSES"):
+        missing = lacks("PROCESSES", "pid", "name")
+        if missing:
+            warnings.append(f"table PROCESSES has no column {missing}: process names are not shown")
+        else:
+            processes, rep = read_processes()
+            readings.append(rep)
+    if has("ThreadNames") and has("StringIds"):
+        missing = lacks("ThreadNames", "globalTid", "nameId") or lacks("StringIds", "id", "value")
+        if missing:
+            warnings.append(f"table ThreadNames or StringIds has no column {missing}: thread names are not shown")
+        else:
+            raw, rep = read_threads()
+            readings.append(rep)
+            threads = raw.select(_unpack_pid("gtid").alias("pid"), _unpack_tid("gtid"), "name").cast(THREAD_SCHEMA)
+    return processes, threads
 
 
 def _merged(readings: list[typed.Reading]) -> list[typed.Reading]:
