@@ -9,6 +9,9 @@ the pair's own graph capture left out of the calibration (its role: calibrates /
 
 from __future__ import annotations
 
+import gzip
+import shutil
+import tempfile
 from pathlib import Path
 
 import stepscope
@@ -30,7 +33,21 @@ PAIRS = [
 
 def files(p: str) -> tuple[Path, Path]:
     stem, _, tail = p.partition("@")
-    return FIX / f"{stem}_eager{tail}.sqlite", FIX / f"{stem}_graph{tail}.sqlite"
+    return tuple(unpacked(FIX / f"{stem}_{mode}{tail}.sqlite") for mode in ("eager", "graph"))
+
+
+def unpacked(path: Path) -> Path:
+    """The export, or its gzip'd copy (`.sqlite.gz`, the eighth round's) unpacked beside its
+    sidecar in a temporary folder."""
+    if path.exists() or not path.with_name(path.name + ".gz").exists():
+        return path
+    folder = Path(tempfile.mkdtemp(prefix="whatif-pairs-"))
+    with gzip.open(path.with_name(path.name + ".gz"), "rb") as src, open(folder / path.name, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    side = path.with_name(path.name.replace(".sqlite", ".stepscope.json"))
+    if side.exists():
+        shutil.copy(side, folder / side.name)
+    return folder / path.name
 
 
 def main() -> None:
@@ -39,7 +56,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for p in PAIRS:
         e, g = files(p)
-        src = str(g.relative_to(ROOT))
+        src = str(FIX.relative_to(ROOT) / p.partition("@")[0]) + f"_graph{p.partition('@')[2]}.sqlite"
         role = "calibrates" if any(c.source == src for c in full.captures) else "held out"
         doc = stepscope.compare(e, g)
         ref = doc.get("prediction_reference_ns") or doc["b"]["step_time_ns"]  # B without a replay: its step

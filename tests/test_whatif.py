@@ -18,7 +18,7 @@ from stepscope.analysis import tp as tpm
 from stepscope.analysis.whatif import (FIGURES, Calibration, bundled, calibrated, graph_step, point_of,
                                        step_figures)
 from stepscope.cli import app
-from tests.conftest import FIXTURES, need, ro
+from tests.conftest import FIXTURES, gunzipped, need, ro
 
 # every committed eager/graph pair of one step shape (fixtures/README.md): (eager, graph)
 PAIRS = [
@@ -67,7 +67,8 @@ HELD_OUT_ERRORS = {"pairs/torch_llama-3.2-1b_decode_b32_eager": 0.7, "pairs/torc
 
 
 def fx(name: str):
-    return need(FIXTURES / f"{name}.sqlite")
+    gz = FIXTURES / f"{name}.sqlite.gz"  # the eighth round's exports are committed gzip'd
+    return gunzipped(gz) if gz.exists() else need(FIXTURES / f"{name}.sqlite")
 
 
 # The step time of every NVTX step (torch: `step …` ranges; vLLM: an execute_context range's window
