@@ -41,11 +41,12 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
 
     path = Path(trace or bundled_trace())
     progress.stage(f"reading {path.name}")
-    t = read_trace(path, launch_config=launch_config, cache=None if cache else False)
+    # a one-shot analysis kept with the frames needs none of the event frames: read on a miss
+    t = read_trace(path, launch_config=launch_config, cache=None if cache else False,
+                   events=not (memory.one_shot and cache and not launch_config))
     if t.cache_entry is not None:
         progress.notice(f"cached {path.name}'s frames in {t.cache_entry} (the next read of this export "
                         "skips SQLite; --no-cache reads without it)")
-    progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
     reader = None
@@ -57,7 +58,76 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
         from stepscope.launch_config import ColumnarLaunchConfig
 
         reader = ColumnarLaunchConfig(t.path, "arrow" if t.format == "nsys-arrow" else "parquetdir")
-    return analyze_trace(t, step_regex, load_rules(rules), memory=memory, launch_config=reader)
+    ruleset = load_rules(rules)
+    key = _analysis_key(t, step_regex, rules, memory, reader) if not launch_config else None
+    if key is not None:
+        from stepscope.analysis.inventory import Inventory
+        from stepscope.ingest.cache import load_derived
+
+        got = load_derived(t.cache_dir, "analysis", key)
+        if got is not None:
+            frames, extra = got
+            memory.activities_built(t)
+            inv = Inventory.restored(t, frames, extra["warnings"], reader)
+            memory.inventory_built(inv)
+            return inv
+    progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
+    inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader)
+    if key is not None:
+        _keep_analysis(t, inv, key)
+    return inv
+
+
+# The one-shot analysis of a cached export is a pure function of the export's frames, the
+# rules, --step-regex, --strict and this code: kept beside the frames (ingest/cache.py's derived
+# entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
+# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns.
+ANALYSIS_FORMAT = 1
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The package's source and rules as they are on disk: an edited module or rules.toml is
+    another analysis (a development checkout, an upgrade in place)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted([*root.rglob("*.py"), root / "data" / "rules.toml"]):
+        if "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader) -> str | None:
+    """The key of `t`'s analysis under these options, or None when it is not kept (not a
+    one-shot run, or the frames not cached)."""
+    import hashlib
+
+    import polars as pl
+
+    from stepscope.options import STRICT
+
+    if not memory.one_shot or t.cache_dir is None:
+        return None
+    try:
+        user_rules = None if rules is None else (str(Path(rules).resolve()), Path(rules).read_bytes())
+    except OSError:
+        return None
+    rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
+    raw = "|".join([str(ANALYSIS_FORMAT), _code_digest(), pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
+                    rules_part, str(STRICT.get()), repr(memory), type(reader).__name__])
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _keep_analysis(t, inv, key: str) -> None:
+    from stepscope.ingest.cache import store_derived
+
+    n = len(t.warnings)
+    if inv.warnings[:n] != list(t.warnings):
+        return  # the inventory's warnings must be the trace's then its own, to be composed again
+    store_derived(t.cache_dir, "analysis", key, inv.frames(), {"warnings": inv.warnings[n:]})
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,

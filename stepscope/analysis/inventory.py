@@ -63,6 +63,21 @@ class Inventory:
     # what a serving process ran before its first engine step (analysis/startup.py): one row per process
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
 
+    def frames(self) -> dict[str, pl.DataFrame]:
+        """The inventory's frames by field name (FRAME_FIELDS): what restored() takes back."""
+        return {f: getattr(self, f) for f in FRAME_FIELDS}
+
+    @classmethod
+    def restored(cls, trace: Trace, frames: dict[str, pl.DataFrame], warnings: list[str],
+                 launch_config: LaunchConfigReader | None = None) -> "Inventory":
+        """The inventory whose frames() were `frames` and whose own warnings (beyond the
+        trace's) were `warnings`, over `trace` as read again. Activities come back sorted by
+        (step, start) with the step-less last, as analyze_trace leaves them."""
+        if set(frames) != set(FRAME_FIELDS):
+            raise ValueError(f"an inventory has the frames {FRAME_FIELDS}, not {tuple(frames)}")
+        return cls(trace=trace, warnings=list(trace.warnings) + list(warnings), launch_config=launch_config,
+                   **frames)
+
     def step_acts(self, step: int) -> pl.DataFrame:
         """One step's activities, with every kernel's grid and block (with_launch_config)."""
         return self.with_launch_config(self.acts.filter(pl.col("step") == step))
@@ -132,6 +147,10 @@ class Inventory:
         chk = s.select("step", "kernel_time_sum_ns", "n_kernels").join(kt, on="step", how="left").fill_null(0)
         assert (chk["t"] == chk["kernel_time_sum_ns"]).all()
         assert (chk["n"] == chk["n_kernels"]).all()
+
+
+FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
+                "framework", "framework_ops", "graph_steps", "startup")
 
 
 def _joined_dims(a: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
