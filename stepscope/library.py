@@ -35,6 +35,11 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py."""
+    return _load(trace, step_regex, rules, cache, launch_config, memory)[0]
+
+
+def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention):
+    """load()'s Inventory, and the key of its kept analysis (None: not kept; _analysis_key)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
@@ -70,12 +75,12 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
             memory.activities_built(t)
             inv = Inventory.restored(t, frames, extra["warnings"], reader)
             memory.inventory_built(inv)
-            return inv
+            return inv, key
     progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
     inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader)
-    if key is not None:
-        _keep_analysis(t, inv, key)
-    return inv
+    if key is not None and not _keep_analysis(t, inv, key):
+        key = None
+    return inv, key
 
 
 # The one-shot analysis of a cached export is a pure function of the export's frames, the
@@ -126,8 +131,28 @@ def _keep_analysis(t, inv, key: str) -> None:
 
     n = len(t.warnings)
     if inv.warnings[:n] != list(t.warnings):
-        return  # the inventory's warnings must be the trace's then its own, to be composed again
-    store_derived(t.cache_dir, "analysis", key, inv.frames(), {"warnings": inv.warnings[n:]})
+        return False  # the inventory's warnings must be the trace's then its own, to be composed again
+    return store_derived(t.cache_dir, "analysis", key, inv.frames(), {"warnings": inv.warnings[n:]}) is not None
+
+
+def _diagnosed(inv, key: str | None, calibration):
+    """diagnose(inv), its calibration-free frames kept beside the analysis `key` names (one-shot
+    runs: the per-gap frame stands as its longest gaps, as Diagnosis.drop_event_frames leaves it)."""
+    from stepscope.analysis.diagnosis import CALIBRATION_FREE, calibration_free, diagnose
+    from stepscope.ingest.cache import load_derived, store_derived
+
+    entry = inv.trace.cache_dir
+    got = load_derived(entry, "diagnosis", key) if key is not None else None
+    if got is not None and set(got[0]) == set(CALIBRATION_FREE):
+        return diagnose(inv, calibration, known=got[0])
+    d = diagnose(inv, calibration, known=calibration_free(inv) if key is not None else None)
+    if key is not None:
+        c = d.collectives
+        kept = {"gaps": d.gaps.clear(), "top_gaps": d.top_gaps(), "collective_ranks": c.ranks,
+                "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work}
+        kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
+        store_derived(entry, "diagnosis", key, kept, {})
+    return d
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
@@ -136,14 +161,13 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration file (else the user's, else the bundled one)."""
-    from stepscope.analysis.diagnosis import diagnose
     from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
-    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
     with calibrated(calibration):
-        return diagnose(inv).only_steps(steps)
+        return _diagnosed(inv, key, None).only_steps(steps)
 
 
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):

@@ -235,3 +235,56 @@ def test_prune_counts_the_kept_analysis(tmp_path, small_cached):
     (entry,) = _entries(tmp_path)
     own = sum(f.stat().st_size for f in entry.iterdir())
     assert cache._size(entry.parent) > own > 0
+
+
+def test_a_kept_diagnosis_holds_the_calibration_free_frames(tmp_path, monkeypatch, small_cached):
+    """The gaps, launch, floors, TP and prologue figures are kept too; on a hit none is computed."""
+    from stepscope.analysis import diagnosis
+
+    p = _copy(tmp_path, TRACES[0])
+    _, plain = _analyze(p, "--no-cache")
+    _analyze(p)
+    assert len(sorted((tmp_path / ".stepscope-cache").glob("*/diagnosis-*"))) == 1
+
+    def refuse(*a, **k):
+        raise _NoAnalysis
+    monkeypatch.setattr(diagnosis, "calibration_free", refuse)
+    _forbid_analysis(monkeypatch)
+    assert _analyze(p) == (0, plain)
+
+
+def test_the_calibration_is_applied_to_a_kept_analysis(tmp_path, small_cached):
+    """The what-if's calibration is not in the key: its figures are computed on every run."""
+    p = _copy(tmp_path, "round5/llama8b_decode_b1_eager.sqlite")
+    cal = tmp_path / "cal.json"
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, ["calibrate", str(need(FIXTURES / "round5/llama8b_decode_b1_graph.sqlite")),
+                                 str(need(FIXTURES / "round5/llama8b_decode_b1_eager.sqlite")), "-o", str(cal)])
+    assert r.exit_code == 0, r.output
+    _, plain = _analyze(p, "--no-cache")
+    _, plain_cal = _analyze(p, "--no-cache", "--calibration", str(cal))
+    assert plain_cal != plain
+    assert _analyze(p) == (0, plain)
+    assert _analyze(p, "--calibration", str(cal)) == (0, plain_cal)  # a hit, with the other constants
+    assert _analyze(p) == (0, plain)
+
+
+def test_compare_and_the_terminal_view_from_a_kept_analysis(tmp_path, monkeypatch, small_cached):
+    from stepscope.cli import app
+
+    a, b = _copy(tmp_path, TRACES[0]), _copy(tmp_path, TRACES[1])
+
+    def both():
+        runner = CliRunner()
+        cmp = runner.invoke(app, ["compare", str(a), str(b), "--json", *opts])
+        term = runner.invoke(app, ["analyze", str(a), "--steps", "all", *opts])
+        assert cmp.exit_code == 0 and term.exit_code == 0, (cmp.output, term.output)
+        return cmp.stdout, term.stdout
+    opts = ["--no-cache"]
+    plain = both()
+    opts = []
+    assert both() == plain  # writes
+    assert len(_entries(tmp_path)) == 2
+    _forbid_analysis(monkeypatch)
+    assert both() == plain  # both from their kept analyses

@@ -349,7 +349,8 @@ def load_derived(entry: Path | None, name: str, key: str) -> tuple[dict[str, pl.
             if _digest(data) != digest:
                 ok = False
                 break
-            frames[f] = pl.read_parquet(io.BytesIO(data))
+            frames[f] = pl.read_parquet(data)  # read once: hashed, then parsed from memory
+            del data
     except (Exception, pl.exceptions.PanicException):
         ok = False
     if not ok:
