@@ -145,11 +145,13 @@ def _diagnosed(inv, key: str | None, calibration):
     got = load_derived(entry, "diagnosis", key) if key is not None else None
     if got is not None and set(got[0]) == set(CALIBRATION_FREE):
         return diagnose(inv, calibration, known=got[0])
-    d = diagnose(inv, calibration, known=calibration_free(inv) if key is not None else None)
+    known = calibration_free(inv) if key is not None else None
+    d = diagnose(inv, calibration, known=known)
     if key is not None:
         c = d.collectives
         kept = {"gaps": d.gaps.clear(), "top_gaps": d.top_gaps(), "collective_ranks": c.ranks,
-                "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work}
+                "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work,
+                "untraced_replay": known["untraced_replay"]}
         kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
         store_derived(entry, "diagnosis", key, kept, {})
     return d

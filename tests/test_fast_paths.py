@@ -95,3 +95,26 @@ def test_the_documents_bytes_are_its_text(monkeypatch):
     import json
 
     assert json.loads(compact) == json.loads(text)
+
+
+def test_class_table_from_the_per_name_table_is_the_plain_group_by():
+    """Each step's class counts and times, summed from the per-name table (issue 31, third
+    round), equal a plain group-by of the activities by (step, class) on real exports; and both
+    equal plain SQL's kernel count per step."""
+    from stepscope import library
+    from stepscope.analysis.inventory import _class_tables, in_steps
+
+    for name in ("llama8b_decode_b1_eager.sqlite", "llama8b_decode_b1_eager_tp2.sqlite",
+                 "round5/llama1b_decode_emit_nvtx.sqlite", "llama8b_prefill_b1_eager.sqlite"):
+        inv = library.load(need(FIXTURES / name), cache=False)
+        a = in_steps(inv.acts, "step", "class", "name", "demangled", "start", "end")
+        classes, kernels = _class_tables(a)
+        plain = (a.group_by("step", "class").agg(pl.len().cast(pl.Int64).alias("count"),
+                                                 (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+                 .select("step", pl.col("class").cast(pl.String), "count", "time_ns")
+                 .sort("step", "time_ns", "class", descending=[False, True, False]))
+        assert classes.equals(plain), name
+        assert classes.equals(inv.classes), name
+        assert kernels["count"].sum() == classes["count"].sum() == a.height
+        n = ro(need(FIXTURES / name)).execute(f"SELECT count(*) FROM {K}").fetchone()[0]
+        assert classes.filter(pl.col("class") != "memops")["count"].sum() <= n

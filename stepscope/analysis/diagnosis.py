@@ -109,12 +109,14 @@ class Diagnosis:
 # a one-shot analysis). `top_gaps` stands for the per-gap frame, which a one-shot run reads only
 # through top_gaps(); `gaps` then holds no row.
 CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp", "prologue",
-            "engine", "collective_ranks", "collective_kernels", "collective_steps", "collective_work")
+            "engine", "collective_ranks", "collective_kernels", "collective_steps", "collective_work",
+            "untraced_replay")
 
 
 def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
     """The CALIBRATION_FREE frames of `inv`'s diagnosis (`gaps` whole, `top_gaps` None: taken from it)."""
     from stepscope.analysis.anatomy import anatomy
+    from stepscope.analysis.untraced import replay_ends
     from stepscope.analysis.whatif import prologue
 
     gaps = find_gaps(inv)
@@ -126,7 +128,8 @@ def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
     return dict(gaps=gaps, top_gaps=None, gap_totals=totals, histogram=hist, launch=launch, launch_by_api=by_api,
                 floors=f, tp=tp, prologue=prologue(inv), engine=anatomy(inv), collective_ranks=coll.ranks,
-                collective_kernels=coll.kernels, collective_steps=coll.steps, collective_work=coll.work)
+                collective_kernels=coll.kernels, collective_steps=coll.steps, collective_work=coll.work,
+                untraced_replay=replay_ends(inv))
 
 
 def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | None = None) -> Diagnosis:
@@ -141,7 +144,7 @@ def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | 
     launch, f, pro = m["launch"], m["floors"], m["prologue"]
     calibration = active() if calibration is None else calibration
     graph = predict_graph_step(inv, calibration, work=f, pro=pro)
-    untr = untraced(inv, launch, f, pro, calibration)
+    untr = untraced(inv, launch, f, pro, calibration, m["untraced_replay"])
     return Diagnosis(
         inv=inv, gaps=m["gaps"], gap_totals=m["gap_totals"], histogram=m["histogram"],
         launch=launch, launch_by_api=m["launch_by_api"], floors=f,

@@ -426,14 +426,16 @@ def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFram
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(step, class, count, time_ns) and (step, name, demangled, class, count, time_ns)."""
     count_time = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+    per_name = group_by_packed(a, ["step", "name", "demangled", "class"], *count_time)
+    # each (step, class) sums its names' rows: one group-by of the activities, not two (a
+    # name has one class per step, so the per-name table is a partition of the class's rows)
     classes = (
-        group_by_packed(a, ["step", "class"], *count_time)
+        group_by_packed(per_name, ["step", "class"], pl.col("count").sum(), pl.col("time_ns").sum())
         .select("step", pl.col("class").cast(pl.String), "count", "time_ns")
         .sort("step", "time_ns", "class", descending=[False, True, False])
     )
     kernels = _by_step_and_time(
-        group_by_packed(a, ["step", "name", "demangled", "class"], *count_time)
-        .select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns"))
+        per_name.select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns"))
     return classes, kernels
 
 
