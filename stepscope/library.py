@@ -69,7 +69,9 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
         from stepscope.analysis.inventory import Inventory
         from stepscope.ingest.cache import load_derived
 
-        got = load_derived(t.cache_dir, "analysis", key)
+        from stepscope.analysis.inventory import LATE_FIELDS
+
+        got = load_derived(t.cache_dir, "analysis", key, lazy=LATE_FIELDS)
         if got is not None:
             frames, extra = got
             memory.activities_built(t)
@@ -87,7 +89,7 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
 # rules, --step-regex, --strict and this code: kept beside the frames (ingest/cache.py's derived
 # entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
 # run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns.
-ANALYSIS_FORMAT = 1
+ANALYSIS_FORMAT = 2  # 2: the per-event frames' columns kept beside them (read when asked for)
 
 
 @functools.cache
@@ -126,13 +128,16 @@ def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: R
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
-def _keep_analysis(t, inv, key: str) -> None:
+def _keep_analysis(t, inv, key: str) -> bool:
+    from stepscope.analysis.inventory import LATE_FIELDS
     from stepscope.ingest.cache import store_derived
 
     n = len(t.warnings)
     if inv.warnings[:n] != list(t.warnings):
         return False  # the inventory's warnings must be the trace's then its own, to be composed again
-    return store_derived(t.cache_dir, "analysis", key, inv.frames(), {"warnings": inv.warnings[n:]}) is not None
+    # the per-event frames with their columns alone beside them: a one-shot document never reads them
+    empty = {f"{f}_empty": getattr(inv, f).clear() for f in LATE_FIELDS}
+    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty, {"warnings": inv.warnings[n:]}) is not None
 
 
 def _diagnosed(inv, key: str | None, calibration):

@@ -93,7 +93,43 @@ def test_the_hit_reads_no_event_frames(tmp_path, monkeypatch, small_cached):
     (kept,) = _entries(tmp_path)
     frames = {f.name for f in opened if f.parent == kept.parent}
     assert frames == {"nvtx.parquet", "strings.parquet", "gpus.parquet", "processes.parquet", "threads.parquet"}
-    assert {"acts.parquet", "kernels.parquet", "launch_calls.parquet"} <= {f.name for f in opened if f.parent == kept}
+    mine = {f.name for f in opened if f.parent == kept}
+    # the one-shot document reads the per-step tables only: the per-event frames stay on disk
+    assert {"kernels.parquet", "steps.parquet", "classes.parquet"} <= mine
+    assert not {"acts.parquet", "launch_calls.parquet"} & mine
+
+
+def test_restored_activities_are_read_when_asked_for(tmp_path, small_cached):
+    """A kept analysis' activities and launch calls come back, equal, the first time they are
+    asked for; and never when the per-event frames are let go first."""
+    from stepscope import library
+    from stepscope.analysis.memory import ONE_SHOT
+
+    p = _copy(tmp_path, TRACES[2])  # TP=2: two processes, two devices
+    first, key = library._load(p, None, None, True, False, ONE_SHOT)
+    assert key is not None
+    again, key2 = library._load(p, None, None, True, False, ONE_SHOT)
+    assert key2 == key and "acts" not in again.__dict__
+    assert again.acts.equals(first.acts) and again.launch_calls.equals(first.launch_calls)
+    assert again.api.equals(first.api) and again.steps.equals(first.steps)
+    assert again.warnings == first.warnings
+    third, _ = library._load(p, None, None, True, False, ONE_SHOT)
+    third.drop_event_frames()
+    assert third.acts.height == 0 and third.acts.schema == first.acts.schema
+    assert third.launch_calls.schema == first.launch_calls.schema
+
+
+def test_a_kept_analysis_removed_while_in_use_is_one_line(tmp_path, small_cached):
+    from stepscope import library
+    from stepscope.analysis.memory import ONE_SHOT
+    from stepscope.errors import InputError
+
+    p = _copy(tmp_path, TRACES[0])
+    library._load(p, None, None, True, False, ONE_SHOT)
+    inv, _ = library._load(p, None, None, True, False, ONE_SHOT)
+    shutil.rmtree(_entries(tmp_path)[0])
+    with pytest.raises(InputError, match="changed while it was in use"):
+        inv.acts
 
 
 def test_events_unread_are_read_again_when_asked_for(tmp_path, small_cached):
@@ -174,7 +210,7 @@ def test_a_damaged_kept_analysis_is_a_miss(tmp_path, monkeypatch, small_cached, 
     p = _copy(tmp_path, TRACES[0])
     _, plain = _analyze(p)
     (entry,) = _entries(tmp_path)
-    f = entry / ("meta.json" if damage == "meta" else "acts.parquet")
+    f = entry / ("meta.json" if damage == "meta" else "steps.parquet")
     data = bytearray(f.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0x40
@@ -288,3 +324,25 @@ def test_compare_and_the_terminal_view_from_a_kept_analysis(tmp_path, monkeypatc
     assert len(_entries(tmp_path)) == 2
     _forbid_analysis(monkeypatch)
     assert both() == plain  # both from their kept analyses
+
+
+def test_damaged_activities_are_found_when_read(tmp_path, small_cached):
+    """The activities of a kept analysis are checked when read: a flipped byte is one line
+    (and the entry goes), never other activities."""
+    from stepscope import library
+    from stepscope.analysis.memory import ONE_SHOT
+    from stepscope.errors import InputError
+
+    p = _copy(tmp_path, TRACES[0])
+    _, plain = _analyze(p)
+    (entry,) = _entries(tmp_path)
+    f = entry / "acts.parquet"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+    inv, _ = library._load(p, None, None, True, False, ONE_SHOT)
+    with pytest.raises(InputError, match="changed while it was in use"):
+        inv.acts
+    assert not _entries(tmp_path)
+    assert _analyze(p) == (0, plain)  # analyzed again, and kept again
+    assert len(_entries(tmp_path)) == 1

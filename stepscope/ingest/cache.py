@@ -330,9 +330,12 @@ def _derived(entry: Path, name: str, key: str) -> Path:
     return entry / f"{name}-{key}"
 
 
-def load_derived(entry: Path | None, name: str, key: str) -> tuple[dict[str, pl.DataFrame], dict] | None:
+def load_derived(entry: Path | None, name: str, key: str, lazy: tuple[str, ...] = ()
+                 ) -> tuple[dict[str, pl.DataFrame], dict] | None:
     """(frames, extra) that store_derived() kept in `entry` under `name` and `key`, or None (a
-    damaged or untrusted one is removed or ignored; a miss either way)."""
+    damaged or untrusted one is removed or ignored; a miss either way). The frames named in
+    `lazy` are not read: each is a function that reads it (checksum checked then; InputError when
+    the entry changed meanwhile), for a caller that may never ask for it."""
     if entry is None or untrusted(entry) is not None:
         return None
     d = _derived(entry, name, key)
@@ -345,18 +348,39 @@ def load_derived(entry: Path | None, name: str, key: str) -> tuple[dict[str, pl.
               and all(isinstance(k, str) and isinstance(v, str) for k, v in m["sha256"].items()))
         frames = {}
         for f, digest in (m["sha256"].items() if ok else ()):
-            data = (d / f"{f}.parquet").read_bytes()
-            if _digest(data) != digest:
-                ok = False
+            if f in lazy:
+                ok = (d / f"{f}.parquet").is_file()
+                frames[f] = _reader(d, f, digest)
+            else:
+                frames[f] = _frame_of(d, f, digest)
+            if not ok:
                 break
-            frames[f] = pl.read_parquet(data)  # read once: hashed, then parsed from memory
-            del data
     except (Exception, pl.exceptions.PanicException):
         ok = False
     if not ok:
         shutil.rmtree(d, ignore_errors=True)
         return None
     return frames, m["extra"]
+
+
+def _frame_of(d: Path, f: str, digest: str) -> pl.DataFrame:
+    data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
+    if _digest(data) != digest:
+        raise _Mismatch(f)
+    return pl.read_parquet(data)
+
+
+def _reader(d: Path, f: str, digest: str):
+    def read() -> pl.DataFrame:
+        try:
+            return _frame_of(d, f, digest)
+        except (Exception, pl.exceptions.PanicException):
+            shutil.rmtree(d, ignore_errors=True)
+            from stepscope.errors import InputError
+
+            raise InputError(f"cache entry {d} changed while it was in use: run the command again (or with "
+                             "--no-cache)") from None
+    return read
 
 
 def store_derived(entry: Path | None, name: str, key: str, frames: dict[str, pl.DataFrame],
