@@ -156,7 +156,7 @@ def _diagnosed(inv, key: str | None, calibration):
         c = d.collectives
         kept = {"gaps": d.gaps.clear(), "top_gaps": d.top_gaps(), "collective_ranks": c.ranks,
                 "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work,
-                "untraced_replay": known["untraced_replay"]}
+                "untraced_replay": known["untraced_replay"], "replay_figures": known["replay_figures"]}
         kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
         store_derived(entry, "diagnosis", key, kept, {})
     return d

@@ -110,14 +110,14 @@ class Diagnosis:
 # through top_gaps(); `gaps` then holds no row.
 CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp", "prologue",
             "engine", "collective_ranks", "collective_kernels", "collective_steps", "collective_work",
-            "untraced_replay")
+            "untraced_replay", "replay_figures")
 
 
 def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
     """The CALIBRATION_FREE frames of `inv`'s diagnosis (`gaps` whole, `top_gaps` None: taken from it)."""
     from stepscope.analysis.anatomy import anatomy
     from stepscope.analysis.untraced import replay_ends
-    from stepscope.analysis.whatif import prologue
+    from stepscope.analysis.whatif import prologue, replay_figures
 
     gaps = find_gaps(inv)
     hist = histogram(gaps)
@@ -126,10 +126,11 @@ def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
     coll = collectives(inv)
     f = floors(inv, launch, totals=totals, work=coll.work)
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
+    pro = prologue(inv)
     return dict(gaps=gaps, top_gaps=None, gap_totals=totals, histogram=hist, launch=launch, launch_by_api=by_api,
-                floors=f, tp=tp, prologue=prologue(inv), engine=anatomy(inv), collective_ranks=coll.ranks,
+                floors=f, tp=tp, prologue=pro, engine=anatomy(inv), collective_ranks=coll.ranks,
                 collective_kernels=coll.kernels, collective_steps=coll.steps, collective_work=coll.work,
-                untraced_replay=replay_ends(inv))
+                untraced_replay=replay_ends(inv), replay_figures=replay_figures(inv, pro))
 
 
 def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | None = None) -> Diagnosis:
@@ -150,6 +151,7 @@ def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | 
         launch=launch, launch_by_api=m["launch_by_api"], floors=f,
         graph_prediction=graph, collectives=coll, tp=m["tp"],
         untraced=untr, engine=m["engine"], prologue=pro, verdicts=verdicts(f, graph, untr),
-        replay=measure(inv, shown(inv.trace.path), pro, f) if not inv.graph_steps.is_empty() else None,
+        replay=(measure(inv, shown(inv.trace.path), pro, f, m["replay_figures"]) if not inv.graph_steps.is_empty()
+                else None),
         calibration=calibration, _top_gaps=m["top_gaps"],
     )
