@@ -35,7 +35,9 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py."""
-    return _load(trace, step_regex, rules, cache, launch_config, memory)[0]
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory)
+    inv.kept = key
+    return inv
 
 
 def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention):
@@ -120,10 +122,11 @@ def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: R
         return None
     try:
         user_rules = None if rules is None else (str(Path(rules).resolve()), Path(rules).read_bytes())
-    except OSError:
+        code = _code_digest()
+    except OSError:  # a source file that cannot be read (a zipped install): nothing is kept
         return None
     rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
-    raw = "|".join([str(ANALYSIS_FORMAT), _code_digest(), pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
+    raw = "|".join([str(ANALYSIS_FORMAT), code, pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
                     rules_part, str(STRICT.get()), repr(memory), type(reader).__name__])
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
@@ -171,10 +174,10 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
-    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory)
+    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
     with calibrated(calibration):
-        return _diagnosed(inv, key, None).only_steps(steps)
+        return _diagnosed(inv, inv.kept, None).only_steps(steps)
 
 
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):

@@ -105,12 +105,12 @@ class Diagnosis:
 
 
 # The frames of a Diagnosis that depend on the inventory alone (not on the what-if's
-# calibration): what calibration_free() computes and diagnose() takes back (library.py keeps them beside
-# a one-shot analysis). `top_gaps` stands for the per-gap frame, which a one-shot run reads only
+# calibration): what calibration_free() computes and diagnose() takes back (library.py keeps
+# them beside a one-shot analysis). `top_gaps` stands for the per-gap frame, which a one-shot run reads only
 # through top_gaps(); `gaps` then holds no row.
-CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp", "prologue",
-            "engine", "collective_ranks", "collective_kernels", "collective_steps", "collective_work",
-            "untraced_replay", "replay_figures")
+CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp",
+                    "prologue", "engine", "collective_ranks", "collective_kernels", "collective_steps",
+                    "collective_work", "untraced_replay", "replay_figures")
 
 
 def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:

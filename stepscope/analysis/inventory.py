@@ -62,6 +62,9 @@ class Inventory:
     launch_config: LaunchConfigReader | None = None
     # what a serving process ran before its first engine step (analysis/startup.py): one row per process
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
+    # the key under which this one-shot analysis is kept beside its export's cached frames
+    # (library.load), None when it is not: its diagnosis is kept under the same key
+    kept: str | None = field(default=None, repr=False, compare=False)
 
     def frames(self) -> dict[str, pl.DataFrame]:
         """The inventory's frames by field name (FRAME_FIELDS): what restored() takes back."""
