@@ -35,17 +35,25 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py."""
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory)
+    inv.kept = key
+    return inv
+
+
+def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention):
+    """load()'s Inventory, and the key of its kept analysis (None: not kept; _analysis_key)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.ingest import read_trace
 
     path = Path(trace or bundled_trace())
     progress.stage(f"reading {path.name}")
-    t = read_trace(path, launch_config=launch_config, cache=None if cache else False)
+    # a one-shot analysis kept with the frames needs none of the event frames: read on a miss
+    t = read_trace(path, launch_config=launch_config, cache=None if cache else False,
+                   events=not (memory.one_shot and cache and not launch_config))
     if t.cache_entry is not None:
         progress.notice(f"cached {path.name}'s frames in {t.cache_entry} (the next read of this export "
                         "skips SQLite; --no-cache reads without it)")
-    progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
     reader = None
@@ -57,7 +65,104 @@ def load(trace: str | Path | None = None, step_regex: str | None = None, rules: 
         from stepscope.launch_config import ColumnarLaunchConfig
 
         reader = ColumnarLaunchConfig(t.path, "arrow" if t.format == "nsys-arrow" else "parquetdir")
-    return analyze_trace(t, step_regex, load_rules(rules), memory=memory, launch_config=reader)
+    ruleset = load_rules(rules)
+    key = _analysis_key(t, step_regex, rules, memory, reader) if not launch_config else None
+    if key is not None:
+        from stepscope.analysis.inventory import Inventory
+        from stepscope.ingest.cache import load_derived
+
+        from stepscope.analysis.inventory import LATE_FIELDS
+
+        got = load_derived(t.cache_dir, "analysis", key, lazy=LATE_FIELDS)
+        if got is not None:
+            frames, extra = got
+            memory.activities_built(t)
+            inv = Inventory.restored(t, frames, extra["warnings"], reader)
+            memory.inventory_built(inv)
+            return inv, key
+    progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
+    inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader)
+    if key is not None and not _keep_analysis(t, inv, key):
+        key = None
+    return inv, key
+
+
+# The one-shot analysis of a cached export is a pure function of the export's frames, the
+# rules, --step-regex, --strict and this code: kept beside the frames (ingest/cache.py's derived
+# entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
+# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns.
+ANALYSIS_FORMAT = 2  # 2: the per-event frames' columns kept beside them (read when asked for)
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The package's source and rules as they are on disk: an edited module or rules.toml is
+    another analysis (a development checkout, an upgrade in place)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted([*root.rglob("*.py"), root / "data" / "rules.toml"]):
+        if "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader) -> str | None:
+    """The key of `t`'s analysis under these options, or None when it is not kept (not a
+    one-shot run, or the frames not cached)."""
+    import hashlib
+
+    import polars as pl
+
+    from stepscope.options import STRICT
+
+    if not memory.one_shot or t.cache_dir is None:
+        return None
+    try:
+        user_rules = None if rules is None else (str(Path(rules).resolve()), Path(rules).read_bytes())
+        code = _code_digest()
+    except OSError:  # a source file that cannot be read (a zipped install): nothing is kept
+        return None
+    rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
+    raw = "|".join([str(ANALYSIS_FORMAT), code, pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
+                    rules_part, str(STRICT.get()), repr(memory), type(reader).__name__])
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _keep_analysis(t, inv, key: str) -> bool:
+    from stepscope.analysis.inventory import LATE_FIELDS
+    from stepscope.ingest.cache import store_derived
+
+    n = len(t.warnings)
+    if inv.warnings[:n] != list(t.warnings):
+        return False  # the inventory's warnings must be the trace's then its own, to be composed again
+    # the per-event frames with their columns alone beside them: a one-shot document never reads them
+    empty = {f"{f}_empty": getattr(inv, f).clear() for f in LATE_FIELDS}
+    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty, {"warnings": inv.warnings[n:]}) is not None
+
+
+def _diagnosed(inv, key: str | None, calibration):
+    """diagnose(inv), its calibration-free frames kept beside the analysis `key` names (one-shot
+    runs: the per-gap frame stands as its longest gaps, as Diagnosis.drop_event_frames leaves it)."""
+    from stepscope.analysis.diagnosis import CALIBRATION_FREE, calibration_free, diagnose
+    from stepscope.ingest.cache import load_derived, store_derived
+
+    entry = inv.trace.cache_dir
+    got = load_derived(entry, "diagnosis", key) if key is not None else None
+    if got is not None and set(got[0]) == set(CALIBRATION_FREE):
+        return diagnose(inv, calibration, known=got[0])
+    known = calibration_free(inv) if key is not None else None
+    d = diagnose(inv, calibration, known=known)
+    if key is not None:
+        c = d.collectives
+        kept = {"gaps": d.gaps.clear(), "top_gaps": d.top_gaps(), "collective_ranks": c.ranks,
+                "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work,
+                "untraced_replay": known["untraced_replay"], "replay_figures": known["replay_figures"]}
+        kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
+        store_derived(entry, "diagnosis", key, kept, {})
+    return d
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
@@ -66,14 +171,13 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration file (else the user's, else the bundled one)."""
-    from stepscope.analysis.diagnosis import diagnose
     from stepscope.analysis.whatif import calibrated
 
     check_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
     with calibrated(calibration):
-        return diagnose(inv).only_steps(steps)
+        return _diagnosed(inv, inv.kept, None).only_steps(steps)
 
 
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):

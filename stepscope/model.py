@@ -93,6 +93,9 @@ class Trace:
     sidecar: dict | None = None
     # the Parquet cache entry this read wrote (ingest/cache.py), None when it wrote none
     cache_entry: Path | None = None
+    # the Parquet cache entry the frames came from or were written to (None: not cached); an
+    # analysis of them may keep its own frames inside it (ingest/cache.py, load_derived)
+    cache_dir: Path | None = field(default=None, repr=False, compare=False)
     # reads this trace again from its file (ingest.read_trace sets it): what brings the event frames back
     # when they are asked for after drop_event_frames(reread=True)
     reread: "Callable[[], Trace] | None" = field(default=None, repr=False, compare=False)

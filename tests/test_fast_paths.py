@@ -95,3 +95,48 @@ def test_the_documents_bytes_are_its_text(monkeypatch):
     import json
 
     assert json.loads(compact) == json.loads(text)
+
+
+def test_class_table_from_the_per_name_table_is_the_plain_group_by():
+    """Each step's class counts and times, summed from the per-name table (issue 31, third
+    round), equal a plain group-by of the activities by (step, class) on real exports; and both
+    equal plain SQL's kernel count per step."""
+    from stepscope import library
+    from stepscope.analysis.inventory import _class_tables, in_steps
+
+    for name in ("llama8b_decode_b1_eager.sqlite", "llama8b_decode_b1_eager_tp2.sqlite",
+                 "round5/llama1b_decode_emit_nvtx.sqlite", "llama8b_prefill_b1_eager.sqlite"):
+        inv = library.load(need(FIXTURES / name), cache=False)
+        a = in_steps(inv.acts, "step", "class", "name", "demangled", "start", "end")
+        classes, kernels = _class_tables(a)
+        plain = (a.group_by("step", "class").agg(pl.len().cast(pl.Int64).alias("count"),
+                                                 (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+                 .select("step", pl.col("class").cast(pl.String), "count", "time_ns")
+                 .sort("step", "time_ns", "class", descending=[False, True, False]))
+        assert classes.equals(plain), name
+        assert classes.equals(inv.classes), name
+        assert kernels["count"].sum() == classes["count"].sum() == a.height
+        n = ro(need(FIXTURES / name)).execute(f"SELECT count(*) FROM {K}").fetchone()[0]
+        assert classes.filter(pl.col("class") != "memops")["count"].sum() <= n
+
+
+def test_launch_latency_by_lookup_is_the_join(monkeypatch):
+    """launch_summary takes each activity's previous-step end by a gather from a table by step
+    id (frames.lookup); the same figures as the join it replaced, on real exports (a TP trace,
+    whose steps interleave across devices, among them)."""
+    from stepscope import library
+    from stepscope.analysis import launch
+
+    for name in ("llama8b_decode_b1_eager.sqlite", "llama8b_decode_b1_eager_tp2.sqlite",
+                 "round5/llama8b_decode_b1_bare.sqlite"):
+        inv = library.load(need(FIXTURES / name), cache=False)
+        got, _ = launch.launch_summary(inv)
+
+        def joined(col, keys, values):  # the plain way: a hash lookup by step, as the join did
+            t = pl.DataFrame({"step": keys, "_v": values})
+            return pl.col(col).replace_strict(t["step"], t["_v"], default=None, return_dtype=values.dtype)
+        with monkeypatch.context() as m:
+            m.setattr(launch, "lookup", joined)
+            want, _ = launch.launch_summary(inv)
+        assert got.equals(want), name
+        assert got["latency_median_ns"].null_count() < got.height

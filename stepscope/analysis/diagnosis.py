@@ -104,8 +104,21 @@ class Diagnosis:
                 .group_by("step", maintain_order=True).head(TOP_GAPS))
 
 
-def diagnose(inv: Inventory, calibration=None) -> Diagnosis:
-    """`calibration`: the what-if's (whatif.Calibration; None: whatif.active())."""
+# The frames of a Diagnosis that depend on the inventory alone (not on the what-if's
+# calibration): what calibration_free() computes and diagnose() takes back (library.py keeps
+# them beside a one-shot analysis). `top_gaps` stands for the per-gap frame, which a one-shot run reads only
+# through top_gaps(); `gaps` then holds no row.
+CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp",
+                    "prologue", "engine", "collective_ranks", "collective_kernels", "collective_steps",
+                    "collective_work", "untraced_replay", "replay_figures")
+
+
+def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
+    """The CALIBRATION_FREE frames of `inv`'s diagnosis (`gaps` whole, `top_gaps` None: taken from it)."""
+    from stepscope.analysis.anatomy import anatomy
+    from stepscope.analysis.untraced import replay_ends
+    from stepscope.analysis.whatif import prologue, replay_figures
+
     gaps = find_gaps(inv)
     hist = histogram(gaps)
     totals = gap_totals(gaps, inv.step_ids(), hist)
@@ -113,20 +126,32 @@ def diagnose(inv: Inventory, calibration=None) -> Diagnosis:
     coll = collectives(inv)
     f = floors(inv, launch, totals=totals, work=coll.work)
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
-    from stepscope.analysis.anatomy import anatomy
+    pro = prologue(inv)
+    return dict(gaps=gaps, top_gaps=None, gap_totals=totals, histogram=hist, launch=launch, launch_by_api=by_api,
+                floors=f, tp=tp, prologue=pro, engine=anatomy(inv), collective_ranks=coll.ranks,
+                collective_kernels=coll.kernels, collective_steps=coll.steps, collective_work=coll.work,
+                untraced_replay=replay_ends(inv), replay_figures=replay_figures(inv, pro))
+
+
+def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | None = None) -> Diagnosis:
+    """`calibration`: the what-if's (whatif.Calibration; None: whatif.active()).
+    `known`: calibration_free(inv), when already known."""
+    m = calibration_free(inv) if known is None else known
     from stepscope.analysis.untraced import untraced
-    from stepscope.analysis.whatif import active, measure, prologue
+    from stepscope.analysis.whatif import active, measure
     from stepscope.paths import shown
 
+    coll = Collectives(m["collective_ranks"], m["collective_kernels"], m["collective_steps"], m["collective_work"])
+    launch, f, pro = m["launch"], m["floors"], m["prologue"]
     calibration = active() if calibration is None else calibration
-    pro = prologue(inv)
     graph = predict_graph_step(inv, calibration, work=f, pro=pro)
-    untr = untraced(inv, launch, f, pro, calibration)
+    untr = untraced(inv, launch, f, pro, calibration, m["untraced_replay"])
     return Diagnosis(
-        inv=inv, gaps=gaps, gap_totals=totals, histogram=hist,
-        launch=launch, launch_by_api=by_api, floors=f,
-        graph_prediction=graph, collectives=coll, tp=tp,
-        untraced=untr, engine=anatomy(inv), prologue=pro, verdicts=verdicts(f, graph, untr),
-        replay=measure(inv, shown(inv.trace.path), pro, f) if not inv.graph_steps.is_empty() else None,
-        calibration=calibration,
+        inv=inv, gaps=m["gaps"], gap_totals=m["gap_totals"], histogram=m["histogram"],
+        launch=launch, launch_by_api=m["launch_by_api"], floors=f,
+        graph_prediction=graph, collectives=coll, tp=m["tp"],
+        untraced=untr, engine=m["engine"], prologue=pro, verdicts=verdicts(f, graph, untr),
+        replay=(measure(inv, shown(inv.trace.path), pro, f, m["replay_figures"]) if not inv.graph_steps.is_empty()
+                else None),
+        calibration=calibration, _top_gaps=m["top_gaps"],
     )

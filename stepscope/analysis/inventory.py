@@ -62,6 +62,44 @@ class Inventory:
     launch_config: LaunchConfigReader | None = None
     # what a serving process ran before its first engine step (analysis/startup.py): one row per process
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
+    # the key under which this one-shot analysis is kept beside its export's cached frames
+    # (library.load), None when it is not: its diagnosis is kept under the same key
+    kept: str | None = field(default=None, repr=False, compare=False)
+
+    def frames(self) -> dict[str, pl.DataFrame]:
+        """The inventory's frames by field name (FRAME_FIELDS): what restored() takes back."""
+        return {f: getattr(self, f) for f in FRAME_FIELDS}
+
+    @classmethod
+    def restored(cls, trace: Trace, frames: dict, warnings: list[str],
+                 launch_config: LaunchConfigReader | None = None) -> "Inventory":
+        """The inventory whose frames() were `frames` and whose own warnings (beyond the
+        trace's) were `warnings`, over `trace` as read again. Activities come back sorted by
+        (step, start) with the step-less last, as analyze_trace leaves them. The activities and
+        launch calls may be given as functions that read them, with `acts_empty` and
+        `launch_calls_empty` (their columns, no row): read when first asked for, never when the
+        per-event frames are let go first (drop_event_frames), as a one-shot document does."""
+        late = {f: frames[f] for f in LATE_FIELDS if callable(frames.get(f))}
+        need = set(FRAME_FIELDS) | {f"{f}_empty" for f in late}
+        if not need <= set(frames) <= set(FRAME_FIELDS) | {f"{f}_empty" for f in LATE_FIELDS}:
+            raise ValueError(f"an inventory has the frames {FRAME_FIELDS}, not {tuple(frames)}")
+        given = {f: (pl.DataFrame() if f in late else frames[f]) for f in FRAME_FIELDS}
+        inv = cls(trace=trace, warnings=list(trace.warnings) + list(warnings), launch_config=launch_config, **given)
+        if late:
+            for f in late:
+                del inv.__dict__[f]
+            inv.__dict__["_late"] = (late, {f: frames[f"{f}_empty"] for f in late})
+        return inv
+
+    def __getattr__(self, name: str):
+        # reached only when normal lookup fails: a frame restored() left to be read when asked for
+        late = self.__dict__.get("_late")
+        if name not in LATE_FIELDS or late is None:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        for f, read in late[0].items():
+            self.__dict__[f] = read()
+        del self.__dict__["_late"]
+        return self.__dict__[name]
 
     def step_acts(self, step: int) -> pl.DataFrame:
         """One step's activities, with every kernel's grid and block (with_launch_config)."""
@@ -115,6 +153,9 @@ class Inventory:
         """Empty the per-event frames (activities, API calls, launch calls, the trace's tables),
         keeping the per-step results: for a one-shot renderer that has what it needs and
         would otherwise hold a million-row frame per column through its output."""
+        late = self.__dict__.pop("_late", None)
+        if late is not None:  # never read: their columns stand for them
+            self.__dict__.update(late[1])
         self.acts, self.api, self.launch_calls = self.acts.clear(), self.api.clear(), self.launch_calls.clear()
         self.trace.drop_event_frames()
 
@@ -132,6 +173,11 @@ class Inventory:
         chk = s.select("step", "kernel_time_sum_ns", "n_kernels").join(kt, on="step", how="left").fill_null(0)
         assert (chk["t"] == chk["kernel_time_sum_ns"]).all()
         assert (chk["n"] == chk["n_kernels"]).all()
+
+
+FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
+                "framework", "framework_ops", "graph_steps", "startup")
+LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored may read only when asked for
 
 
 def _joined_dims(a: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
@@ -407,14 +453,16 @@ def _phase_evidence(acts: pl.DataFrame, phases: pl.DataFrame, names: pl.DataFram
 def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(step, class, count, time_ns) and (step, name, demangled, class, count, time_ns)."""
     count_time = (pl.len().cast(pl.Int64).alias("count"), (pl.col("end") - pl.col("start")).sum().alias("time_ns"))
+    per_name = group_by_packed(a, ["step", "name", "demangled", "class"], *count_time)
+    # each (step, class) sums its names' rows: one group-by of the activities, not two (a
+    # name has one class per step, so the per-name table is a partition of the class's rows)
     classes = (
-        group_by_packed(a, ["step", "class"], *count_time)
+        group_by_packed(per_name, ["step", "class"], pl.col("count").sum(), pl.col("time_ns").sum())
         .select("step", pl.col("class").cast(pl.String), "count", "time_ns")
         .sort("step", "time_ns", "class", descending=[False, True, False])
     )
     kernels = _by_step_and_time(
-        group_by_packed(a, ["step", "name", "demangled", "class"], *count_time)
-        .select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns"))
+        per_name.select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns"))
     return classes, kernels
 
 

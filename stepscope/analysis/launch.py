@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.analysis.frames import group_by_packed, sorted_by
+from stepscope.analysis.frames import group_by_packed, lookup, sorted_by
 from stepscope.analysis.inventory import Inventory
 
 
@@ -56,8 +56,8 @@ def launch_summary(inv: Inventory, calls: pl.DataFrame | None = None) -> tuple[p
     k = inv.in_steps("step", "start", "launch_start", "launch_end", "prev_end")
     before = inv.steps.select("step", "device", "step_begin", "last_end").sort("device", "step_begin").with_columns(
         prev_step_end=pl.col("last_end").shift(1).over("device")).select("step", "prev_step_end")
-    k = k.join(before, on="step", how="left").with_columns(
-        _busy=pl.max_horizontal("prev_end", "prev_step_end"))
+    # one gather from a table by step id, not a join of a million rows (frames.lookup)
+    k = k.with_columns(_busy=pl.max_horizontal("prev_end", lookup("step", before["step"], before["prev_step_end"])))
     ready = pl.max_horizontal("launch_start", "_busy")
     behind = pl.when(pl.col("launch_start").is_not_null()).then(
         (pl.col("_busy") - pl.col("launch_start")).clip(lower_bound=0).fill_null(0))

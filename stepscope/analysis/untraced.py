@@ -63,15 +63,40 @@ def is_vllm_step() -> pl.Expr:
 
 
 def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
-             pro: pl.DataFrame | None = None) -> pl.DataFrame:
+             pro: pl.DataFrame | None = None, ends: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: (step, estimated_ns) — see the module docstring. `work`: (step,
     device_floor_ns), the device work the steady-state (vLLM) estimate uses; `calibration`: the
-    what-if's (whatif.point_of), whose node gap that estimate adds.
+    what-if's (whatif.point_of), whose node gap that estimate adds; `ends`: replay_ends(inv),
+    when already known."""
+    steps = inv.steps.select("step", "step_begin", "step_end", "last_end", "n_kernels", "gpu_busy_ns",
+                             "name").sort("step")
+    ends = replay_ends(inv) if ends is None else ends
+    s = steps.with_columns(ends["host_end"], ends["gpu_end"], ends["_call_end"])  # both in step order
+    if work is not None:
+        s = s.join(work.select("step", "device_floor_ns"), on="step", how="left")
+    else:
+        s = s.with_columns(pl.col("gpu_busy_ns").alias("device_floor_ns"))
+    # what the host did after the step's last CUDA work inside its window (Python, bookkeeping):
+    # no CUDA call, so no tracing to take out; it follows the replayed step unchanged
+    s = s.with_columns(
+        (pl.col("step_end") - pl.max_horizontal("last_end", "_call_end")).clip(lower_bound=0)
+        .fill_null(0).alias("_tail"))
+    replay = (pl.max_horizontal("gpu_end", "host_end") + pl.col("_tail") - pl.col("step_begin"))
+    steady = pl.max_horizontal(pl.col("host_end") + pl.col("_tail") - pl.col("step_begin"),
+                               pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration, pro).node_gap_ns)
+    est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
+    return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
+
+
+def replay_ends(inv: Inventory) -> pl.DataFrame:
+    """Per step in step order: (step, host_end, gpu_end, _call_end) — when the deflated host
+    issues the step's last call, when the device finishes its replayed work, and the end of its
+    last launch call (null where none): what estimate() needs of the activities, which no
+    calibration changes.
 
     Linear in the number of activities and launch calls, in numpy over a handful of columns
     (a million-kernel trace is estimated without copying its activity frame)."""
-    steps = inv.steps.select("step", "step_begin", "step_end", "last_end", "n_kernels", "gpu_busy_ns",
-                             "name").sort("step")
+    steps = inv.steps.select("step", "step_begin").sort("step")
     sid = steps["step"].to_numpy()
     begin = steps["step_begin"].to_numpy().astype(np.int64)
     n = sid.size
@@ -138,23 +163,10 @@ def estimate(inv: Inventory, work: pl.DataFrame | None = None, calibration=None,
         ready += S
         gpu_end[a_step[a_starts]] = np.maximum.reduceat(ready, a_starts)
         del S, ready
-    s = steps.with_columns(pl.Series("host_end", host_end).replace(np.iinfo(np.int64).min, None),
-                           pl.Series("gpu_end", gpu_end).replace(np.iinfo(np.int64).min, None))
-    if work is not None:
-        s = s.join(work.select("step", "device_floor_ns"), on="step", how="left")
-    else:
-        s = s.with_columns(pl.col("gpu_busy_ns").alias("device_floor_ns"))
-    # what the host did after the step's last CUDA work inside its window (Python, bookkeeping):
-    # no CUDA call, so no tracing to take out; it follows the replayed step unchanged
     last_call = calls.group_by("step").agg(pl.col("end").max().alias("_call_end"))
-    s = s.join(last_call, on="step", how="left").with_columns(
-        (pl.col("step_end") - pl.max_horizontal("last_end", "_call_end")).clip(lower_bound=0)
-        .fill_null(0).alias("_tail"))
-    replay = (pl.max_horizontal("gpu_end", "host_end") + pl.col("_tail") - pl.col("step_begin"))
-    steady = pl.max_horizontal(pl.col("host_end") + pl.col("_tail") - pl.col("step_begin"),
-                               pl.col("device_floor_ns") + pl.col("n_kernels") * point_of(inv, calibration, pro).node_gap_ns)
-    est = pl.when(is_vllm_step()).then(steady).otherwise(replay)
-    return s.select("step", est.round(0).cast(pl.Int64).alias("estimated_ns")).sort("step")
+    return steps.select("step", pl.Series("host_end", host_end).replace(np.iinfo(np.int64).min, None),
+                        pl.Series("gpu_end", gpu_end).replace(np.iinfo(np.int64).min, None)).join(
+        last_call, on="step", how="left", maintain_order="left")
 
 
 def _positions(sid: np.ndarray, steps: pl.Series) -> np.ndarray:
@@ -212,12 +224,12 @@ def measured(inv: Inventory) -> pl.DataFrame:
 
 
 def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
-             pro: pl.DataFrame | None = None, calibration=None) -> pl.DataFrame:
+             pro: pl.DataFrame | None = None, calibration=None, ends: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step, the SCHEMA columns: the untraced step time and its source, the estimate, and
-    the untraced Equation 1.3 (verdict, CPU floor) and graph what-if."""
+    the untraced Equation 1.3 (verdict, CPU floor) and graph what-if. `ends`: replay_ends(inv)."""
     work = floors.select("step", "device_floor_ns")
     pro = prologue(inv) if pro is None else pro
-    est = estimate(inv, work, calibration, pro)
+    est = estimate(inv, work, calibration, pro, ends)
     gc = point_of(inv, calibration, pro)
     meas = measured(inv)
     sc = inv.trace.sidecar

@@ -278,11 +278,12 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
 
 
 def measure(inv: Inventory, source: str, pro: pl.DataFrame | None = None,
-            work: pl.DataFrame | None = None) -> Capture | None:
+            work: pl.DataFrame | None = None, figures: pl.DataFrame | None = None) -> Capture | None:
     """The calibration capture of a graph trace: the medians of replay_figures over its replay
-    steps (None without one). `work`: (step, device_floor_ns), e.g. floors(); else GPU busy."""
+    steps (None without one). `work`: (step, device_floor_ns), e.g. floors(); else GPU busy.
+    `figures`: replay_figures(inv, pro), when already known."""
     pro = prologue(inv) if pro is None else pro
-    f = replay_figures(inv, pro)
+    f = replay_figures(inv, pro) if figures is None else figures
     if f.is_empty():
         return None
     w = (inv.steps.select("step", pl.col("gpu_busy_ns").alias("device_floor_ns")) if work is None

@@ -9,11 +9,15 @@ from stepscope.model import Trace
 from stepscope.paths import input_file, shown
 
 
-def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
+def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None,
+               events: bool = True) -> Trace:
     """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it.
-    The trace can read itself again (Trace.reread), as long as its file is unchanged."""
+    The trace can read itself again (Trace.reread), as long as its file is unchanged.
+    `events=False`: a hit of the Parquet cache leaves the kernel, memop and API frames unread
+    until one is asked for (then the trace is read again): for a caller that may find what it
+    would compute from them already kept (library.load)."""
     before = file_identity(Path(path))
-    trace = _read_trace(path, launch_config, cache)
+    trace = _read_trace(path, launch_config, cache, events)
     trace.reread = _rereader(Path(path), before, launch_config, cache)
     from stepscope.ingest.sidecar import read_sidecar
 
@@ -55,7 +59,8 @@ def _gzipped_sqlite(path: Path) -> bool:
         return False
 
 
-def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None) -> Trace:
+def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None,
+                events: bool = True) -> Trace:
     """Read any supported trace file, dispatching on its content rather than trusting its name.
 
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
@@ -81,7 +86,7 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         from stepscope.ingest.report import exported
 
         # exported once with the user's nsys, into a cache folder (never beside the report)
-        return _read_trace(exported(path), launch_config, cache)
+        return _read_trace(exported(path), launch_config, cache, events)
     if head.startswith(b"SQLite format 3"):
         from stepscope.ingest import cache as trace_cache
         from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
@@ -91,12 +96,12 @@ def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None
         if use_cache:
             # taken before the read: store() compares it after, and skips a file written meanwhile
             fp = trace_cache.fingerprint(path)
-            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp, distrust)
+            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp, distrust, events)
             if hit is not None:
                 return hit
         trace = read_nsys_sqlite(path, launch_config)
         if use_cache:
-            trace.cache_entry = trace_cache.store(trace, path, launch_config, fp)
+            trace.cache_entry = trace.cache_dir = trace_cache.store(trace, path, launch_config, fp)
         trace.warnings = trace.warnings + distrust
         return trace
     if head[:2] == b"\x1f\x8b" and _gzipped_sqlite(path):

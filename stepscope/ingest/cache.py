@@ -174,7 +174,7 @@ class _Mismatch(Exception):
     """A frame's bytes are not those its entry's meta.json names."""
 
 
-def _read_entry(d: Path, key: str, launch_config: bool) -> tuple[dict, dict] | None:
+def _read_entry(d: Path, key: str, launch_config: bool, events: bool = True) -> tuple[dict, dict] | None:
     """meta and frames of an entry, or None when any part is missing, unreadable or of another
     shape than this version's model; _Mismatch when a file's checksum is not its meta's."""
     try:
@@ -182,7 +182,7 @@ def _read_entry(d: Path, key: str, launch_config: bool) -> tuple[dict, dict] | N
         if not _meta_ok(m, key):
             return None
         frames = {}
-        for f in FRAMES:
+        for f in FRAMES if events else [f for f in FRAMES if f not in model.EVENT_FRAMES]:
             data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
             if _digest(data) != m["sha256"][f]:
                 raise _Mismatch(f)
@@ -198,9 +198,11 @@ def _read_entry(d: Path, key: str, launch_config: bool) -> tuple[dict, dict] | N
 
 
 def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | None = None,
-         warnings: list[str] | None = None) -> Trace | None:
+         warnings: list[str] | None = None, events: bool = True) -> Trace | None:
     """The cached trace of `path` as it is now, or None. A damaged entry is removed; why an
-    entry was not trusted is appended to `warnings` (one line each)."""
+    entry was not trusted is appended to `warnings` (one line each). `events=False`: the
+    kernel, memop and API frames are left unread, as if let go with Trace.drop_event_frames
+    (read again through Trace.reread when asked for)."""
     key = _key(path, launch_config, schema_version, fp)
     say = warnings.append if warnings is not None else (lambda w: None)
     for root in _roots(path):
@@ -216,7 +218,7 @@ def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | 
             say(f"cache entry {d} not used: {why}; the export was read instead")
             continue
         try:
-            got = _read_entry(d, key, launch_config)
+            got = _read_entry(d, key, launch_config, events)
         except _Mismatch as e:
             say(f"cache entry {d} not used: {e}.parquet does not match its checksum (damaged or "
                 "altered); the export was read instead and the entry written anew")
@@ -229,7 +231,11 @@ def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | 
             os.utime(d)  # its age is its last use: the size budget prunes the least recently used
         except OSError:
             pass
-        return Trace(path=path, **frames, **{k: m[k] for k in SCALARS})
+        unread = {f: model.empty(_columns(f, launch_config)) for f in model.EVENT_FRAMES if f not in frames}
+        trace = Trace(path=path, **frames, **unread, **{k: m[k] for k in SCALARS}, cache_dir=d)
+        if unread:
+            trace.drop_event_frames(reread=True)
+        return trace
     return None
 
 
@@ -252,9 +258,8 @@ def prune(root: Path, keep: Path | None = None, now: float | None = None) -> lis
                 shutil.rmtree(e.path, ignore_errors=True)
                 removed.append(Path(e.path))
         elif stat.S_ISDIR(st.st_mode) and Path(e.path) != keep:
-            size = sum(f.stat().st_size for f in Path(e.path).iterdir() if f.is_file())
-            entries.append((st.st_mtime, size, Path(e.path)))
-    total = sum(s for _, s, _ in entries) + (sum(f.stat().st_size for f in keep.iterdir()) if keep else 0)
+            entries.append((st.st_mtime, _size(Path(e.path)), Path(e.path)))
+    total = sum(s for _, s, _ in entries) + (_size(keep) if keep else 0)
     for _, size, d in sorted(entries):
         if total <= budget():
             break
@@ -262,6 +267,11 @@ def prune(root: Path, keep: Path | None = None, now: float | None = None) -> lis
         removed.append(d)
         total -= size
     return removed
+
+
+def _size(d: Path) -> int:
+    """The bytes of an entry's files, its derived entries' (load_derived) included."""
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) -> Path | None:
@@ -304,3 +314,101 @@ def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) 
         except (OSError, pl.exceptions.PolarsError):
             shutil.rmtree(tmp, ignore_errors=True)
     return None
+
+
+# --- derived entries ---------------------------------------------------------------------------
+# An analysis of an entry's frames may keep frames of its own inside that entry, under a key it
+# computes (the options and code the result depends on): removed with the entry, pruned with it,
+# and checked like it (trusted folder, meta.json field by field, a SHA-256 per file). One per
+# `name`: storing another replaces it. Written uncompressed: read back it costs a third of LZ4's
+# time on a million rows, and it is a second read of the same export.
+
+DERIVED_FORMAT = 1
+
+
+def _derived(entry: Path, name: str, key: str) -> Path:
+    return entry / f"{name}-{key}"
+
+
+def load_derived(entry: Path | None, name: str, key: str, lazy: tuple[str, ...] = ()
+                 ) -> tuple[dict[str, pl.DataFrame], dict] | None:
+    """(frames, extra) that store_derived() kept in `entry` under `name` and `key`, or None (a
+    damaged or untrusted one is removed or ignored; a miss either way). The frames named in
+    `lazy` are not read: each is a function that reads it (checksum checked then; InputError when
+    the entry changed meanwhile), for a caller that may never ask for it."""
+    if entry is None or untrusted(entry) is not None:
+        return None
+    d = _derived(entry, name, key)
+    if not (d / "meta.json").exists() or untrusted(d) is not None:
+        return None
+    try:
+        m = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+        ok = (isinstance(m, dict) and m.get("derived_format") == DERIVED_FORMAT and m.get("key") == key
+              and isinstance(m.get("sha256"), dict) and isinstance(m.get("extra"), dict)
+              and all(isinstance(k, str) and isinstance(v, str) for k, v in m["sha256"].items()))
+        frames = {}
+        for f, digest in (m["sha256"].items() if ok else ()):
+            if f in lazy:
+                ok = (d / f"{f}.parquet").is_file()
+                frames[f] = _reader(d, f, digest)
+            else:
+                frames[f] = _frame_of(d, f, digest)
+            if not ok:
+                break
+    except (Exception, pl.exceptions.PanicException):
+        ok = False
+    if not ok:
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+    return frames, m["extra"]
+
+
+def _frame_of(d: Path, f: str, digest: str) -> pl.DataFrame:
+    data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
+    if _digest(data) != digest:
+        raise _Mismatch(f)
+    return pl.read_parquet(data)
+
+
+def _reader(d: Path, f: str, digest: str):
+    def read() -> pl.DataFrame:
+        try:
+            return _frame_of(d, f, digest)
+        except (Exception, pl.exceptions.PanicException):
+            shutil.rmtree(d, ignore_errors=True)
+            from stepscope.errors import InputError
+
+            raise InputError(f"cache entry {d} changed while it was in use: run the command again (or with "
+                             "--no-cache)") from None
+    return read
+
+
+def store_derived(entry: Path | None, name: str, key: str, frames: dict[str, pl.DataFrame],
+                  extra: dict) -> Path | None:
+    """Keep `frames` (names: identifiers) and `extra` (JSON) in `entry` under `name` and `key`,
+    atomically, replacing any other of that name; None when it cannot be written."""
+    if entry is None or untrusted(entry) is not None or not entry.is_dir():
+        return None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry))
+    except OSError:
+        return None
+    try:
+        sums = {}
+        for f, df in frames.items():
+            buf = io.BytesIO()
+            df.write_parquet(buf, compression="uncompressed")
+            data = buf.getvalue()
+            (tmp / f"{f}.parquet").write_bytes(data)
+            sums[f] = _digest(data)
+        meta = {"derived_format": DERIVED_FORMAT, "key": key, "sha256": sums, "extra": extra}
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        for old in entry.glob(f"{name}-*"):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+        final = _derived(entry, name, key)
+        tmp.rename(final)
+        return final
+    except (OSError, pl.exceptions.PolarsError, TypeError, ValueError):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
