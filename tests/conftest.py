@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from typer.testing import CliRunner as _TyperRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,30 @@ EXTERNAL_FILES = sorted(EXTERNAL.glob("*.sqlite"))
 # the what-if reads the user's calibration file when there is one (whatif.default_calibration):
 # the suite's figures are the bundled calibration's, whatever the machine's config holds
 os.environ["XDG_CONFIG_HOME"] = str(ROOT / "tests" / "no-user-config")
+
+
+# ---------------------------------------------------------------- property tests (hypothesis)
+# A developer's run (and .ci/run's first pass) draws few examples a property; .ci/run's second
+# pass runs every property test again with HYPOTHESIS_PROFILE=stepscope-ci, the full setting (the
+# same examples every run); stepscope-explore draws many fresh ones. `examples(full, quick)` is a
+# test's example count under the chosen profile.
+_HC = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+settings.register_profile("stepscope-quick", max_examples=10, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_HC)
+settings.register_profile("stepscope-ci", max_examples=30, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_HC)
+settings.register_profile("stepscope-explore", max_examples=500, deadline=None, database=None,
+                          suppress_health_check=_HC)
+_CHOSEN = os.environ.get("HYPOTHESIS_PROFILE", "")
+PROFILE_NAME = _CHOSEN if _CHOSEN.startswith("stepscope-") else "stepscope-quick"
+PROFILE = settings.get_profile(PROFILE_NAME)
+
+
+def examples(full: int, quick: int) -> settings:
+    """A property's settings: `full` examples under stepscope-ci, `quick` by default (a property
+    slow per example: each runs commands on a whole export), many under stepscope-explore."""
+    n = {"stepscope-quick": quick, "stepscope-ci": full}.get(PROFILE_NAME, PROFILE.max_examples)
+    return settings(PROFILE, max_examples=n)
 
 
 def need(path: Path) -> Path:
@@ -147,5 +172,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.adbc)
         if module not in POLARS_FREE_MODULES:
             item.add_marker(pytest.mark.polars_compat)
-        if module == "test_fuzz_fixtures":
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
