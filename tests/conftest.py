@@ -12,6 +12,7 @@ import hashlib
 import os
 import sqlite3
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,12 @@ def need(path: Path) -> Path:
     return path
 
 
-_GUNZIPPED: dict[Path, Path] = {}
+# tests import this module both as `conftest` (pytest's name for it) and as `tests.conftest`: the
+# caches below are one set for both copies (per test process: each xdist worker has its own)
+_SHARED = sys.modules.setdefault("stepscope_tests_shared", types.ModuleType("stepscope_tests_shared"))
+if not hasattr(_SHARED, "gunzipped"):
+    _SHARED.gunzipped, _SHARED.diagnoses = {}, {}
+_GUNZIPPED: dict[Path, Path] = _SHARED.gunzipped
 
 
 def gunzipped(path: Path) -> Path:
@@ -86,6 +92,22 @@ def gunzipped(path: Path) -> Path:
 
 
 SERVING = FIXTURES / "serving"
+
+
+def serving_export(mode: str) -> Path:
+    """The 48-request vLLM serving run (graph or eager), unpacked."""
+    return gunzipped(SERVING / f"llama-3.1-8b_serve_r48_s0_{mode}.sqlite.gz")
+
+
+def serving_diagnosis(mode: str):
+    """diagnose(load(serving_export(mode), cache=False)), computed once per test process for the
+    modules that read it (its frames are polars frames: no test can change them in place)."""
+    if mode not in _SHARED.diagnoses:
+        from stepscope import library
+        from stepscope.analysis.diagnosis import diagnose
+
+        _SHARED.diagnoses[mode] = diagnose(library.load(serving_export(mode), None, None, cache=False))
+    return _SHARED.diagnoses[mode]
 
 
 def ro(path: Path) -> sqlite3.Connection:

@@ -276,12 +276,12 @@ def test_a_serving_report_keeps_its_queued_replays_in_the_run_view():
 
     from stepscope.analysis.reports_run import combine
     from stepscope.reports import report_result
-    from tests.conftest import SERVING, gunzipped
+    from tests.conftest import serving_diagnosis, serving_export
 
-    path = gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz")
+    path = serving_export("eager")
     r = report_result(path, cache=False)
     assert r.scheduling == "async"
-    d = library.diagnosis(path, None, None, cache=False)
+    d = serving_diagnosis("eager")  # library.diagnosis(path, cache=False), shared with the serving tests
     want = d.graph_prediction.select("step", "predicted_graph_step_time_ns", "predicted_graph_queued")
     got = combine([r]).steps.select("step", "predicted_graph_step_time_ns")
     both = want.join(got, on="step", suffix="_run")
