@@ -173,6 +173,31 @@ POLARS_FREE_MODULES = {
     "test_capture_torch_engine", "test_capture_commands", "test_capture_nsys", "test_capture_models",
     "test_docs", "test_layering", "test_native", "test_bench_rss", "test_hardening_paths",
 }
+# the modules whose tests share what a module fixture or cache computed once (a serving run's
+# diagnosis, eight reports written, the what-if pairs compared): under xdist (-n) each group runs
+# on one worker, so that work is done once, not once per worker; every other test goes to
+# whichever worker is free, as under xdist's default `--dist load`
+XDIST_GROUPS = {
+    "test_serving_run": "serving", "test_compare_runs": "serving", "test_many_reports": "many_reports",
+    "test_whatif": "whatif", "test_steps_without_ranges": "steps_without_ranges", "test_known_step": "known_step",
+    "test_selection_serving": "selection_serving", "test_columnar": "columnar", "test_vllm_fixtures": "vllm_fixtures",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `load` (what -n picks when no --dist is given) with XDIST_GROUPS kept together."""
+    if config.getvalue("dist") != "load":
+        return None  # an explicit other --dist
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            return XDIST_GROUPS.get(module, nodeid)
+
+    return Grouped(config, log)
+
+
 _EXTERNAL_TEXT: dict[str, bool] = {}
 
 
