@@ -123,6 +123,31 @@ def external(request) -> Path:
     return request.param
 
 
+def _built_once():
+    """typer builds the click command from the app's functions on every call of the app or of
+    CliRunner.invoke (~0.1 s for stepscope's commands); a real process builds it once. Built
+    once per test process here too, for the same app object (a suite of over a thousand
+    in-process command lines); the command it builds is the same each time."""
+    import typer.main
+    import typer.testing
+
+    if getattr(typer.main.get_command, "stepscope_once", False):
+        return  # this conftest imported under its second name
+    build, built = typer.main.get_command, {}
+
+    def get_command(typer_instance):
+        hit = built.get(id(typer_instance))
+        if hit is None or hit[0] is not typer_instance:
+            hit = built[id(typer_instance)] = (typer_instance, build(typer_instance))
+        return hit[1]
+
+    get_command.stepscope_once = True
+    typer.main.get_command = typer.testing._get_command = get_command
+
+
+_built_once()
+
+
 class _Boundary:
     """What CliRunner.invoke runs in place of `app`'s click command: the command line through
     stepscope.cli.run, main()'s one error boundary, so a test sees what the shell sees (bad input
