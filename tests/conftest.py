@@ -12,9 +12,11 @@ import hashlib
 import os
 import sqlite3
 import sys
+import types
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from typer.testing import CliRunner as _TyperRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +28,42 @@ EXTERNAL_FILES = sorted(EXTERNAL.glob("*.sqlite"))
 os.environ["XDG_CONFIG_HOME"] = str(ROOT / "tests" / "no-user-config")
 
 
+# ---------------------------------------------------------------- property tests (hypothesis)
+# A developer's run (and .ci/run's first pass) draws few examples a property; .ci/run's second
+# pass runs every property test again with HYPOTHESIS_PROFILE=stepscope-ci, the full setting (the
+# same examples every run); stepscope-explore draws many fresh ones. `examples(full, quick)` is a
+# test's example count under the chosen profile.
+_HC = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+settings.register_profile("stepscope-quick", max_examples=10, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_HC)
+settings.register_profile("stepscope-ci", max_examples=30, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_HC)
+settings.register_profile("stepscope-explore", max_examples=500, deadline=None, database=None,
+                          suppress_health_check=_HC)
+_CHOSEN = os.environ.get("HYPOTHESIS_PROFILE", "")
+PROFILE_NAME = _CHOSEN if _CHOSEN.startswith("stepscope-") else "stepscope-quick"
+PROFILE = settings.get_profile(PROFILE_NAME)
+
+
+def examples(full: int, quick: int) -> settings:
+    """A property's settings: `full` examples under stepscope-ci, `quick` by default (a property
+    slow per example: each runs commands on a whole export), many under stepscope-explore."""
+    n = {"stepscope-quick": quick, "stepscope-ci": full}.get(PROFILE_NAME, PROFILE.max_examples)
+    return settings(PROFILE, max_examples=n)
+
+
 def need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present")
     return path
 
 
-_GUNZIPPED: dict[Path, Path] = {}
+# tests import this module both as `conftest` (pytest's name for it) and as `tests.conftest`: the
+# caches below are one set for both copies (per test process: each xdist worker has its own)
+_SHARED = sys.modules.setdefault("stepscope_tests_shared", types.ModuleType("stepscope_tests_shared"))
+if not hasattr(_SHARED, "gunzipped"):
+    _SHARED.gunzipped, _SHARED.diagnoses = {}, {}
+_GUNZIPPED: dict[Path, Path] = _SHARED.gunzipped
 
 
 def gunzipped(path: Path) -> Path:
@@ -63,6 +94,22 @@ def gunzipped(path: Path) -> Path:
 SERVING = FIXTURES / "serving"
 
 
+def serving_export(mode: str) -> Path:
+    """The 48-request vLLM serving run (graph or eager), unpacked."""
+    return gunzipped(SERVING / f"llama-3.1-8b_serve_r48_s0_{mode}.sqlite.gz")
+
+
+def serving_diagnosis(mode: str):
+    """diagnose(load(serving_export(mode), cache=False)), computed once per test process for the
+    modules that read it (its frames are polars frames: no test can change them in place)."""
+    if mode not in _SHARED.diagnoses:
+        from stepscope import library
+        from stepscope.analysis.diagnosis import diagnose
+
+        _SHARED.diagnoses[mode] = diagnose(library.load(serving_export(mode), None, None, cache=False))
+    return _SHARED.diagnoses[mode]
+
+
 def ro(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
 
@@ -74,6 +121,31 @@ def sha256(path: Path) -> str:
 @pytest.fixture(params=EXTERNAL_FILES, ids=[p.name for p in EXTERNAL_FILES])
 def external(request) -> Path:
     return request.param
+
+
+def _built_once():
+    """typer builds the click command from the app's functions on every call of the app or of
+    CliRunner.invoke (~0.1 s for stepscope's commands); a real process builds it once. Built
+    once per test process here too, for the same app object (a suite of over a thousand
+    in-process command lines); the command it builds is the same each time."""
+    import typer.main
+    import typer.testing
+
+    if getattr(typer.main.get_command, "stepscope_once", False):
+        return  # this conftest imported under its second name
+    build, built = typer.main.get_command, {}
+
+    def get_command(typer_instance):
+        hit = built.get(id(typer_instance))
+        if hit is None or hit[0] is not typer_instance:
+            hit = built[id(typer_instance)] = (typer_instance, build(typer_instance))
+        return hit[1]
+
+    get_command.stepscope_once = True
+    typer.main.get_command = typer.testing._get_command = get_command
+
+
+_built_once()
 
 
 class _Boundary:
@@ -126,6 +198,31 @@ POLARS_FREE_MODULES = {
     "test_capture_torch_engine", "test_capture_commands", "test_capture_nsys", "test_capture_models",
     "test_docs", "test_layering", "test_native", "test_bench_rss", "test_hardening_paths",
 }
+# the modules whose tests share what a module fixture or cache computed once (a serving run's
+# diagnosis, eight reports written, the what-if pairs compared): under xdist (-n) each group runs
+# on one worker, so that work is done once, not once per worker; every other test goes to
+# whichever worker is free, as under xdist's default `--dist load`
+XDIST_GROUPS = {
+    "test_serving_run": "serving", "test_compare_runs": "serving", "test_many_reports": "many_reports",
+    "test_whatif": "whatif", "test_steps_without_ranges": "steps_without_ranges", "test_known_step": "known_step",
+    "test_selection_serving": "selection_serving", "test_columnar": "columnar", "test_vllm_fixtures": "vllm_fixtures",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `load` (what -n picks when no --dist is given) with XDIST_GROUPS kept together."""
+    if config.getvalue("dist") != "load":
+        return None  # an explicit other --dist
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            return XDIST_GROUPS.get(module, nodeid)
+
+    return Grouped(config, log)
+
+
 _EXTERNAL_TEXT: dict[str, bool] = {}
 
 
@@ -147,5 +244,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.adbc)
         if module not in POLARS_FREE_MODULES:
             item.add_marker(pytest.mark.polars_compat)
-        if module == "test_fuzz_fixtures":
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)

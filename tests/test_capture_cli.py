@@ -29,6 +29,19 @@ def cli(*args: str, env: dict | None = None, cwd: Path | None = None):
                           env=e, cwd=cwd or ROOT, timeout=300)
 
 
+def inproc(*args: str, env: dict | None = None):
+    """The same command line through main()'s error boundary in this process (a CompletedProcess
+    like cli's): the checks that import torch, which the real entry point's cases above and
+    below need not import again."""
+    from tests.conftest import CliRunner
+
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, list(args), env=env)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
 def one_error_line(cp) -> str:
     assert cp.returncode == 2, (cp.stdout, cp.stderr)
     assert "Traceback" not in cp.stderr
@@ -65,7 +78,7 @@ def test_bad_numbers_and_choices():
 
 
 def test_no_gpu_says_capture_needs_a_gpu():
-    line = one_error_line(cli("trace", "--engine", "torch", env=NO_GPU_PATH))
+    line = one_error_line(inproc("trace", "--engine", "torch", env=NO_GPU_PATH))
     assert "capture needs an NVIDIA GPU" in line
 
 
@@ -107,13 +120,13 @@ def test_doctor_on_this_cpu_box(monkeypatch):
 
 
 def test_doctor_command_plain_and_json():
-    cp = cli("doctor", env=NO_GPU_PATH)
+    cp = inproc("doctor", env=NO_GPU_PATH)
     assert cp.returncode == 0, cp.stderr
     out = " ".join(cp.stdout.split())
     for word in ("nsys", "ncu", "GPUs", "torch", "vLLM"):
         assert word in out
     assert "capture needs an NVIDIA GPU" in out
-    cp = cli("doctor", "--json", env=NO_GPU_PATH)
+    cp = inproc("doctor", "--json", env=NO_GPU_PATH)
     d = json.loads(cp.stdout)
     assert d["can_capture"] is False and d["gpus"]["count"] == 0
 

@@ -186,12 +186,15 @@ def test_engine_main_unknown_model(capsys):
     assert "unknown model" in capsys.readouterr().err
 
 
+def _tp_args(cfg: Path, tp: int, phase: str) -> list[str]:
+    return ["--model", str(cfg), "--device", "cpu", "--tp", str(tp), "--batch", "3", "--context", "6",
+            "--phase", phase, "--shard-from-full"]
+
+
 def _run_tp(cfg: Path, tp: int, phase: str) -> list[int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(tp), "-m", "stepscope.capture.engines.torch_engine", "--model", str(cfg),
-           "--device", "cpu", "--tp", str(tp), "--batch", "3", "--context", "6", "--phase",
-           phase, "--shard-from-full"]
+           str(tp), "-m", "stepscope.capture.engines.torch_engine", *_tp_args(cfg, tp, phase)]
     cp = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert cp.returncode == 0, cp.stderr[-3000:]
     line = [ln for ln in cp.stdout.splitlines() if "result=" in ln][0]
@@ -199,11 +202,13 @@ def _run_tp(cfg: Path, tp: int, phase: str) -> list[int]:
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_tensor_parallel_two_ranks_compute_the_same_step(tmp_path, phase):
+def test_tensor_parallel_two_ranks_compute_the_same_step(tmp_path, phase, capsys):
     # one KV head for two ranks (replicated), an odd vocabulary (padded LM-head shard), bias
     cfg = tiny(tmp_path, num_key_value_heads=1, vocab_size=103, model_type="qwen2",
                architectures=["Qwen2ForCausalLM"])
-    assert _run_tp(cfg, 2, phase) == _run_tp(cfg, 1, phase)
+    # the two ranks through torchrun on gloo; the one-rank step in this process (no torchrun:
+    # WORLD_SIZE unset is one rank, as torchrun's single process would be)
+    assert _run_tp(cfg, 2, phase) == _engine(capsys, *_tp_args(cfg, 1, phase))["next_tokens"]
 
 
 # --- Triton kernels vs the torch fallbacks, through Triton's CPU interpreter ----------------

@@ -17,11 +17,17 @@ from tests.conftest import EXTERNAL, FIXTURES, need, ro, sha256
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 
 
-def run_cli(*args):
-    """The real entry point in a subprocess: exit code, stdout, stderr (tracebacks show here)."""
-    p = subprocess.run([sys.executable, "-m", "stepscope", *map(str, args)], capture_output=True, text=True,
-                       timeout=120)
-    return p.returncode, p.stdout, p.stderr
+def run_cli(*args, real: bool = False):
+    """Exit code, stdout, stderr of the command line: through main()'s error boundary in this
+    process (an exception past it fails here), or with `real` the real entry point in a
+    subprocess (tracebacks show on its stderr); one case of each kind below takes the real one."""
+    if real:
+        p = subprocess.run([sys.executable, "-m", "stepscope", *map(str, args)], capture_output=True, text=True,
+                           timeout=120)
+        return p.returncode, p.stdout, p.stderr
+    r = CliRunner().invoke(app, [*map(str, args)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, r.stdout, r.stderr
 
 
 def test_json_contract_on_real_trace():
@@ -68,7 +74,7 @@ def test_default_is_the_bundled_trace():
 
 
 def test_terminal_report_names_the_verdict():
-    code, out, err = run_cli("analyze", EAGER)
+    code, out, err = run_cli("analyze", EAGER, real=True)
     assert code == 0 and err == ""
     assert "launch-bound" in out and "coverage: 100.0%" in out and "32 layers × 13 kernels" in out
     verdict = " ".join(out[out.index("Verdict:"):].split("step time")[0].split())
@@ -103,7 +109,7 @@ def _bad(tmp_path, kind):
 def test_bad_files_one_line_exit_2_untouched(tmp_path, kind, message):
     p = _bad(tmp_path, kind)
     before = sha256(p)
-    code, out, err = run_cli("analyze", p)
+    code, out, err = run_cli("analyze", p, real=kind == "truncated")
     assert code == 2
     assert out == "" and len(err.strip().splitlines()) == 1 and message in err
     assert "Traceback" not in err
@@ -123,7 +129,7 @@ NEEDS_SAXPY = pytest.mark.skipif(not SAXPY.exists(), reason=f"{SAXPY} not presen
     (["analyze", str(EAGER), "--steps", "7"], "no step 7"),
 ])
 def test_bad_arguments_one_line_exit_2(args, message):
-    code, out, err = run_cli(*args)
+    code, out, err = run_cli(*args, real=message == "no such file")
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 

@@ -13,24 +13,20 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SERVING, gunzipped
+from conftest import serving_diagnosis, serving_export
 from stepscope import library
-from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.run_compare import matched_pairs
 from stepscope.cli import app
 
 STEP_NAME = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-_D = {}
 
 
-def export(mode):
-    return gunzipped(SERVING / f"llama-3.1-8b_serve_r48_s0_{mode}.sqlite.gz")
+def export(mode: str):
+    return serving_export(mode)
 
 
-def diag(mode):
-    if mode not in _D:
-        _D[mode] = diagnose(library.load(export(mode), None, None, cache=False))
-    return _D[mode]
+def diag(mode: str):
+    return serving_diagnosis(mode)
 
 
 def sql_compositions(path) -> list[tuple[int, ...]]:

@@ -5,7 +5,7 @@ Whatever the damage: exit 0 with figures that hold together, or exit 2 with one 
 a traceback, a panic or exit 3; never a changed input (hashed before and after). Both read
 paths are drawn (ADBC and the sqlite3 fallback).
 
-The default `stepscope-quick` profile keeps a developer's run short (10 examples a property, the
+The default `stepscope-quick` profile (tests/conftest.py) keeps a developer's run short (10 examples a property, the
 same ones every run); `.ci/run` runs these tests again with HYPOTHESIS_PROFILE=stepscope-ci (30,
 the same ones every run: the full setting); HYPOTHESIS_PROFILE=stepscope-explore draws 500 fresh
 ones.
@@ -16,28 +16,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite
-from tests.conftest import FIXTURES
-
-settings.register_profile("stepscope-quick", max_examples=10, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("stepscope-ci", max_examples=30, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("stepscope-explore", max_examples=500, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-_CHOSEN = os.environ.get("HYPOTHESIS_PROFILE", "")
-PROFILE = settings.get_profile(_CHOSEN if _CHOSEN.startswith("stepscope-") else "stepscope-quick")
+from tests.conftest import FIXTURES, PROFILE
 
 SOURCES = sorted(FIXTURES.glob("*.sqlite"))
 CELLS = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"

@@ -28,6 +28,15 @@ def cli(*args, timeout=60):
     return p.returncode, p.stdout, p.stderr
 
 
+def inproc(*args):
+    """The same command line through main()'s error boundary in this process (argv decoded as
+    the interpreter decodes it: os.fsdecode), where no input could block: an exception past the
+    boundary fails the test."""
+    r = CliRunner().invoke(app, [*map(os.fsdecode, args)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, r.stdout, r.stderr
+
+
 def one_line_exit_2(code, err, *needles):
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -77,13 +86,13 @@ def _code_err(res):
 
 def test_directories_and_overlong_names_one_line(tmp_path):
     one_line_exit_2(*_code_err(cli("analyze", tmp_path)), "is a directory")
-    one_line_exit_2(*_code_err(cli("analyze", EAGER, "--rules", tmp_path)), "is a directory")
-    one_line_exit_2(*_code_err(cli("cells", "show", tmp_path)), "is a directory")
+    one_line_exit_2(*_code_err(inproc("analyze", EAGER, "--rules", tmp_path)), "is a directory")
+    one_line_exit_2(*_code_err(inproc("cells", "show", tmp_path)), "is a directory")
     long = tmp_path / ("a" * 300 + ".sqlite")
-    one_line_exit_2(*_code_err(cli("analyze", long)), "name too long")
-    one_line_exit_2(*_code_err(cli("export", EAGER, "-o", tmp_path / ("b" * 300 + ".json"))), "name too long")
+    one_line_exit_2(*_code_err(inproc("analyze", long)), "name too long")
+    one_line_exit_2(*_code_err(inproc("export", EAGER, "-o", tmp_path / ("b" * 300 + ".json"))), "name too long")
     # a folder on the way that is a file
-    one_line_exit_2(*_code_err(cli("analyze", EAGER.parent / "README.md" / "x.sqlite")), "Not a directory")
+    one_line_exit_2(*_code_err(inproc("analyze", EAGER.parent / "README.md" / "x.sqlite")), "Not a directory")
 
 
 def test_names_that_are_not_utf8_work(tmp_path):

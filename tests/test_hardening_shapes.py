@@ -15,12 +15,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tests.conftest import CliRunner
 
 from stepscope.cli import app
-from tests.conftest import FIXTURES, need, sha256
+from tests.conftest import FIXTURES, examples, need, sha256
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 R5_EAGER = FIXTURES / "round5" / "llama8b_decode_b1_eager.sqlite"
@@ -30,8 +30,9 @@ RAW = NCU / "h200_llama8b_ncu_raw.csv"
 STEP_CELLS = NCU / "step_torch_llama8b_decode_b1"
 CARD = json.loads((Path(__file__).resolve().parent.parent / "stepscope" / "data" / "cards" / "llama-3.1-8b.json")
                   .read_text())
-FEW = settings(max_examples=12, deadline=None, derandomize=True, database=None,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+# each example runs two or three commands on a whole export; the default run takes the full 12 too:
+# with 5, the TP and collective paths of report and budget (65 lines) went untested by default
+FEW = examples(full=12, quick=12)
 HUGE = [0, -1, 1, 2**31, 2**40, 2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64 + 1, 10**30]
 
 

@@ -169,10 +169,17 @@ def _damaged(run_dir, tmp_path) -> list[Path]:
     return [*run_dir[:3], bad, *run_dir[4:]]
 
 
-def test_a_damaged_report_ends_in_one_line_naming_it(run_dir, tmp_path):
+def test_a_damaged_report_ends_in_one_line_naming_it(run_dir, tmp_path, monkeypatch):
     reports = _damaged(run_dir, tmp_path)
     before = sha256(reports[3])
-    for args in ([], ["--workers", "2"]):
+    from stepscope.render import progress
+
+    # one after another (as without dask: its notice, tested above, kept off stderr here), then
+    # on a cluster of two workers (test_the_run_on_the_terminal runs the cluster of the default size)
+    dask, notice = distribute.have_dask, progress.notice
+    for serial, args in ((True, []), (False, ["--workers", "2"])):
+        monkeypatch.setattr(distribute, "have_dask", (lambda: False) if serial else dask)
+        monkeypatch.setattr(progress, "notice", (lambda _: None) if serial else notice)
         res = CliRunner().invoke(__import__("stepscope.cli", fromlist=["app"]).app,
                                  ["analyze", "--json", "--no-cache", *args, *map(str, reports)])
         assert res.exit_code == 2, res.output
@@ -197,18 +204,21 @@ def _hangs_on_node2(path, step_regex=None, rules=None, cache=True):
     return report_outcome(path, step_regex, rules, cache)
 
 
-@pytest.mark.parametrize("fn, timeout, match", [
-    (_dies_on_rank1_of_node1, 120, "node1_.*rank1.*worker analyzing it died"),
-    # 40 s: on a loaded 2-core box a healthy report can take over 12 s (it then was the one named)
-    (_hangs_on_node2, 40, "node2_.*rank0.*not analyzed after 40 s")], ids=["dies", "hangs"])
-def test_a_worker_that_dies_or_hangs_ends_in_one_line_naming_the_report(run_dir, fn, timeout, match):
+@pytest.mark.parametrize("fn, order, timeout, match", [
+    (_dies_on_rank1_of_node1, range(8), 120, "node1_.*rank1.*worker analyzing it died"),
+    # the hanging reports first, the healthy ones between: the run stops 10 s after the last
+    # report that finished, naming the first still running, node2's rank 0 however long the
+    # healthy reports take on a loaded box (listed after them, a healthy report slower than the
+    # limit was the one named)
+    (_hangs_on_node2, (4, 0, 1, 5), 10, "node2_.*rank0.*not analyzed after 10 s")], ids=["dies", "hangs"])
+def test_a_worker_that_dies_or_hangs_ends_in_one_line_naming_the_report(run_dir, fn, order, timeout, match):
     pytest.importorskip("distributed")
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(__import__(__name__))  # the worker processes cannot import tests/
     t0 = time.monotonic()
     with pytest.raises(distribute.ReportError) as e:
-        distribute.map_reports(run_dir, cache=False, workers=2, processes=True, timeout=timeout, fn=fn)
+        distribute.map_reports([run_dir[i] for i in order], cache=False, workers=2, processes=True, timeout=timeout, fn=fn)
     assert re.search(match, str(e.value)), str(e.value)
     assert "\n" not in str(e.value)
     assert time.monotonic() - t0 < 120
@@ -266,12 +276,12 @@ def test_a_serving_report_keeps_its_queued_replays_in_the_run_view():
 
     from stepscope.analysis.reports_run import combine
     from stepscope.reports import report_result
-    from tests.conftest import SERVING, gunzipped
+    from tests.conftest import serving_diagnosis, serving_export
 
-    path = gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz")
+    path = serving_export("eager")
     r = report_result(path, cache=False)
     assert r.scheduling == "async"
-    d = library.diagnosis(path, None, None, cache=False)
+    d = serving_diagnosis("eager")  # library.diagnosis(path, cache=False), shared with the serving tests
     want = d.graph_prediction.select("step", "predicted_graph_step_time_ns", "predicted_graph_queued")
     got = combine([r]).steps.select("step", "predicted_graph_step_time_ns")
     both = want.join(got, on="step", suffix="_run")

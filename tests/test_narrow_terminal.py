@@ -9,6 +9,7 @@ import re
 import pytest
 from tests.conftest import CliRunner
 
+from stepscope import distribute
 from stepscope.cli import app
 from tests.conftest import FIXTURES, SERVING, gunzipped, need
 
@@ -85,9 +86,12 @@ def _trace(path):
 @pytest.mark.parametrize("columns", [80, 120])
 @pytest.mark.parametrize("args", [[EAGER], [GRAPH], [TORCH], [TP2], [SERVE_EAGER], [EAGER, X2]],
                          ids=["eager", "graph", "torch-profiler", "tp2", "serving-run", "two-reports"])
-def test_analyze_at_80_and_120_columns(columns, args):
+def test_analyze_at_80_and_120_columns(columns, args, monkeypatch):
     """analyze: every line within the width, no number parted from its unit, no table cell cut;
     every class of the quoted step's class table on a row of its own, whole."""
+    if len(args) > 1:  # the reports one after another: the same run view as on a dask cluster
+        # (test_many_reports checks that), without a cluster's start (~10 s on this 2-core box)
+        monkeypatch.setattr(distribute, "have_dask", lambda: False)
     paths = [str(_trace(a)) for a in args]
     out = _run(columns, "analyze", *paths)
     rows = _fits(out, columns)

@@ -12,7 +12,7 @@ import sqlite3
 import polars as pl
 import pytest
 
-from conftest import SERVING, gunzipped
+from conftest import serving_diagnosis, serving_export
 from stepscope import library
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.run import run_view
@@ -22,16 +22,11 @@ STEP_NAME = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\
 
 
 def export(mode: str):
-    return gunzipped(SERVING / f"llama-3.1-8b_serve_r48_s0_{mode}.sqlite.gz")
-
-
-_DIAG = {}
+    return serving_export(mode)
 
 
 def diag(mode: str):
-    if mode not in _DIAG:
-        _DIAG[mode] = diagnose(library.load(export(mode), None, None, cache=False))
-    return _DIAG[mode]
+    return serving_diagnosis(mode)
 
 
 def sql_steps(path) -> list[dict]:

@@ -253,10 +253,20 @@ def serving(tmp_path_factory):
     return out
 
 
+_ITERATIONS: dict = {}
+
+
 def _iterations_sql(path) -> list[int]:
     """Kernels per engine iteration from vLLM's scheduler ranges, in SQL: every schedule() call
     writes one `schedule: update_after_schedule` range, and the iteration's launches follow it
-    up to the next one; iterations that launched nothing left out."""
+    up to the next one; iterations that launched nothing left out. Counted once per export (three
+    tests compare against the scoped run's), a fresh list each time."""
+    if path not in _ITERATIONS:
+        _ITERATIONS[path] = _iterations_counted(path)
+    return list(_ITERATIONS[path])
+
+
+def _iterations_counted(path) -> list[int]:
     con = ro(path)
     b = [s for (s,) in con.execute(f"""SELECT e.start FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'
                                        ORDER BY e.start""")]

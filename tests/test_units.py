@@ -3,9 +3,6 @@ step in µs, the same in the terminal and in the reports."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from tests.conftest import CliRunner
 
 from stepscope.cli import app
@@ -13,6 +10,14 @@ from stepscope.render.units import ms, ms_num, nbytes, tick, us, us_num
 from tests.conftest import FIXTURES, need, ro
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+
+
+def _term(*args: str, columns: int | None = None) -> str:
+    """A command's terminal output, through main()'s boundary in this process (a pipe's width
+    unless `columns`)."""
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns) if columns else None})
+    assert r.exit_code == 0, r.output
+    return r.stdout
 
 
 def test_formatters():
@@ -32,8 +37,7 @@ def test_terminal_and_reports_write_a_figure_alike(tmp_path):
                              JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'nvjet%'""").fetchone()[0]
     span_ns = con.execute("""SELECT max(e) - min(s) FROM (SELECT start s, end e FROM CUPTI_ACTIVITY_KIND_KERNEL
                              UNION ALL SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMSET)""").fetchone()[0]
-    term = subprocess.run([sys.executable, "-m", "stepscope", "analyze", str(EAGER)], capture_output=True,
-                          text=True, timeout=120).stdout
+    term = _term("analyze", str(EAGER))
     out = {}
     for ext in ("md", "html"):
         r = CliRunner().invoke(app, ["report", str(EAGER), "-o", str(tmp_path / f"r.{ext}")])
@@ -56,8 +60,7 @@ TORCH = FIXTURES / "torch_profiler" / "llama8b_decode_b1_eager.torch.json.gz"
 
 def _outputs(tmp_path, *args: str, report: tuple = ()) -> dict[str, str]:
     """The terminal output of `analyze`-like `args` and the Markdown and HTML reports of `report`."""
-    out = {"term": subprocess.run([sys.executable, "-m", "stepscope", *args], capture_output=True, text=True,
-                                  timeout=300, env={**__import__("os").environ, "COLUMNS": "200"}).stdout}
+    out = {"term": _term(*args, columns=200)}
     for ext in ("md", "html"):
         r = CliRunner().invoke(app, ["report", *report, "-o", str(tmp_path / f"r.{ext}")])
         assert r.exit_code == 0, r.output
@@ -87,8 +90,7 @@ def test_node_gaps_ratios_and_signs_alike_in_every_format(tmp_path):
 
     out = _outputs(tmp_path, "compare", str(need(EAGER)), str(need(GRAPH)),
                    report=(str(EAGER), "--compare", str(GRAPH)))
-    out["analyze"] = subprocess.run([sys.executable, "-m", "stepscope", "analyze", str(EAGER)], capture_output=True,
-                                    text=True, timeout=300).stdout
+    out["analyze"] = _term("analyze", str(EAGER))
     out["tp"] = CliRunner().invoke(app, ["tp", str(EAGER)], env={"COLUMNS": "200"}).stdout
     gaps = 0
     for fmt, text in out.items():

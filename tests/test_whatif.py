@@ -71,6 +71,21 @@ def fx(name: str):
     return gunzipped(gz) if gz.exists() else need(FIXTURES / f"{name}.sqlite")
 
 
+_COMPARED: dict[tuple[str, str], str] = {}
+
+
+def compared(eager: str, graph: str) -> dict:
+    """stepscope.compare of a committed pair with the bundled calibration (as the suite's config
+    holds none), computed once per worker for the tests that read it: a fresh copy each time
+    (the document's JSON text parsed again), so no test sees another's changes."""
+    if (eager, graph) not in _COMPARED:
+        from stepscope.calibration import default_calibration
+
+        assert default_calibration() is bundled()  # no user file, no calibrated() block around it
+        _COMPARED[eager, graph] = json.dumps(stepscope.compare(fx(eager), fx(graph)))
+    return json.loads(_COMPARED[eager, graph])
+
+
 # The step time of every NVTX step (torch: `step …` ranges; vLLM: an execute_context range's window
 # to the next schedule/step range on its thread), per thread: the later of the window's end and
 # the last end of the activities its launches issued, less the window's start.
@@ -136,7 +151,7 @@ def test_bundled_calibration_is_the_committed_graph_captures():
 
 @pytest.mark.parametrize("eager,graph", PAIRS + HELD_OUT + REPEATED, ids=[p[0] for p in PAIRS + HELD_OUT + REPEATED])
 def test_every_committed_pair_lies_inside_its_range(eager, graph):
-    doc = stepscope.compare(fx(eager), fx(graph))
+    doc = compared(eager, graph)
     measured = sql_step_times(fx(graph))[doc["b"]["rank"]["pid"] if "rank" in doc["b"] else
                                          next(iter(sql_step_times(fx(graph))))]
     assert doc["prediction_reference_ns"] == measured
@@ -175,7 +190,7 @@ def test_held_out_pairs(eager, graph):
     """Pairs no calibration capture comes from: the point within 10 % (vLLM llama-3.2-1b b32:
     −9.96 %), as docs/WHATIF.md reports."""
     assert not any(graph in c.source for c in bundled().captures)
-    doc = stepscope.compare(fx(eager), fx(graph))
+    doc = compared(eager, graph)
     err = 100 * doc["prediction_error"]
     assert err == pytest.approx(HELD_OUT_ERRORS[eager], abs=0.1) and abs(err) < 10
 
@@ -208,7 +223,7 @@ def test_point_within_10_percent_except_where_the_graph_runs_host_drifted():
     memset mode. B's own constants bring each within 2 %."""
     off = {"vllm/qwen7b_decode_b1_eager", "pairs/vllm_llama-3.2-1b_decode_b1_eager"}
     for eager, graph in PAIRS:
-        doc = stepscope.compare(fx(eager), fx(graph))
+        doc = compared(eager, graph)
         assert (abs(doc["prediction_error"]) < 0.10) == (eager not in off), eager
         assert abs(doc["with_b_constants"]["prediction_error"]) < 0.02 or eager.endswith("tp2"), eager
 
@@ -295,7 +310,7 @@ def test_calibrate_writes_a_file_later_commands_use(tmp_path, monkeypatch):
 
 
 def test_compare_says_what_the_prediction_would_have_been_with_bs_constants():
-    doc = stepscope.compare(fx("llama8b_decode_b8_eager"), fx("llama8b_decode_b8_graph"))
+    doc = compared("llama8b_decode_b8_eager", "llama8b_decode_b8_graph")
     wb = doc["with_b_constants"]
     assert wb["capture"]["graph_launch_lead_ns"] == pytest.approx(sql_lead(fx("llama8b_decode_b8_graph")), abs=0.5)
     assert abs(wb["prediction_error"]) < abs(doc["prediction_error"])
