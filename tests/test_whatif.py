@@ -203,7 +203,7 @@ def test_repeated_pairs():
         runs = [(f"{first}_eager", f"{first}_graph")] + [(n.format("eager"), n.format("graph")) for n in again]
         measured = [next(iter(sql_step_times(fx(g)).values())) for _, g in runs]
         assert max(measured) / min(measured) > 1.1 ** 2, (first, measured)
-        docs = [stepscope.compare(fx(e), fx(g)) for e, g in runs]
+        docs = [compared(e, g) for e, g in runs]
         assert [d["prediction_reference_ns"] for d in docs] == measured
         mean = statistics.fmean(measured)
         for (e, _), d in zip(runs, docs):
