@@ -15,6 +15,16 @@ import sys
 import types
 from pathlib import Path
 
+# The suite's own processes (xdist runs one worker per core, and the command-line tests start
+# more): one polars thread each, since on the small fixtures a thread pool per process adds only
+# wake-ups (about 9 % of the CPU of the analysis tests on the 2-core box); and compiled modules
+# kept, even where the environment says PYTHONDONTWRITEBYTECODE (this box does), so that each
+# worker and child process does not compile stepscope and rewrite the tests' asserts again
+# (__pycache__/ is git-ignored). Set before anything here imports polars or stepscope.
+os.environ.setdefault("POLARS_MAX_THREADS", "1")
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 import pytest
 from hypothesis import HealthCheck, settings
 from typer.testing import CliRunner as _TyperRunner
