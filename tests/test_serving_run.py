@@ -125,6 +125,8 @@ def test_the_run_view_adds_up(mode):
     assert [r["step_time_ns"] for r in v["slowest"]] == times[:5]
     assert v["throughput"]["tokens"] == int((s["prompt_tokens"] + s["decode_tokens"]).sum())
     assert sum(v["verdicts"].values()) == s.height
+    # the most frequent verdict first, ties by name: the document's bytes do not follow threads
+    assert list(v["verdicts"].items()) == sorted(v["verdicts"].items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def test_launch_latency_is_launching_and_queueing_its_own_figure():

@@ -104,7 +104,9 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
             # previous step's): counted in both steps' parts, taken out once here
             "overlap_ns": inside - total,
         },
-        "verdicts": {k: int(n) for k, n in s["verdict"].value_counts().iter_rows()},
+        # the most frequent first, ties by name: value_counts' own order follows its threads
+        "verdicts": {k: int(n) for k, n in s["verdict"].value_counts(name="n").sort(
+            ["n", "verdict"], descending=[True, False]).iter_rows()},
         "slowest": slowest,
         "throughput": {
             "tokens": None if tokens is None else int(tokens),
