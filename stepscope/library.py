@@ -68,10 +68,8 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
     ruleset = load_rules(rules)
     key = _analysis_key(t, step_regex, rules, memory, reader) if not launch_config else None
     if key is not None:
-        from stepscope.analysis.inventory import Inventory
+        from stepscope.analysis.inventory import LATE_FIELDS, Inventory
         from stepscope.ingest.cache import load_derived
-
-        from stepscope.analysis.inventory import LATE_FIELDS
 
         got = load_derived(t.cache_dir, "analysis", key, lazy=LATE_FIELDS)
         if got is not None:

@@ -183,10 +183,7 @@ def _read_entry(d: Path, key: str, launch_config: bool, events: bool = True) -> 
             return None
         frames = {}
         for f in FRAMES if events else [f for f in FRAMES if f not in model.EVENT_FRAMES]:
-            data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
-            if _digest(data) != m["sha256"][f]:
-                raise _Mismatch(f)
-            frames[f] = pl.read_parquet(io.BytesIO(data))
+            frames[f] = _frame_of(d, f, m["sha256"][f])
     except _Mismatch:
         raise
     except (Exception, pl.exceptions.PanicException):  # polars may panic on a damaged Parquet file
@@ -295,13 +292,7 @@ def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) 
         except OSError:
             continue
         try:
-            sums = {}
-            for f in FRAMES:
-                buf = io.BytesIO()
-                getattr(trace, f).write_parquet(buf, compression="lz4")
-                data = buf.getvalue()
-                (tmp / f"{f}.parquet").write_bytes(data)
-                sums[f] = _digest(data)
+            sums = {f: _write_frame(tmp, f, getattr(trace, f), "lz4") for f in FRAMES}
             (tmp / "meta.json").write_text(json.dumps(meta | {"sha256": sums}), encoding="utf-8")
             final = _entry(root, path, key)
             if final.exists():  # an entry that load() could not remove, or a concurrent store
@@ -363,6 +354,15 @@ def load_derived(entry: Path | None, name: str, key: str, lazy: tuple[str, ...] 
     return frames, m["extra"]
 
 
+def _write_frame(d: Path, f: str, df: pl.DataFrame, compression: str) -> str:
+    """Write `df` as d/<f>.parquet; its SHA-256, for meta.json (_frame_of checks it on the read)."""
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression=compression)
+    data = buf.getvalue()
+    (d / f"{f}.parquet").write_bytes(data)
+    return _digest(data)
+
+
 def _frame_of(d: Path, f: str, digest: str) -> pl.DataFrame:
     data = (d / f"{f}.parquet").read_bytes()  # read once: hashed, then parsed from memory
     if _digest(data) != digest:
@@ -394,13 +394,7 @@ def store_derived(entry: Path | None, name: str, key: str, frames: dict[str, pl.
     except OSError:
         return None
     try:
-        sums = {}
-        for f, df in frames.items():
-            buf = io.BytesIO()
-            df.write_parquet(buf, compression="uncompressed")
-            data = buf.getvalue()
-            (tmp / f"{f}.parquet").write_bytes(data)
-            sums[f] = _digest(data)
+        sums = {f: _write_frame(tmp, f, df, "uncompressed") for f, df in frames.items()}
         meta = {"derived_format": DERIVED_FORMAT, "key": key, "sha256": sums, "extra": extra}
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         for old in entry.glob(f"{name}-*"):
