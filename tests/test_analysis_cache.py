@@ -348,3 +348,33 @@ def test_damaged_activities_are_found_when_read(tmp_path, small_cached):
     assert not _entries(tmp_path)
     assert _analyze(p) == (0, plain)  # analyzed again, and kept again
     assert len(_entries(tmp_path)) == 1
+
+
+_NUMPY_PROBE = """
+import sys
+from stepscope.ingest import cache
+cache.MIN_KERNELS = 100  # the fixture has hundreds of kernels, not 50,000
+from stepscope.cli import run
+code = run(["analyze", sys.argv[1], "--json", "--steps", "all"])
+sys.stdout.flush()
+print(f"code={code} numpy={'numpy' in sys.modules}", file=sys.stderr)
+"""
+
+
+def test_a_kept_analysis_is_read_without_importing_numpy(tmp_path):
+    """A hit computes no array, and `import numpy` was a fifth of a warm run (0.15 s of 0.7 s,
+    1M kernels): the analyses import it on first use (analysis/lazy_numpy.py). The run that
+    analyzes does import it, so the probe can tell."""
+    import subprocess
+    import sys
+
+    p = _copy(tmp_path, "llama8b_decode_b1_eager.sqlite")
+    outs = []
+    for _ in range(2):
+        cp = subprocess.run([sys.executable, "-c", _NUMPY_PROBE, str(p)], capture_output=True, text=True,
+                            timeout=120)
+        outs.append((cp.stderr.strip().splitlines()[-1], cp.stdout))
+    assert outs[0][0] == "code=0 numpy=True", outs[0][0]  # the first run analyzes the activities
+    assert len(_entries(tmp_path)) == 1
+    assert outs[1][0] == "code=0 numpy=False", outs[1][0]  # the second reads the kept analysis
+    assert outs[1][1] == outs[0][1] and '"trace"' in outs[0][1]

@@ -8,9 +8,8 @@ vectorized numpy pass serves every group; the offsets are checked to fit int64 f
 
 from __future__ import annotations
 
-import numpy as np
-
 from stepscope.analysis.frames import fits_packed, pack_pair
+from stepscope.analysis.lazy_numpy import np
 
 KEY_BITS = 62  # an offset value stays a non-negative int64
 

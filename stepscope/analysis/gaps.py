@@ -11,11 +11,11 @@ ended. It is attributed, in this order:
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from stepscope.analysis.frames import group_by_packed
 from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.lazy_numpy import np
 
 KINDS = ("host_bound", "sync", "device_side")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
@@ -16,6 +15,7 @@ from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
 from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
 from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
+from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
+from stepscope.analysis.lazy_numpy import np
 
 
 def _longest_true_run(mask: np.ndarray) -> tuple[int, int]:

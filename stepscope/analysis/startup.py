@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
+
+from stepscope.analysis.lazy_numpy import np
 
 STARTUP_SCHEMA = {"pid": pl.Int64, "begin_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64,
                   "graph_captures": pl.Int64, "kernels": pl.Int64, "memops": pl.Int64,

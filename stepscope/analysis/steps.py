@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import polars as pl
 
 from stepscope import apinames
 from stepscope.analysis.frames import FAR_END, group_by_packed, join_key, lookup, small_ids, sorted_by
+from stepscope.analysis.lazy_numpy import np
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 

@@ -37,11 +37,11 @@ inter-launch interval − OVERHEAD_PER_LAUNCH_NS, MIN_INTERVAL_NS).
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from stepscope.analysis.arrays import cummax_within, cumsum_within, group_bounds, last_at_or_before
 from stepscope.analysis.inventory import Inventory
+from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.steps import VLLM_STEP_RE as _VLLM
 from stepscope.analysis.verdict import verdict_expr
 from stepscope.analysis.whatif import point_of, prologue
