@@ -158,6 +158,67 @@ def _built_once():
 _built_once()
 
 
+# ---------------------------------------------------------------- committed exports read once a process
+# Over a thousand tests read the same few dozen committed exports (the bundled eager step alone
+# ~280 times a run), each read 30-50 ms of a small analysis' 250: the format reading
+# (ingest._read_trace) of a file under fixtures/ or the foreign exports, unchanged since, is done
+# once per test process and handed out as a copy. read_trace still reads the sidecar and sets
+# the reread each time. A test that patches anything (it asks for `monkeypatch`: another reader,
+# a forced fallback, a counted read) reads for itself, as does every read of a file the test
+# made, so what a test of the reader sees is the reader's own work.
+_READ_ONCE: dict = _SHARED.__dict__.setdefault("read_once", {"on": False})  # one for both module names
+
+
+def _committed(path) -> Path | None:
+    try:
+        p = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    roots = (FIXTURES.resolve(), EXTERNAL.resolve())
+    if any(p.is_relative_to(r) for r in roots) or p in _GUNZIPPED.values():
+        return p
+    return None
+
+
+def _read_once():
+    import copy
+
+    from stepscope import ingest
+
+    if getattr(ingest._read_trace, "stepscope_once", False):
+        return  # this conftest imported under its second name
+    real, memo = ingest._read_trace, {}
+
+    def _read_trace(path, launch_config=True, cache=None, events=True):
+        p = _committed(path) if _READ_ONCE["on"] else None
+        st = p.stat() if p is not None and p.is_file() else None
+        if st is None:
+            return real(path, launch_config, cache, events)
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("STEPSCOPE_", "POLARS_"))))
+        key = (str(p), st.st_ino, st.st_size, st.st_mtime_ns, launch_config, cache, events, env)
+        if key not in memo:
+            memo[key] = real(path, launch_config, cache, events)
+        kept = memo[key]
+        trace = object.__new__(type(kept))  # frames are shared (polars frames are values), the rest copied
+        trace.__dict__.update(kept.__dict__)
+        trace.warnings = list(kept.warnings)
+        trace.sidecar = copy.deepcopy(kept.sidecar)
+        return trace
+
+    _read_trace.stepscope_once = True
+    ingest._read_trace = _read_trace
+
+
+_read_once()
+
+
+@pytest.fixture(autouse=True)
+def _reads_shared_unless_patched(request):
+    _READ_ONCE["on"] = "monkeypatch" not in request.fixturenames
+    yield
+    _READ_ONCE["on"] = False
+
+
 class _Boundary:
     """What CliRunner.invoke runs in place of `app`'s click command: the command line through
     stepscope.cli.run, main()'s one error boundary, so a test sees what the shell sees (bad input
