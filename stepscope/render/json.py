@@ -44,8 +44,7 @@ def _steps_joined(inv: Inventory, ids: list[int], diag=None, before: str = "", a
     polars in one piece: a Python string per step, joined and encoded again, costs more than
     making them (a step's text holds a character beyond Latin-1, so every copy of 18 MB is one of
     36 MB, widened), and each copy of the whole document is held beside the last."""
-    return _steps_frame(inv, ids, diag).select(pl.concat_str(
-        pl.lit(before), pl.first().str.join(","), pl.lit(after)).cast(pl.Binary)).item()
+    return jsontext.comma_joined(_steps_frame(inv, ids, diag).to_series(), before, after)
 
 
 def _steps_frame(inv: Inventory, ids: list[int], diag=None) -> pl.DataFrame:
