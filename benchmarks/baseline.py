@@ -72,8 +72,9 @@ class Timed:
 
 def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900) -> Timed:
     """One fresh run of `code`'s CLI on `trace`, in out's folder: every checkout runs in the same
-    folder, so that the path its document shows is the same (a checkout's own folder made the
-    tree's relative and the others' absolute: "DIFFERS" on equal documents)."""
+    folder, or (warm) in a folder of its own on the export under the same relative name, so that
+    the path its document shows is the same (a checkout's own folder made the tree's relative and
+    the others' absolute: "DIFFERS" on equal documents)."""
     cmd = [sys.executable, "-m", "stepscope", "analyze", str(trace), "--json", "--steps", "all"]
     if cold:
         cmd.append("--no-cache")
@@ -99,6 +100,15 @@ def timed(code: Path, trace: Path, cold: bool, out: Path, timeout_s: float = 900
     if int(rc) != 0:
         print(f"   {code.name}: exit {rc}: {tail.strip()[-300:]}", file=sys.stderr)
     return Timed(float(wall), float(cpu), int(maxrss_kib) * 1024, int(rc))
+
+
+def _link(src: Path, dst: Path) -> None:
+    if dst.exists():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system
+        shutil.copy(src, dst)
 
 
 def digest(path: Path) -> str:
@@ -139,9 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         for trace in traces:
             for mode in modes:
                 cold = mode == "cold"
+                # warm: each checkout reads the export in a folder of its own, under the same name
+                # (a hard link), so that it keeps its own cache entry: a shared one holds one kept
+                # analysis, and two checkouts with different code would replace each other's on
+                # every run (each "warm" run a miss)
+                where = {label: tmp for label, _ in codes}
                 if not cold:
-                    for _, code in codes:  # each checkout writes (or finds) its cache entry first
-                        timed(code, trace, False, tmp / "warmup.json")
+                    for i, (label, code) in enumerate(codes):
+                        where[label] = tmp / f"warm-{i}"
+                        where[label].mkdir(exist_ok=True)
+                        _link(trace, where[label] / trace.name)
+                        # each checkout writes (or finds) its cache entry first
+                        timed(code, Path(trace.name), False, where[label] / "warmup.json")
                 runs: dict[str, list[Timed]] = {label: [] for label, _ in codes}
                 floors: list[float] = []
                 digests: dict[str, set[str]] = {label: set() for label, _ in codes}
@@ -149,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     # the order turns every round, so neither side always runs first
                     order = codes[i % len(codes):] + codes[:i % len(codes)]
                     for label, code in order:
-                        out = tmp / f"{code.name}.json"
-                        r = timed(code, trace, cold, out)
+                        out = where[label] / f"{code.name}.json"
+                        r = timed(code, trace if cold else Path(trace.name), cold, out)
                         runs[label].append(r)
                         if r.rc == 0:
                             digests[label].add(digest(out))
