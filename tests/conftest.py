@@ -8,6 +8,7 @@ bare clone passes; `STEPSCOPE_EXTERNAL=/nonexistent python -m pytest` shows that
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -165,7 +166,8 @@ _built_once()
 # once per test process and handed out as a copy. read_trace still reads the sidecar and sets
 # the reread each time. A test that patches anything (it asks for `monkeypatch`: another reader,
 # a forced fallback, a counted read) reads for itself, as does every read of a file the test
-# made, so what a test of the reader sees is the reader's own work.
+# made, so what a test of the reader sees is the reader's own work (one that patches by hand
+# reads inside reads_for_itself()).
 _READ_ONCE: dict = _SHARED.__dict__.setdefault("read_once", {"on": False})  # one for both module names
 
 
@@ -210,6 +212,17 @@ def _read_once():
 
 
 _read_once()
+
+
+@contextlib.contextmanager
+def reads_for_itself():
+    """For a test that patches the reader by hand (not through `monkeypatch`): every read inside
+    is the reader's own."""
+    was, _READ_ONCE["on"] = _READ_ONCE["on"], False
+    try:
+        yield
+    finally:
+        _READ_ONCE["on"] = was
 
 
 @pytest.fixture(autouse=True)

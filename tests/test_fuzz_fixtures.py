@@ -27,7 +27,7 @@ from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite
-from tests.conftest import FIXTURES, PROFILE
+from tests.conftest import FIXTURES, PROFILE, reads_for_itself
 
 SOURCES = sorted(FIXTURES.glob("*.sqlite"))
 CELLS = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
@@ -115,7 +115,8 @@ def _read_path(adbc: bool):
     if not adbc:
         nsys_sqlite._attach_adbc = lambda con, path: None
     try:
-        yield
+        with reads_for_itself():  # the committed source too, through the path chosen
+            yield
     finally:
         nsys_sqlite._attach_adbc = real
 
