@@ -378,3 +378,47 @@ def test_a_kept_analysis_is_read_without_importing_numpy(tmp_path):
     assert len(_entries(tmp_path)) == 1
     assert outs[1][0] == "code=0 numpy=False", outs[1][0]  # the second reads the kept analysis
     assert outs[1][1] == outs[0][1] and '"trace"' in outs[0][1]
+
+
+def _count_texts(monkeypatch) -> list:
+    from stepscope.render import json as render_json
+
+    calls, real = [], render_json.inventory_texts
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(render_json, "inventory_texts", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", [TRACES[0], TRACES[2], "round5/llama8b_decode_b1_bare.sqlite"])
+def test_the_steps_texts_are_kept_with_the_analysis(tmp_path, monkeypatch, small_cached, name):
+    """The inventory's part of each step's text (render.json.inventory_texts) is kept beside the
+    analysis and read back: a hit builds none and writes the plain document (a selection of
+    steps is narrowed first, and builds its own few)."""
+    p = _copy(tmp_path, name)
+    code, plain = _analyze(p, "--no-cache")
+    calls = _count_texts(monkeypatch)
+    assert _analyze(p) == (0, plain) and len(calls) == 1  # built once, for the document and the entry
+    (texts,) = (tmp_path / ".stepscope-cache").glob("*/texts-*")
+    assert texts.name.split("-", 1)[1] == _entries(tmp_path)[0].name.split("-", 1)[1]  # the analysis' key
+    assert _analyze(p) == (0, plain) and len(calls) == 1  # read back, none built
+    _, one = _analyze(p, "--no-cache", "--steps", "0")
+    assert _analyze(p, "--steps", "0") == (0, one)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_kept_texts_are_built_again(tmp_path, monkeypatch, small_cached, damage):
+    p = _copy(tmp_path, TRACES[0])
+    _, plain = _analyze(p)
+    (f,) = (tmp_path / ".stepscope-cache").glob("*/texts-*/texts.parquet")
+    data = bytearray(f.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x40
+    else:
+        data = data[: len(data) // 3]
+    f.write_bytes(bytes(data))
+    calls = _count_texts(monkeypatch)
+    assert _analyze(p) == (0, plain) and len(calls) == 1
+    assert _analyze(p) == (0, plain) and len(calls) == 1  # written anew, and used

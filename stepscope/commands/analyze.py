@@ -50,6 +50,7 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
 
 
 def _echo_json(d, ids) -> None:
+    from stepscope import library
     from stepscope.analysis.memory import ONE_SHOT
     from stepscope.analysis.run import run_view
     from stepscope.render.json import analyze_json_bytes
@@ -57,7 +58,7 @@ def _echo_json(d, ids) -> None:
     run = run_view(d)
     ONE_SHOT.results_ready(d)  # the document needs only the per-step results
     # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
-    typer.echo(analyze_json_bytes(d.inv, ids, d, run=run), nl=False)
+    typer.echo(analyze_json_bytes(d.inv, ids, d, run=run, texts=library.step_texts(d.inv)), nl=False)
     typer.echo()
 
 

@@ -39,17 +39,20 @@ def steps_text(inv: Inventory, ids: list[int], diag=None) -> list[str]:
     return _steps_frame(inv, ids, diag).to_series().to_list()
 
 
-def _steps_joined(inv: Inventory, ids: list[int], diag=None, before: str = "", after: str = "") -> bytes:
+def _steps_joined(inv: Inventory, ids: list[int], diag=None, before: str = "", after: str = "",
+                  texts: pl.DataFrame | None = None) -> bytes:
     """steps_text's objects joined with commas between `before` and `after`, as UTF-8 taken from
     polars in one piece: a Python string per step, joined and encoded again, costs more than
     making them (a step's text holds a character beyond Latin-1, so every copy of 18 MB is one of
     36 MB, widened), and each copy of the whole document is held beside the last."""
-    return jsontext.comma_joined(_steps_frame(inv, ids, diag).to_series(), before, after)
+    return jsontext.comma_joined(_steps_frame(inv, ids, diag, texts).to_series(), before, after)
 
 
-def _steps_frame(inv: Inventory, ids: list[int], diag=None) -> pl.DataFrame:
-    """One column of steps_text's objects, in step order."""
-    sel = list(ids)
+def inventory_texts(inv: Inventory, ids: list[int] | None = None) -> pl.DataFrame:
+    """(step, text): the part of each step's object that the inventory alone decides (its
+    figures, phase evidence, classes, kernels, framework), open for the diagnosis' sections. A
+    pure function of the inventory's frames: a kept analysis keeps it too (library.step_texts)."""
+    sel = inv.step_ids() if ids is None else list(ids)
     steps = inv.steps.filter(pl.col("step").is_in(sel)).rename({"step": "index"})
     head = steps.select(pl.col("index").alias("step"), jsontext.open_records(
         steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
@@ -58,8 +61,17 @@ def _steps_frame(inv: Inventory, ids: list[int], diag=None) -> pl.DataFrame:
     kernels = _kernel_arrays(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step").is_in(sel))))
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
     t = t.join(_phase_evidence(steps), on="step", how="left").join(_framework(inv, sel), on="step", how="left")
-    parts = [pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
-             pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]"), pl.col("framework").fill_null("")]
+    return t.sort("step").select("step", pl.concat_str(
+        pl.col("head"), pl.col("phase_evidence").fill_null(""), pl.lit(',"classes":'), pl.col("classes").fill_null("{}"),
+        pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]"), pl.col("framework").fill_null("")).alias("text"))
+
+
+def _steps_frame(inv: Inventory, ids: list[int], diag=None, texts: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One column of steps_text's objects, in step order. `texts`: inventory_texts of every step,
+    when already at hand."""
+    sel = list(ids)
+    t = inventory_texts(inv, sel) if texts is None else texts.filter(pl.col("step").is_in(sel))
+    parts = [pl.col("text")]
     if diag is not None:
         sections = sections_text(diag)
         t = t.join(sections, on="step", how="left")
@@ -126,14 +138,15 @@ def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
     return reindent(doc.decode()) if n <= INDENT_MAX_STEPS else doc.decode()
 
 
-def analyze_json_bytes(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> bytes:
+def analyze_json_bytes(inv: Inventory, which=None, diag=None, run=_NO_RUN, texts: pl.DataFrame | None = None) -> bytes:
     """analyze_json's document as UTF-8, for a writer of bytes (the CLI): the same bytes
-    without a Python string of the whole document in between."""
-    doc, n = _document(inv, which, diag, run)
+    without a Python string of the whole document in between. `texts`: inventory_texts of every
+    step, when kept (library.step_texts)."""
+    doc, n = _document(inv, which, diag, run, texts)
     return reindent(doc.decode()).encode() if n <= INDENT_MAX_STEPS else doc
 
 
-def _document(inv: Inventory, which, diag, run) -> tuple[bytes, int]:
+def _document(inv: Inventory, which, diag, run, texts: pl.DataFrame | None = None) -> tuple[bytes, int]:
     """The compact document as UTF-8 and how many steps it holds."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.steps)
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
@@ -152,7 +165,7 @@ def _document(inv: Inventory, which, diag, run) -> tuple[bytes, int]:
         # the constants the median step's predicted_graph_step_* used, and the captures they come from
         head["whatif_calibration"] = describe_for(inv, diag.calibration, diag.prologue)
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
-    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}"), len(ids)
+    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}", texts), len(ids)
 
 
 def analyze_document(inv: Inventory, which=None, diag=None) -> dict:
