@@ -52,16 +52,21 @@ def _forbid_analysis(monkeypatch):
     monkeypatch.setattr(inventory, "analyze_trace", refuse)
 
 
-def _count_analyses(monkeypatch) -> list:
-    from stepscope.analysis import inventory
-
-    calls, real = [], inventory.analyze_trace
+def _counted(monkeypatch, module, name: str) -> list:
+    """module.name, counting its calls (one entry per call in the returned list)."""
+    calls, real = [], getattr(module, name)
 
     def counted(*a, **k):
         calls.append(1)
         return real(*a, **k)
-    monkeypatch.setattr(inventory, "analyze_trace", counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
+
+
+def _count_analyses(monkeypatch) -> list:
+    from stepscope.analysis import inventory
+
+    return _counted(monkeypatch, inventory, "analyze_trace")
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -383,13 +388,7 @@ def test_a_kept_analysis_is_read_without_importing_numpy(tmp_path):
 def _count_texts(monkeypatch) -> list:
     from stepscope.render import json as render_json
 
-    calls, real = [], render_json.inventory_texts
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(render_json, "inventory_texts", counted)
-    return calls
+    return _counted(monkeypatch, render_json, "inventory_texts")
 
 
 @pytest.mark.parametrize("name", [TRACES[0], TRACES[2], "round5/llama8b_decode_b1_bare.sqlite"])
