@@ -421,3 +421,18 @@ def test_damaged_kept_texts_are_built_again(tmp_path, monkeypatch, small_cached,
     calls = _count_texts(monkeypatch)
     assert _analyze(p) == (0, plain) and len(calls) == 1
     assert _analyze(p) == (0, plain) and len(calls) == 1  # written anew, and used
+
+
+def test_a_narrowed_inventory_is_not_the_kept_analysis(tmp_path, small_cached):
+    """Diagnosis.only_steps narrows the inventory to a few steps: it no longer stands for the kept
+    analysis, so nothing made from it (the steps' texts) is kept under that key; the whole
+    inventory's texts stay those of every step."""
+    from stepscope import library
+    from stepscope.analysis.memory import ONE_SHOT
+
+    p = _copy(tmp_path, TRACES[2])  # TP=2: two steps
+    d = library.diagnosis(p, memory=ONE_SHOT)
+    assert d.inv.kept is not None and d.inv.steps.height == 2
+    narrowed = d.only_steps("0")
+    assert narrowed.inv.kept is None and library.step_texts(narrowed.inv) is None
+    assert library.step_texts(d.inv)["step"].to_list() == d.inv.step_ids()

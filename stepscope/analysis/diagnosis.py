@@ -82,8 +82,10 @@ class Diagnosis:
             groups = self.tp.filter(pl.col("step").is_in(ids))["group"].unique().to_list()
             ids = sorted(set(ids) | set(self.tp.filter(pl.col("group").is_in(groups))["step"].to_list()))
         keep = pl.col("step").is_in(ids)
+        # no longer the kept analysis (kept=None): nothing derived from these few steps may be
+        # stored under its key as if it were the whole trace's (library.step_texts)
         inv = replace(self.inv, steps=self.inv.steps.filter(keep), classes=self.inv.classes.filter(keep),
-                      kernels=self.inv.kernels.filter(keep))
+                      kernels=self.inv.kernels.filter(keep), kept=None)
         # every per-step frame of the diagnosis (gaps, floors, verdicts, tp, untraced, ...)
         per_step = {f.name: getattr(self, f.name).filter(keep) for f in fields(self)
                     if isinstance(getattr(self, f.name), pl.DataFrame) and "step" in getattr(self, f.name).columns}
