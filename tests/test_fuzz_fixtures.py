@@ -2,8 +2,9 @@
 values retyped, columns dropped, keys set to NULL, extreme values), through every command.
 
 Whatever the damage: exit 0 with figures that hold together, or exit 2 with one line; never
-a traceback, a panic or exit 3; never a changed input (hashed before and after). Both read
-paths are drawn (ADBC and the sqlite3 fallback).
+a traceback, a panic or exit 3; never a changed input (hashed before and after). The three
+read paths are drawn: the compiled reader of the integer tables (with ADBC for the rest and
+for what it leaves), ADBC alone, and the sqlite3 fallback.
 
 The default `stepscope-quick` profile (tests/conftest.py) keeps a developer's run short (10 examples a property, the
 same ones every run); `.ci/run` runs these tests again with HYPOTHESIS_PROFILE=stepscope-ci (30,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -109,16 +111,24 @@ def _digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+PATHS = st.sampled_from(["native", "adbc", "sqlite3"])
+
+
 @contextlib.contextmanager
-def _read_path(adbc: bool):
-    real = nsys_sqlite._attach_adbc
-    if not adbc:
+def _read_path(kind: str):
+    real, env = nsys_sqlite._attach_adbc, os.environ.get("STEPSCOPE_NATIVE_SCAN")
+    if kind == "sqlite3":
         nsys_sqlite._attach_adbc = lambda con, path: None
+    os.environ["STEPSCOPE_NATIVE_SCAN"] = "1" if kind == "native" else "0"
     try:
         with reads_for_itself():  # the committed source too, through the path chosen
             yield
     finally:
         nsys_sqlite._attach_adbc = real
+        if env is None:
+            os.environ.pop("STEPSCOPE_NATIVE_SCAN", None)
+        else:
+            os.environ["STEPSCOPE_NATIVE_SCAN"] = env
 
 
 def _run(args, *inputs: Path):
@@ -160,9 +170,9 @@ def _sane(doc: dict, p: Path) -> None:
 
 
 @PROFILE
-@given(source=st.sampled_from(SOURCES), ops=operations, adbc=st.booleans())
-def test_analyze_survives_damaged_values(source, ops, adbc):
-    with tempfile.TemporaryDirectory() as d, _read_path(adbc):
+@given(source=st.sampled_from(SOURCES), ops=operations, path=PATHS)
+def test_analyze_survives_damaged_values(source, ops, path):
+    with tempfile.TemporaryDirectory() as d, _read_path(path):
         p = _damaged(Path(d), source, ops)
         r = _run(["analyze", p, "--json", "--no-cache"], p)
         if r.exit_code == 0:
@@ -174,9 +184,9 @@ COMMANDS = st.sampled_from(["compare", "tp", "report-md", "report-html", "export
 
 
 @PROFILE
-@given(source=st.sampled_from(SOURCES), ops=operations, command=COMMANDS, adbc=st.booleans())
-def test_every_command_survives_damaged_values(source, ops, command, adbc):
-    with tempfile.TemporaryDirectory() as d, _read_path(adbc):
+@given(source=st.sampled_from(SOURCES), ops=operations, command=COMMANDS, path=PATHS)
+def test_every_command_survives_damaged_values(source, ops, command, path):
+    with tempfile.TemporaryDirectory() as d, _read_path(path):
         p = _damaged(Path(d), source, ops)
         out = Path(d) / "out"
         args = {
@@ -201,14 +211,14 @@ def test_every_command_survives_damaged_values(source, ops, command, adbc):
 @PROFILE
 @given(source=st.sampled_from(SOURCES), pages=st.one_of(st.none(), st.integers(1, 150)), flips=st.lists(
     st.tuples(st.integers(100, 600_000), st.integers(0, 255)), max_size=40),
-    header=st.lists(st.tuples(st.integers(16, 99), st.integers(0, 255)), max_size=2), adbc=st.booleans())
-def test_truncated_and_flipped_files(source, pages, flips, header, adbc):
+    header=st.lists(st.tuples(st.integers(16, 99), st.integers(0, 255)), max_size=2), path=PATHS)
+def test_truncated_and_flipped_files(source, pages, flips, header, path):
     data = bytearray(source.read_bytes())
     for where, byte in flips + header:  # bytes in the pages (b-tree cells, records) and in the header
         data[where % len(data)] = byte
     if pages is not None:  # the tail lost, at a page boundary or not
         data = data[: pages * 4096 + (pages % 3) * 1000]
-    with tempfile.TemporaryDirectory() as d, _read_path(adbc):
+    with tempfile.TemporaryDirectory() as d, _read_path(path):
         p = Path(d) / "t.sqlite"
         p.write_bytes(bytes(data))
         r = _run(["analyze", p, "--json", "--no-cache"], p)

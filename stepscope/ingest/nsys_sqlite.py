@@ -20,6 +20,7 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
+import stepscope.ingest.int_scan as int_scan
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.paths import input_file
 from stepscope.model import (
@@ -181,20 +182,34 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 last = 0
         parts = threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
-        slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
+        # a slice holds at most its rowid range's rows (the one slice of a small table: as many
+        # as its largest rowid, else the compiled reader says so and ADBC reads it)
+        native = int_scan.available() and all(c.kind != typed.TEXT for c in q.cols)
+        slices.append([([f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else [],
+                        cuts[i + 1] - cuts[i] if native else 0)
                        for i in range(parts)])
+    uri = getattr(con, "_stepscope_uri", None)
 
-    def read(job: tuple[typed.Query, list[str], bool]):
-        q, extra, is_typed = job
+    def read(job: tuple[typed.Query, list[str], bool, int]):
+        q, extra, is_typed, capacity = job
+        sql = q.sql(is_typed, extra)
+        if capacity > 0 and uri is not None:
+            try:
+                return int_scan.frame(uri, sql, q.raw_names(is_typed), capacity)
+            except int_scan.NotIntegers:
+                if not is_typed:
+                    return None
+            except int_scan.Unread:
+                pass  # ADBC reads it, and says what is wrong in its own words
         try:
-            return _adbc_query(db, q.sql(is_typed, extra))
+            return _adbc_query(db, sql)
         except _TypeMismatch:
             if is_typed:
                 raise
             return None
 
     with ThreadPoolExecutor(threads) as pool:
-        tasks = [(q, extra, False) for q, parts in zip(queries, slices) for extra in parts]
+        tasks = [(q, extra, False, cap) for q, parts in zip(queries, slices) for extra, cap in parts]
         frames = list(pool.map(read, tasks))
         out: list = []
         i = 0
@@ -203,7 +218,7 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
             i += len(parts)
             is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
             if is_typed:  # a value of another type somewhere: the whole table again, typed
-                got = list(pool.map(read, [(q, extra, True) for extra in parts]))
+                got = list(pool.map(read, [(q, extra, True, cap) for extra, cap in parts]))
             out.append((q, got, is_typed))
     del frames
     while out:  # each table's slices and raw frame are let go once its frame is made
@@ -229,13 +244,15 @@ def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
         import adbc_driver_sqlite
     except ImportError:
         return
-    con._stepscope_adbc = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
+    con._stepscope_uri = Path(path).resolve().as_uri() + "?mode=ro"
+    con._stepscope_adbc = adbc_driver_sqlite.connect(con._stepscope_uri)
 
 
 class _Connection(sqlite3.Connection):
     """sqlite3 connection that may carry an ADBC twin for bulk reads."""
 
     _stepscope_adbc = None
+    _stepscope_uri = None  # the read-only URI the ADBC twin and the compiled reader open
 
     def close(self) -> None:
         if self._stepscope_adbc is not None:

@@ -1,0 +1,171 @@
+"""The compiled reader of the integer tables (stepscope/ingest/_scan.c, int_scan.py): the same
+frames and warnings as the ADBC path on every committed export, on damaged values (read again
+typed), on rows it cannot hold (read by ADBC) and on a file SQLite cannot read (ADBC's words)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from stepscope.errors import InputError
+from stepscope.ingest import int_scan
+from stepscope.ingest import nsys_sqlite as ns
+from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, gunzipped, ro
+
+pytest.importorskip("adbc_driver_sqlite")
+if int_scan._scan is None:
+    pytest.skip("stepscope.ingest._scan was not built (no C compiler or sqlite3.h at install)",
+                allow_module_level=True)
+
+FRAMES = ("kernels", "api", "memops", "nvtx", "strings", "gpus", "processes", "threads")
+K, R = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
+EXPORTS = sorted(p for p in FIXTURES.rglob("*.sqlite")) + [
+    SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz"]
+
+
+def _read(path: Path, native: bool, monkeypatch, calls: list | None = None):
+    """The export read with or without _scan; `calls` collects the queries _scan ran."""
+    monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if native else "0")
+    if calls is not None:
+        real = int_scan._scan.scan
+
+        def counted(uri, sql, values, nulls):
+            calls.append(sql)
+            return real(uri, sql, values, nulls)
+
+        monkeypatch.setattr(int_scan._scan, "scan", counted)
+    return ns.read_nsys_sqlite(path, launch_config=True)
+
+
+def _unread(monkeypatch) -> list:
+    """What int_scan.frame left for ADBC to read: each Unread's message."""
+    seen, real = [], int_scan.frame
+
+    def frame(*a):
+        try:
+            return real(*a)
+        except int_scan.Unread as e:
+            seen.append(str(e))
+            raise
+
+    monkeypatch.setattr(int_scan, "frame", frame)
+    return seen
+
+
+def _same(a, b) -> None:
+    for f in FRAMES:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.schema == y.schema, f
+        assert x.equals(y), f
+    assert a.warnings == b.warnings
+
+
+@pytest.mark.parametrize("export", EXPORTS + EXTERNAL_FILES, ids=lambda p: p.name)
+def test_same_frames_as_adbc(export, monkeypatch):
+    path = gunzipped(export) if export.name.endswith(".gz") else export
+    calls: list = []
+    native = _read(path, True, monkeypatch, calls)
+    _same(native, _read(path, False, monkeypatch))
+    assert any(f"FROM {K}" in sql for sql in calls)  # the kernel table went through _scan
+    with ro(path) as con:  # an independent count: the kernel table as SQLite sums it
+        n, total, corr = con.execute(f'SELECT count(*), total("end" - start), total(correlationId) FROM {K}').fetchone()
+    k = native.kernels
+    assert (k.height, (k["end"] - k["start"]).sum(), k["corr"].sum()) == (n, total, corr)
+
+
+def test_a_big_table_is_read_in_slices_on_threads(monkeypatch):
+    """The serving run's API table is over SLICE_MIN_ROWS: read as read_threads() rowid slices,
+    concatenated in rowid order (the same frame as ADBC's)."""
+    path = gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz")
+    monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 1_000)
+    monkeypatch.setattr(ns, "read_threads", lambda: 3)
+    calls: list = []
+    native = _read(path, True, monkeypatch, calls)
+    assert sum(f"FROM {K}" in sql and "rowid >" in sql for sql in calls) == 3
+    assert sum(f"FROM {R}" in sql and "rowid >" in sql for sql in calls) == 3
+    _same(native, _read(path, False, monkeypatch))
+
+
+def _copy(tmp_path, *sql: str, source=FIXTURES / "llama8b_decode_b1_eager.sqlite") -> Path:
+    p = tmp_path / "m.sqlite"
+    shutil.copy(source, p)
+    con = sqlite3.connect(p)
+    for s in sql:
+        con.execute(s)
+    con.commit()
+    con.close()
+    return p
+
+
+def test_a_value_of_another_type_is_read_again_typed(tmp_path, monkeypatch):
+    p = _copy(tmp_path, f"UPDATE {K} SET start = 'x' WHERE rowid IN (3, 7)",
+              f"UPDATE {K} SET correlationId = NULL WHERE rowid = 11",
+              f"UPDATE {K} SET streamId = 2.5 WHERE rowid = 12")
+    calls: list = []
+    native = _read(p, True, monkeypatch, calls)
+    _same(native, _read(p, False, monkeypatch))
+    kernel_reads = [sql for sql in calls if f"FROM {K}" in sql]
+    assert len(kernel_reads) == 2 and "typeof(" in kernel_reads[1]  # plain, then typed: both compiled
+    with ro(p) as con:
+        n = con.execute(f"SELECT count(*) FROM {K}").fetchone()[0]
+    assert native.kernels.height == n - 3
+    assert f"{K}: 3 of {n:,} rows left out (start not an integer in 2, streamId not an integer in 1)" in native.warnings
+    assert native.kernels.filter(pl.col("corr").is_null()).height == 1  # a NULL it may hold stays NULL
+
+
+def test_rows_beyond_the_rowid_range_are_read_by_adbc(tmp_path, monkeypatch):
+    """A row with a negative rowid: max(rowid) no longer bounds the rows, _scan stops, ADBC
+    reads the table (the same frame, the row included)."""
+    p = _copy(tmp_path, f"INSERT INTO {K} SELECT * FROM {K} WHERE rowid = 1", f"UPDATE {K} SET rowid = -5 "
+              f"WHERE rowid = (SELECT max(rowid) FROM {K})")
+    unread = _unread(monkeypatch)
+    native = _read(p, True, monkeypatch)
+    assert len(unread) == 1 and unread[0].startswith("more than")
+    _same(native, _read(p, False, monkeypatch))
+    with ro(p) as con:
+        assert native.kernels.height == con.execute(f"SELECT count(*) FROM {K}").fetchone()[0]
+
+
+def test_a_file_sqlite_cannot_read_reads_as_adbc_says(tmp_path, monkeypatch):
+    """A leaf page amid the kernel table overwritten: the table's last rowid still reads (the
+    slices are planned), its scan meets the damage; ADBC reads it again and says what is wrong."""
+    src = FIXTURES / "llama8b_decode_b1_eager.sqlite"
+    with ro(src) as con:
+        size = con.execute("PRAGMA page_size").fetchone()[0]
+        pages = [r[0] for r in con.execute(f"SELECT pageno FROM dbstat WHERE name = '{K}' AND pagetype = 'leaf' "
+                                           "ORDER BY pageno")]
+    p = tmp_path / "damaged.sqlite"
+    shutil.copy(src, p)
+    with open(p, "r+b") as f:
+        f.seek((pages[len(pages) // 2] - 1) * size)
+        f.write(b"\xff" * size)
+    errors, unread = [], _unread(monkeypatch)
+    for native in (True, False):
+        with pytest.raises(InputError) as e:
+            _read(p, native, monkeypatch)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+    assert "not a readable SQLite export (" in errors[0] and "database disk image is malformed" in errors[0]
+    assert unread and "malformed" in unread[0]  # _scan met the damage first
+
+
+def test_scan_reports_its_own_failures():
+    import numpy as np
+
+    uri = (FIXTURES / "llama8b_decode_b1_eager.sqlite").resolve().as_uri() + "?mode=ro"
+    with pytest.raises(int_scan.NotIntegers):
+        int_scan.frame(uri, "SELECT id, value FROM StringIds", ["id", "value"], 10_000)
+    with pytest.raises(int_scan.Unread, match="more than 5 rows"):
+        int_scan.frame(uri, f"SELECT start FROM {K}", ["start"], 5)
+    with pytest.raises(int_scan.Unread, match="no such table"):
+        int_scan.frame(uri, "SELECT x FROM nope", ["x"], 5)
+    with pytest.raises(ValueError):  # one buffer per column
+        int_scan._scan.scan(uri, f"SELECT start FROM {K}", (np.empty(4, np.int64),), ())
+    got = int_scan.frame(uri, f"SELECT start, NULL FROM {K} ORDER BY rowid LIMIT 3", ["start", "none"], 3)
+    with ro(FIXTURES / "llama8b_decode_b1_eager.sqlite") as con:
+        first = [r[0] for r in con.execute(f"SELECT start FROM {K} ORDER BY rowid LIMIT 3")]
+    assert got["start"].to_list() == first and got["none"].null_count() == 3
