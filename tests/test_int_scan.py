@@ -42,17 +42,17 @@ def _read(path: Path, native: bool, monkeypatch, calls: list | None = None):
 
 
 def _unread(monkeypatch) -> list:
-    """What int_scan.frame left for ADBC to read: each Unread's message."""
-    seen, real = [], int_scan.frame
+    """What the compiled reader left for ADBC to read: each Unread's message."""
+    seen, real = [], int_scan.Table.read
 
-    def frame(*a):
+    def read(self, *a):
         try:
-            return real(*a)
+            return real(self, *a)
         except int_scan.Unread as e:
             seen.append(str(e))
             raise
 
-    monkeypatch.setattr(int_scan, "frame", frame)
+    monkeypatch.setattr(int_scan.Table, "read", read)
     return seen
 
 
@@ -169,3 +169,17 @@ def test_scan_reports_its_own_failures():
     with ro(FIXTURES / "llama8b_decode_b1_eager.sqlite") as con:
         first = [r[0] for r in con.execute(f"SELECT start FROM {K} ORDER BY rowid LIMIT 3")]
     assert got["start"].to_list() == first and got["none"].null_count() == 3
+
+
+def test_nulls_in_one_slice_of_a_filtered_table(tmp_path, monkeypatch):
+    """NULLs met by one slice only (the others never wrote their flags), and API slices that the
+    filter leaves short (moved together): the same frames as ADBC's."""
+    p = _copy(tmp_path, f"UPDATE {K} SET correlationId = NULL WHERE rowid IN (11, 12)",
+              f"UPDATE {R} SET correlationId = NULL WHERE rowid = (SELECT max(rowid) FROM {R})")
+    monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 100)
+    monkeypatch.setattr(ns, "read_threads", lambda: 3)
+    calls: list = []
+    native = _read(p, True, monkeypatch, calls)
+    assert sum("rowid >" in sql for sql in calls) >= 6 and not any("typeof(" in sql for sql in calls)
+    _same(native, _read(p, False, monkeypatch))
+    assert native.kernels["corr"].null_count() == 2

@@ -34,24 +34,63 @@ def available() -> bool:
     return _scan is not None and os.environ.get("STEPSCOPE_NATIVE_SCAN", "1") != "0"
 
 
+class Table:
+    """One table read in rowid slices (each on a thread of its own) straight into one array per
+    column: slice i writes from its offset, and `frame()` moves the slices together (a slice of
+    a filtered query holds fewer rows than its range). No slice is copied to be concatenated."""
+
+    def __init__(self, names: list[str], capacities: list[int]) -> None:
+        import numpy as np
+
+        self.names = names
+        self.offsets = [0]
+        for cap in capacities:
+            self.offsets.append(self.offsets[-1] + cap)
+        # np.empty leaves the pages untouched: the rows a slice does not fill cost nothing, and
+        # a column without NULL never touches its null flags
+        self.values = [np.empty(self.offsets[-1], np.int64) for _ in names]
+        self.nulls = [np.empty(self.offsets[-1], np.uint8) for _ in names]
+        self.rows = [0] * len(capacities)
+        self.null_counts: list[tuple[int, ...]] = [(0,) * len(names)] * len(capacities)
+
+    def read(self, i: int, uri: str, sql: str) -> None:
+        """Slice i: `sql`'s rows, at most the slice's capacity."""
+        a, b = self.offsets[i], self.offsets[i + 1]
+        try:
+            self.rows[i], self.null_counts[i] = _scan.scan(
+                uri, sql, tuple(v[a:b] for v in self.values), tuple(m[a:b] for m in self.nulls))
+        except TypeError:
+            raise NotIntegers(sql) from None
+        except (RuntimeError, OverflowError, ValueError) as e:
+            raise Unread(str(e)) from None
+
+    def frame(self) -> pl.DataFrame:
+        """The slices' rows in slice order, as Int64 columns (NULL as null)."""
+        import numpy as np
+
+        n = 0
+        with_nulls = [any(c[j] for c in self.null_counts) for j in range(len(self.names))]
+        for i, rows in enumerate(self.rows):
+            a = self.offsets[i]
+            for j, (v, m) in enumerate(zip(self.values, self.nulls)):
+                if with_nulls[j] and not self.null_counts[i][j]:
+                    m[a:a + rows] = 0  # flags this slice never wrote: it met no NULL there
+                if a != n:
+                    v[n:n + rows] = v[a:a + rows]
+                    if with_nulls[j]:
+                        m[n:n + rows] = m[a:a + rows]
+            n += rows
+        cols = []
+        for name, v, m, nulls in zip(self.names, self.values, self.nulls, with_nulls):
+            s = pl.Series(name, v[:n])  # no copy: polars takes numpy's buffer
+            if nulls:
+                s = pl.select(pl.when(pl.Series(m[:n].view(np.bool_))).then(None).otherwise(s)).to_series()
+            cols.append(s.alias(name))
+        return pl.DataFrame(cols)
+
+
 def frame(uri: str, sql: str, names: list[str], capacity: int) -> pl.DataFrame:
     """`sql`'s rows (at most `capacity`) as Int64 columns named `names`."""
-    import numpy as np
-
-    # np.empty leaves the pages untouched: a slice's rows bound by its rowid range cost only
-    # the rows read, and a column without NULL never touches its null flags
-    values = tuple(np.empty(capacity, np.int64) for _ in names)
-    nulls = tuple(np.empty(capacity, np.uint8) for _ in names)
-    try:
-        rows, null_counts = _scan.scan(uri, sql, values, nulls)
-    except TypeError:
-        raise NotIntegers(sql) from None
-    except (RuntimeError, OverflowError, ValueError) as e:
-        raise Unread(str(e)) from None
-    cols = []
-    for name, v, m, n in zip(names, values, nulls, null_counts):
-        s = pl.Series(name, v[:rows])
-        if n:
-            s = pl.select(pl.when(pl.Series(m[:rows].view(np.bool_))).then(None).otherwise(s)).to_series().alias(name)
-        cols.append(s)
-    return pl.DataFrame(cols)
+    table = Table(names, [capacity])
+    table.read(0, uri, sql)
+    return table.frame()

@@ -164,15 +164,19 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
     With ADBC each table is read in rowid slices on parallel threads: the driver releases the
     GIL while SQLite steps rows and fills Arrow columns, which is where the time goes. The
     slices are concatenated in rowid order, so the result is the same as one query's. A table
-    whose plain read came back with a column of another type is read again, typed.
+    whose plain read came back with a column of another type is read again, typed. A table of
+    integer columns alone is read by the compiled reader when it was built (int_scan.py: the
+    same slices, written in place into one array per column, so there is nothing to concatenate);
+    what it cannot read, ADBC reads.
     """
     db = getattr(con, "_stepscope_adbc", None)
     if db is None:
         for q in queries:
             yield _rows(con, q), True
         return
+    uri = getattr(con, "_stepscope_uri", None)
     threads = read_threads()
-    slices = []
+    slices, tables = [], []
     for q in queries:
         last = 0
         if q.from_ is None:
@@ -182,25 +186,22 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 last = 0
         parts = threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
-        # a slice holds at most its rowid range's rows (the one slice of a small table: as many
-        # as its largest rowid, else the compiled reader says so and ADBC reads it)
-        native = int_scan.available() and all(c.kind != typed.TEXT for c in q.cols)
-        slices.append([([f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else [],
-                        cuts[i + 1] - cuts[i] if native else 0)
+        slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
                        for i in range(parts)])
-    uri = getattr(con, "_stepscope_uri", None)
+        # a slice holds at most its rowid range's rows (the one slice of a small table: as many
+        # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads)
+        native = uri is not None and last > 0 and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols)
+        tables.append([cuts[i + 1] - cuts[i] for i in range(parts)] if native else None)
 
-    def read(job: tuple[typed.Query, list[str], bool, int]):
-        q, extra, is_typed, capacity = job
+    def read(job):
+        q, extra, is_typed, table, i = job
         sql = q.sql(is_typed, extra)
-        if capacity > 0 and uri is not None:
+        if table is not None:
             try:
-                return int_scan.frame(uri, sql, q.raw_names(is_typed), capacity)
-            except int_scan.NotIntegers:
-                if not is_typed:
-                    return None
-            except int_scan.Unread:
-                pass  # ADBC reads it, and says what is wrong in its own words
+                table.read(i, uri, sql)
+                return table
+            except (int_scan.NotIntegers, int_scan.Unread) as e:
+                return e
         try:
             return _adbc_query(db, sql)
         except _TypeMismatch:
@@ -208,17 +209,32 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 raise
             return None
 
+    def jobs(q, parts, is_typed, caps):
+        table = int_scan.Table(q.raw_names(is_typed), caps) if caps is not None else None
+        return [(q, extra, is_typed, table, i) for i, extra in enumerate(parts)]
+
     with ThreadPoolExecutor(threads) as pool:
-        tasks = [(q, extra, False, cap) for q, parts in zip(queries, slices) for extra, cap in parts]
-        frames = list(pool.map(read, tasks))
+        frames = list(pool.map(read, [j for q, parts, caps in zip(queries, slices, tables)
+                                      for j in jobs(q, parts, False, caps)]))
         out: list = []
         i = 0
-        for q, parts in zip(queries, slices):
+        for q, parts, caps in zip(queries, slices, tables):
             got = frames[i:i + len(parts)]
             i += len(parts)
+            if caps is not None:
+                if any(isinstance(f, int_scan.NotIntegers) for f in got):
+                    got = [None]  # the whole table again, typed (below)
+                elif any(isinstance(f, int_scan.Unread) for f in got):
+                    # ADBC reads it, and says what is wrong in its own words
+                    got = list(pool.map(read, jobs(q, parts, False, None)))
+                else:
+                    got = [got[0].frame()]
             is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
             if is_typed:  # a value of another type somewhere: the whole table again, typed
-                got = list(pool.map(read, [(q, extra, True, cap) for extra, cap in parts]))
+                got = list(pool.map(read, jobs(q, parts, True, caps)))
+                if caps is not None:
+                    got = [got[0].frame()] if isinstance(got[0], int_scan.Table) and all(
+                        f is got[0] for f in got) else list(pool.map(read, jobs(q, parts, True, None)))
             out.append((q, got, is_typed))
     del frames
     while out:  # each table's slices and raw frame are let go once its frame is made
