@@ -108,12 +108,14 @@ def _typed(frame: pl.DataFrame, schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataF
 def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
                  schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame | None:
     """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
-    ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
+    compiled reader or its ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
     parallel threads for a big span); None without the driver, or where ADBC met a value of
     another type than its first (the caller reads through sqlite3 then, typed value by value)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from stepscope.ingest import nsys_sqlite as ns
+
+    from stepscope.ingest import int_scan
 
     ns._attach_adbc(con, path)
     db = con._stepscope_adbc
@@ -126,6 +128,16 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
         parts = ns.read_threads() if last - first + 1 > ns.SLICE_MIN_ROWS else 1
         cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
         sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+        if int_scan.available() and con._stepscope_uri is not None:
+            # the compiled reader, as the kernel read (ingest/int_scan.py); what it cannot read
+            # (a value of another type, a damaged page) ADBC reads below
+            table = int_scan.Table(list(schema), [cuts[i + 1] - cuts[i] for i in range(parts)])
+            try:
+                with ThreadPoolExecutor(len(sqls)) as pool:
+                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, sqls[i]), range(parts)))
+                return _typed(table.frame(), schema)
+            except (int_scan.NotIntegers, int_scan.Unread):
+                pass
     try:
         with ThreadPoolExecutor(len(sqls)) as pool:
             frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))

@@ -41,14 +41,14 @@ def _read(path: Path, native: bool, monkeypatch, calls: list | None = None):
     return ns.read_nsys_sqlite(path, launch_config=True)
 
 
-def _unread(monkeypatch) -> list:
-    """What the compiled reader left for ADBC to read: each Unread's message."""
+def _unread(monkeypatch, kinds=(int_scan.Unread,)) -> list:
+    """What the compiled reader left for ADBC to read: each Unread's message (each of `kinds`)."""
     seen, real = [], int_scan.Table.read
 
     def read(self, *a):
         try:
             return real(self, *a)
-        except int_scan.Unread as e:
+        except kinds as e:
             seen.append(str(e))
             raise
 
@@ -183,3 +183,33 @@ def test_nulls_in_one_slice_of_a_filtered_table(tmp_path, monkeypatch):
     assert sum("rowid >" in sql for sql in calls) >= 6 and not any("typeof(" in sql for sql in calls)
     _same(native, _read(p, False, monkeypatch))
     assert native.kernels["corr"].null_count() == 2
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_launch_configuration_reads_the_same(tmp_path, monkeypatch, damaged):
+    """launch_config's reads of chosen kernels (phase evidence, a step's window) through the
+    compiled reader: the same rows as ADBC's, and as SQLite's own (a gridX of another type: the
+    compiled reader stops, the other path reads it as no grid)."""
+    from stepscope.launch_config import NsysLaunchConfig
+
+    p = _copy(tmp_path, *([f"UPDATE {K} SET gridX = 'x' WHERE rowid = 5"] if damaged else []),
+              source=FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite")
+    monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 50)  # two slices, as a big trace's
+    with ro(p) as con:
+        ids = [r[0] for r in con.execute(f"SELECT DISTINCT shortName FROM {K} WHERE rowid <= 5")]
+        lo, hi = con.execute(f"SELECT min(start), (min(start) + max(start)) / 2 FROM {K}").fetchone()
+        want = con.execute(f"SELECT count(*), total(CASE WHEN typeof(gridX) = 'integer' THEN gridX END), "
+                           f"total(typeof(gridX) != 'integer') FROM {K} WHERE shortName IN ({','.join(map(str, ids))})"
+                           ).fetchone()
+    got = {}
+    for native in (True, False):
+        monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if native else "0")
+        unread, reader = _unread(monkeypatch, (int_scan.NotIntegers, int_scan.Unread)), NsysLaunchConfig(p)
+        got[native] = (reader(ids), reader.window([0], lo, hi), reader.window([0], lo, hi, narrow=False))
+        assert bool(unread) == (native and damaged)
+    for a, b in zip(got[True], got[False]):
+        assert a.equals(b) and a.schema == b.schema
+    by_name = got[True][0]
+    # a grid of another type is no grid: null (the row stays, as its start and call do)
+    assert (by_name.height, by_name["grid_x"].sum(), by_name["grid_x"].null_count()) == (want[0], want[1], want[2])
+    assert want[2] == damaged
