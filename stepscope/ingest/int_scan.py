@@ -17,7 +17,7 @@ import os
 import polars as pl
 
 try:
-    from stepscope.ingest import _scan
+    import stepscope.ingest._scan as _scan  # the module, not the package: no circle through ingest/__init__
 except ImportError:  # built without a compiler or SQLite's header (setup.py: optional)
     _scan = None
 
