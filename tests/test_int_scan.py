@@ -78,15 +78,15 @@ def test_same_frames_as_adbc(export, monkeypatch):
 
 
 def test_a_big_table_is_read_in_slices_on_threads(monkeypatch):
-    """The serving run's API table is over SLICE_MIN_ROWS: read as read_threads() rowid slices,
-    concatenated in rowid order (the same frame as ADBC's)."""
+    """The serving run's tables over SLICE_MIN_ROWS: read as two rowid slices per thread,
+    in rowid order (the same frame as ADBC's)."""
     path = gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz")
     monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 1_000)
     monkeypatch.setattr(ns, "read_threads", lambda: 3)
     calls: list = []
     native = _read(path, True, monkeypatch, calls)
-    assert sum(f"FROM {K}" in sql and "rowid >" in sql for sql in calls) == 3
-    assert sum(f"FROM {R}" in sql and "rowid >" in sql for sql in calls) == 3
+    assert sum(f"FROM {K}" in sql and "rowid >" in sql for sql in calls) == 6  # two per thread
+    assert sum(f"FROM {R}" in sql and "rowid >" in sql for sql in calls) == 6
     _same(native, _read(path, False, monkeypatch))
 
 

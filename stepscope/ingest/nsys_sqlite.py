@@ -184,7 +184,10 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 last = con.execute(f"SELECT max(rowid) FROM {q.table}").fetchone()[0] or 0
             except sqlite3.DatabaseError:  # a view or a WITHOUT ROWID table: one slice
                 last = 0
-        parts = threads if last > SLICE_MIN_ROWS else 1
+        # two slices per thread: the thread done first takes the next one, rather than waiting
+        # on the other's last (a kernel and an API slice do not take the same time): the eager
+        # 1M read 0.67 -> 0.60 s, 1.15 -> 1.01 s of CPU on the 2-core box (median of 6)
+        parts = 2 * threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
         slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
                        for i in range(parts)])
