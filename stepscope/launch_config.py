@@ -128,11 +128,11 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
         parts = ns.read_threads() if last - first + 1 > ns.SLICE_MIN_ROWS else 1
         cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
         sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
-        if int_scan.available() and con._stepscope_uri is not None:
+        if int_scan.available() and con._stepscope_uri is not None and last - first < con._stepscope_rows_bound:
             # the compiled reader, as the kernel read (ingest/int_scan.py); what it cannot read
             # (a value of another type, a damaged page) ADBC reads below
-            table = int_scan.Table(list(schema), [cuts[i + 1] - cuts[i] for i in range(parts)])
             try:
+                table = int_scan.Table(list(schema), [cuts[i + 1] - cuts[i] for i in range(parts)])
                 with ThreadPoolExecutor(len(sqls)) as pool:
                     list(pool.map(lambda i: table.read(i, con._stepscope_uri, sqls[i]), range(parts)))
                 return _typed(table.frame(), schema)

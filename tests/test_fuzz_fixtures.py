@@ -1,5 +1,6 @@
 """Property tests: the real fixtures, damaged at random (truncated, bytes flipped in pages,
-values retyped, columns dropped, keys set to NULL, extreme values), through every command.
+values retyped, columns dropped, keys set to NULL, extreme values, rows moved to far rowids),
+through every command.
 
 Whatever the damage: exit 0 with figures that hold together, or exit 2 with one line; never
 a traceback, a panic or exit 3; never a changed input (hashed before and after). The three
@@ -67,8 +68,12 @@ delete = st.tuples(st.just("delete"), st.sampled_from(TABLES), rows)
 shift = st.tuples(st.just("shift"), st.sampled_from([K, R, "CUPTI_ACTIVITY_KIND_MEMSET"]),
                   st.sampled_from(["start", "end", "correlationId"]),
                   st.sampled_from([1, -1, 2**40, -(2**40), 2**61, 2**62 - 2**41]), rows)
+# rows moved to other rowids (negative, or far past the rest: the readers size their slices by them)
+renumber = st.tuples(st.just("renumber"), st.sampled_from([K, R, "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS"]),
+                     st.sampled_from([-(2**62), -(10**6), 10**6, 2**60]), rows)
 # dropping a column refuses the file at once: drawn less often than the value damage
-operations = st.lists(st.one_of(retype, retype, retype, loosen, shift, delete, drop), min_size=1, max_size=6)
+operations = st.lists(st.one_of(retype, retype, retype, loosen, shift, delete, renumber, drop), min_size=1,
+                      max_size=6)
 
 
 def _apply(con: sqlite3.Connection, op) -> None:
@@ -87,6 +92,9 @@ def _apply(con: sqlite3.Connection, op) -> None:
     elif kind == "delete":
         m, r = op[2]
         con.execute(f"DELETE FROM {table} WHERE rowid % {m} = {r % m}")
+    elif kind == "renumber":
+        _, _, by, (m, r) = op
+        con.execute(f"UPDATE {table} SET rowid = rowid + ({by}) WHERE rowid % {m} = {r % m}")
     elif kind == "shift":
         _, _, col, by, (m, r) = op
         con.execute(f"UPDATE {table} SET {col} = {col} + ({by}) WHERE rowid % {m} = {r % m} "

@@ -213,3 +213,28 @@ def test_launch_configuration_reads_the_same(tmp_path, monkeypatch, damaged):
     # a grid of another type is no grid: null (the row stays, as its start and call do)
     assert (by_name.height, by_name["grid_x"].sum(), by_name["grid_x"].null_count()) == (want[0], want[1], want[2])
     assert want[2] == damaged
+
+
+def test_a_sparse_rowid_is_not_allocated_for(tmp_path, monkeypatch):
+    """A kernel row moved to rowid 2^60 (a damaged export): its slices' ranges are far beyond
+    the rows the file can hold, so the compiled reader is not asked to allocate for them (it
+    was, once: numpy's 'array is too big', exit 3); ADBC reads the table, and the launch
+    configuration of the bare step (phase evidence) reads the same. The whole document is
+    the same on both paths."""
+    from tests.conftest import CliRunner
+    from stepscope.cli import app
+
+    p = _copy(tmp_path, f"UPDATE {K} SET rowid = 1 << 60 WHERE rowid = (SELECT max(rowid) FROM {K})",
+              source=FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite")
+    docs = []
+    for native in (True, False):
+        monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if native else "0")
+        r = CliRunner().invoke(app, ["analyze", str(p), "--json", "--no-cache"])
+        assert r.exit_code == 0, r.output
+        docs.append(r.stdout)
+    assert docs[0] == docs[1]
+    with ro(p) as con:
+        n = con.execute(f"SELECT count(*) FROM {K}").fetchone()[0]
+    assert _read(p, True, monkeypatch).kernels.height == n
+    with pytest.raises(int_scan.Unread, match="rows: "):  # and arrays no machine lends: Unread
+        int_scan.Table(["a"], [1 << 62])

@@ -48,8 +48,11 @@ class Table:
             self.offsets.append(self.offsets[-1] + cap)
         # np.empty leaves the pages untouched: the rows a slice does not fill cost nothing, and
         # a column without NULL never touches its null flags
-        self.values = [np.empty(self.offsets[-1], np.int64) for _ in names]
-        self.nulls = [np.empty(self.offsets[-1], np.uint8) for _ in names]
+        try:
+            self.values = [np.empty(self.offsets[-1], np.int64) for _ in names]
+            self.nulls = [np.empty(self.offsets[-1], np.uint8) for _ in names]
+        except (MemoryError, ValueError) as e:  # more address space than this machine lends
+            raise Unread(f"{self.offsets[-1]:,} rows: {e}") from None
         self.rows = [0] * len(capacities)
         self.null_counts: list[tuple[int, ...]] = [(0,) * len(names)] * len(capacities)
 

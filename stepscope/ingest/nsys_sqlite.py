@@ -192,8 +192,11 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
                        for i in range(parts)])
         # a slice holds at most its rowid range's rows (the one slice of a small table: as many
-        # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads)
-        native = uri is not None and last > 0 and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols)
+        # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads).
+        # Sparse rowids (a damaged export's 2^60) would ask for arrays far beyond what the file
+        # can hold: no more rows than the file has room for (a row takes 4 bytes at least)
+        native = (uri is not None and 0 < last <= getattr(con, "_stepscope_rows_bound", 0)
+                  and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols))
         tables.append([cuts[i + 1] - cuts[i] for i in range(parts)] if native else None)
 
     def read(job):
@@ -213,8 +216,16 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
             return None
 
     def jobs(q, parts, is_typed, caps):
-        table = int_scan.Table(q.raw_names(is_typed), caps) if caps is not None else None
+        table = None
+        if caps is not None:
+            try:
+                table = int_scan.Table(q.raw_names(is_typed), caps)
+            except int_scan.Unread:  # its arrays could not be had: ADBC reads the table
+                pass
         return [(q, extra, is_typed, table, i) for i, extra in enumerate(parts)]
+
+    def native(got) -> bool:
+        return any(isinstance(f, (int_scan.Table, int_scan.NotIntegers, int_scan.Unread)) for f in got)
 
     with ThreadPoolExecutor(threads) as pool:
         frames = list(pool.map(read, [j for q, parts, caps in zip(queries, slices, tables)
@@ -224,7 +235,7 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         for q, parts, caps in zip(queries, slices, tables):
             got = frames[i:i + len(parts)]
             i += len(parts)
-            if caps is not None:
+            if native(got):
                 if any(isinstance(f, int_scan.NotIntegers) for f in got):
                     got = [None]  # the whole table again, typed (below)
                 elif any(isinstance(f, int_scan.Unread) for f in got):
@@ -235,9 +246,9 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
             is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
             if is_typed:  # a value of another type somewhere: the whole table again, typed
                 got = list(pool.map(read, jobs(q, parts, True, caps)))
-                if caps is not None:
-                    got = [got[0].frame()] if isinstance(got[0], int_scan.Table) and all(
-                        f is got[0] for f in got) else list(pool.map(read, jobs(q, parts, True, None)))
+                if native(got):
+                    got = [got[0].frame()] if all(isinstance(f, int_scan.Table) for f in got) else list(
+                        pool.map(read, jobs(q, parts, True, None)))
             out.append((q, got, is_typed))
     del frames
     while out:  # each table's slices and raw frame are let go once its frame is made
@@ -265,6 +276,9 @@ def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
         return
     con._stepscope_uri = Path(path).resolve().as_uri() + "?mode=ro"
     con._stepscope_adbc = adbc_driver_sqlite.connect(con._stepscope_uri)
+    # the most rows the export can hold (its -wal too): what the compiled reader allocates for
+    files = (Path(path), Path(f"{path}-wal"))
+    con._stepscope_rows_bound = sum(f.stat().st_size for f in files if f.exists()) // 4
 
 
 class _Connection(sqlite3.Connection):
@@ -272,6 +286,7 @@ class _Connection(sqlite3.Connection):
 
     _stepscope_adbc = None
     _stepscope_uri = None  # the read-only URI the ADBC twin and the compiled reader open
+    _stepscope_rows_bound = 0
 
     def close(self) -> None:
         if self._stepscope_adbc is not None:
