@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import sqlite3
 import sys
 import types
@@ -67,6 +68,19 @@ def need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present")
     return path
+
+
+def mutated(tmp_path: Path, *sql: str, source: Path = FIXTURES / "llama8b_decode_b1_eager.sqlite") -> Path:
+    """A copy of the export `source` in tmp_path with the statements `sql` applied to it (the
+    fixture itself is never touched)."""
+    p = tmp_path / "m.sqlite"
+    shutil.copy(need(source), p)
+    con = sqlite3.connect(p)
+    for s in sql:
+        con.execute(s)
+    con.commit()
+    con.close()
+    return p
 
 
 # tests import this module both as `conftest` (pytest's name for it) and as `tests.conftest`: the

@@ -15,7 +15,7 @@ from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite as ns
-from tests.conftest import FIXTURES, need, sha256
+from tests.conftest import FIXTURES, mutated, need, sha256
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 K = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -31,17 +31,6 @@ def path_kind(request, monkeypatch):
         pytest.importorskip("stepscope.ingest._scan", reason="the compiled reader was not built")
     monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if request.param == "native" else "0")
     return request.param
-
-
-def mutated(tmp_path, *sql: str, source=EAGER):
-    p = tmp_path / "m.sqlite"
-    shutil.copy(need(source), p)
-    con = sqlite3.connect(p)
-    for s in sql:
-        con.execute(s)
-    con.commit()
-    con.close()
-    return p
 
 
 def analyze(p):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from stepscope.errors import InputError
 from stepscope.ingest import int_scan
 from stepscope.ingest import nsys_sqlite as ns
-from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, ro
+from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, mutated, ro
 
 pytest.importorskip("adbc_driver_sqlite")
 if int_scan._scan is None:
@@ -92,19 +92,8 @@ def test_a_big_table_is_read_in_slices_on_threads(monkeypatch):
     _same(native, _read(path, False, monkeypatch))
 
 
-def _copy(tmp_path, *sql: str, source=FIXTURES / "llama8b_decode_b1_eager.sqlite") -> Path:
-    p = tmp_path / "m.sqlite"
-    shutil.copy(source, p)
-    con = sqlite3.connect(p)
-    for s in sql:
-        con.execute(s)
-    con.commit()
-    con.close()
-    return p
-
-
 def test_a_value_of_another_type_is_read_again_typed(tmp_path, monkeypatch):
-    p = _copy(tmp_path, f"UPDATE {K} SET start = 'x' WHERE rowid IN (3, 7)",
+    p = mutated(tmp_path, f"UPDATE {K} SET start = 'x' WHERE rowid IN (3, 7)",
               f"UPDATE {K} SET correlationId = NULL WHERE rowid = 11",
               f"UPDATE {K} SET streamId = 2.5 WHERE rowid = 12")
     calls: list = []
@@ -122,7 +111,7 @@ def test_a_value_of_another_type_is_read_again_typed(tmp_path, monkeypatch):
 def test_rows_beyond_the_rowid_range_are_read_by_adbc(tmp_path, monkeypatch):
     """A row with a negative rowid: max(rowid) no longer bounds the rows, _scan stops, ADBC
     reads the table (the same frame, the row included)."""
-    p = _copy(tmp_path, f"INSERT INTO {K} SELECT * FROM {K} WHERE rowid = 1", f"UPDATE {K} SET rowid = -5 "
+    p = mutated(tmp_path, f"INSERT INTO {K} SELECT * FROM {K} WHERE rowid = 1", f"UPDATE {K} SET rowid = -5 "
               f"WHERE rowid = (SELECT max(rowid) FROM {K})")
     unread = _unread(monkeypatch)
     native = _read(p, True, monkeypatch)
@@ -176,7 +165,7 @@ def test_scan_reports_its_own_failures():
 def test_nulls_in_one_slice_of_a_filtered_table(tmp_path, monkeypatch):
     """NULLs met by one slice only (the others never wrote their flags), and API slices that the
     filter leaves short (moved together): the same frames as ADBC's."""
-    p = _copy(tmp_path, f"UPDATE {K} SET correlationId = NULL WHERE rowid IN (11, 12)",
+    p = mutated(tmp_path, f"UPDATE {K} SET correlationId = NULL WHERE rowid IN (11, 12)",
               f"UPDATE {R} SET correlationId = NULL WHERE rowid = (SELECT max(rowid) FROM {R})")
     monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 100)
     monkeypatch.setattr(ns, "read_threads", lambda: 3)
@@ -194,7 +183,7 @@ def test_launch_configuration_reads_the_same(tmp_path, monkeypatch, damaged):
     compiled reader stops, the other path reads it as no grid)."""
     from stepscope.launch_config import NsysLaunchConfig
 
-    p = _copy(tmp_path, *([f"UPDATE {K} SET gridX = 'x' WHERE rowid = 5"] if damaged else []),
+    p = mutated(tmp_path, *([f"UPDATE {K} SET gridX = 'x' WHERE rowid = 5"] if damaged else []),
               source=FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite")
     monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 50)  # two slices, as a big trace's
     with ro(p) as con:
@@ -226,7 +215,7 @@ def test_a_sparse_rowid_is_not_allocated_for(tmp_path, monkeypatch):
     from tests.conftest import CliRunner
     from stepscope.cli import app
 
-    p = _copy(tmp_path, f"UPDATE {K} SET rowid = 1 << 60 WHERE rowid = (SELECT max(rowid) FROM {K})",
+    p = mutated(tmp_path, f"UPDATE {K} SET rowid = 1 << 60 WHERE rowid = (SELECT max(rowid) FROM {K})",
               source=FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite")
     docs = []
     for native in (True, False):
