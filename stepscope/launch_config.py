@@ -108,14 +108,13 @@ def _typed(frame: pl.DataFrame, schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataF
 def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
                  schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame | None:
     """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
-    compiled reader or its ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
-    parallel threads for a big span); None without the driver, or where ADBC met a value of
-    another type than its first (the caller reads through sqlite3 then, typed value by value)."""
+    compiled reader or its ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a
+    locked file, rowid slices on parallel threads for a big span); None without the driver, or
+    where ADBC met a value of another type than its first (the caller reads through sqlite3
+    then, typed value by value)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepscope.ingest import nsys_sqlite as ns
-
-    from stepscope.ingest import int_scan
+    from stepscope.ingest import int_scan, nsys_sqlite as ns
 
     ns._attach_adbc(con, path)
     db = con._stepscope_adbc

@@ -148,15 +148,20 @@ def test_scan_reports_its_own_failures():
     import numpy as np
 
     uri = (FIXTURES / "llama8b_decode_b1_eager.sqlite").resolve().as_uri() + "?mode=ro"
+    def frame(sql: str, names: list[str], capacity: int) -> pl.DataFrame:
+        table = int_scan.Table(names, [capacity])
+        table.read(0, uri, sql)
+        return table.frame()
+
     with pytest.raises(int_scan.NotIntegers):
-        int_scan.frame(uri, "SELECT id, value FROM StringIds", ["id", "value"], 10_000)
+        frame("SELECT id, value FROM StringIds", ["id", "value"], 10_000)
     with pytest.raises(int_scan.Unread, match="more than 5 rows"):
-        int_scan.frame(uri, f"SELECT start FROM {K}", ["start"], 5)
+        frame(f"SELECT start FROM {K}", ["start"], 5)
     with pytest.raises(int_scan.Unread, match="no such table"):
-        int_scan.frame(uri, "SELECT x FROM nope", ["x"], 5)
+        frame("SELECT x FROM nope", ["x"], 5)
     with pytest.raises(ValueError):  # one buffer per column
         int_scan._scan.scan(uri, f"SELECT start FROM {K}", (np.empty(4, np.int64),), ())
-    got = int_scan.frame(uri, f"SELECT start, NULL FROM {K} ORDER BY rowid LIMIT 3", ["start", "none"], 3)
+    got = frame(f"SELECT start, NULL FROM {K} ORDER BY rowid LIMIT 3", ["start", "none"], 3)
     with ro(FIXTURES / "llama8b_decode_b1_eager.sqlite") as con:
         first = [r[0] for r in con.execute(f"SELECT start FROM {K} ORDER BY rowid LIMIT 3")]
     assert got["start"].to_list() == first and got["none"].null_count() == 3

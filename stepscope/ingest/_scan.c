@@ -5,9 +5,9 @@
  * mode, where every sqlite3_column_* call takes and releases the connection's mutex, and appends
  * each value to a growing Arrow buffer that polars then copies. A connection opened with
  * SQLITE_OPEN_NOMUTEX (each reader thread has its own) and values written straight into
- * preallocated arrays read the same rows in about half the CPU time (docs/PERFORMANCE.md,
- * round five). The module is optional: without it (no compiler at install time) the ADBC path
- * reads everything, with the same result.
+ * preallocated arrays read the same rows in about four fifths of the time (docs/PERFORMANCE.md,
+ * round five: SQLite's own stepping is most of what is left). The module is optional: without
+ * it (no compiler at install time) the ADBC path reads everything, with the same result.
  *
  * scan(uri, sql, values, nulls) -> (rows, null_counts)
  *   values: one writable buffer of int64 per selected column (its capacity bounds the rows);

@@ -90,10 +90,3 @@ class Table:
                 s = pl.select(pl.when(pl.Series(m[:n].view(np.bool_))).then(None).otherwise(s)).to_series()
             cols.append(s.alias(name))
         return pl.DataFrame(cols)
-
-
-def frame(uri: str, sql: str, names: list[str], capacity: int) -> pl.DataFrame:
-    """`sql`'s rows (at most `capacity`) as Int64 columns named `names`."""
-    table = Table(names, [capacity])
-    table.read(0, uri, sql)
-    return table.frame()
