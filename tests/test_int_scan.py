@@ -161,6 +161,9 @@ def test_scan_reports_its_own_failures():
         frame("SELECT x FROM nope", ["x"], 5)
     with pytest.raises(ValueError):  # one buffer per column
         int_scan._scan.scan(uri, f"SELECT start FROM {K}", (np.empty(4, np.int64),), ())
+    with pytest.raises(TypeError):  # a mistake in the call is not a value of another type
+        int_scan._scan.scan(uri, f"SELECT start FROM {K}", [np.empty(4, np.int64)], (np.empty(4, np.uint8),))
+    assert not issubclass(int_scan._scan.NotIntegers, TypeError)
     got = frame(f"SELECT start, NULL FROM {K} ORDER BY rowid LIMIT 3", ["start", "none"], 3)
     with ro(FIXTURES / "llama8b_decode_b1_eager.sqlite") as con:
         first = [r[0] for r in con.execute(f"SELECT start FROM {K} ORDER BY rowid LIMIT 3")]

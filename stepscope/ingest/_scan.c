@@ -14,9 +14,10 @@
  *   nulls:  one writable buffer of uint8 per column, the same capacity; nulls[c] is written
  *           only from the first NULL of column c on (0 before, 1 at a NULL), so a column
  *           without NULL never touches its pages.
- * Raises TypeError when a value is neither an integer nor NULL (the caller reads the table
- * again with its typed query), OverflowError when there are more rows than the buffers hold,
- * and RuntimeError with SQLite's message otherwise. The GIL is released while SQLite steps.
+ * Raises _scan.NotIntegers when a value is neither an integer nor NULL (the caller reads the
+ * table again with its typed query; its own exception, so that a TypeError of the arguments is
+ * not taken for one), OverflowError when there are more rows than the buffers hold, and
+ * RuntimeError with SQLite's message otherwise. The GIL is released while SQLite steps.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +26,8 @@
 #include <string.h>
 
 enum { SCAN_OK = 0, SCAN_ERROR = 1, SCAN_TYPE = 2, SCAN_FULL = 3 };
+
+static PyObject *NotIntegers;
 
 static int scan_rows(const char *uri, const char *sql, int ncols, int64_t **values, uint8_t **nulls,
                      Py_ssize_t *null_counts, Py_ssize_t cap, Py_ssize_t *rows, char *err, size_t errlen) {
@@ -125,7 +128,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     switch (status) {
     case SCAN_TYPE:
-        PyErr_SetString(PyExc_TypeError, "a value that is neither an integer nor NULL");
+        PyErr_SetString(NotIntegers, "a value that is neither an integer nor NULL");
         return NULL;
     case SCAN_FULL:
         PyErr_Format(PyExc_OverflowError, "more than %zd rows", cap);
@@ -147,4 +150,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    NotIntegers = PyErr_NewException("stepscope.ingest._scan.NotIntegers", NULL, NULL);
+    if (!NotIntegers || PyModule_AddObjectRef(m, "NotIntegers", NotIntegers) < 0) {
+        Py_XDECREF(NotIntegers);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

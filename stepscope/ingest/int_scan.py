@@ -62,7 +62,7 @@ class Table:
         try:
             self.rows[i], self.null_counts[i] = _scan.scan(
                 uri, sql, tuple(v[a:b] for v in self.values), tuple(m[a:b] for m in self.nulls))
-        except TypeError:
+        except _scan.NotIntegers:
             raise NotIntegers(sql) from None
         except (RuntimeError, OverflowError, ValueError) as e:
             raise Unread(str(e)) from None

@@ -176,7 +176,7 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         return
     uri = getattr(con, "_stepscope_uri", None)
     threads = read_threads()
-    slices, tables = [], []
+    slices, capacities = [], []
     for q in queries:
         last = 0
         if q.from_ is None:
@@ -195,9 +195,9 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads).
         # Sparse rowids (a damaged export's 2^60) would ask for arrays far beyond what the file
         # can hold: no more rows than the file has room for (a row takes 4 bytes at least)
-        native = (uri is not None and 0 < last <= getattr(con, "_stepscope_rows_bound", 0)
-                  and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols))
-        tables.append([cuts[i + 1] - cuts[i] for i in range(parts)] if native else None)
+        compiled = (uri is not None and 0 < last <= getattr(con, "_stepscope_rows_bound", 0)
+                    and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols))
+        capacities.append([cuts[i + 1] - cuts[i] for i in range(parts)] if compiled else None)
 
     def read(job):
         q, extra, is_typed, table, i = job
@@ -224,31 +224,29 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 pass
         return [(q, extra, is_typed, table, i) for i, extra in enumerate(parts)]
 
-    def native(got) -> bool:
-        return any(isinstance(f, (int_scan.Table, int_scan.NotIntegers, int_scan.Unread)) for f in got)
+    def settled(q, parts, is_typed, got) -> list:
+        """A table's slices as read: the compiled reader's outcome made frames like ADBC's (its
+        table's one frame; [None] where a plain read met a value of another type, so the table
+        is read again typed), or, where it could not read, ADBC's read, in ADBC's own words."""
+        if not any(isinstance(f, (int_scan.Table, int_scan.NotIntegers, int_scan.Unread)) for f in got):
+            return got  # ADBC's frames
+        if all(isinstance(f, int_scan.Table) for f in got):
+            return [got[0].frame()]
+        if not is_typed and any(isinstance(f, int_scan.NotIntegers) for f in got):
+            return [None]
+        return list(pool.map(read, jobs(q, parts, is_typed, None)))
 
     with ThreadPoolExecutor(threads) as pool:
-        frames = list(pool.map(read, [j for q, parts, caps in zip(queries, slices, tables)
+        frames = list(pool.map(read, [j for q, parts, caps in zip(queries, slices, capacities)
                                       for j in jobs(q, parts, False, caps)]))
         out: list = []
         i = 0
-        for q, parts, caps in zip(queries, slices, tables):
-            got = frames[i:i + len(parts)]
+        for q, parts, caps in zip(queries, slices, capacities):
+            got = settled(q, parts, False, frames[i:i + len(parts)])
             i += len(parts)
-            if native(got):
-                if any(isinstance(f, int_scan.NotIntegers) for f in got):
-                    got = [None]  # the whole table again, typed (below)
-                elif any(isinstance(f, int_scan.Unread) for f in got):
-                    # ADBC reads it, and says what is wrong in its own words
-                    got = list(pool.map(read, jobs(q, parts, False, None)))
-                else:
-                    got = [got[0].frame()]
             is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
             if is_typed:  # a value of another type somewhere: the whole table again, typed
-                got = list(pool.map(read, jobs(q, parts, True, caps)))
-                if native(got):
-                    got = [got[0].frame()] if all(isinstance(f, int_scan.Table) for f in got) else list(
-                        pool.map(read, jobs(q, parts, True, None)))
+                got = settled(q, parts, True, list(pool.map(read, jobs(q, parts, True, caps))))
             out.append((q, got, is_typed))
     del frames
     while out:  # each table's slices and raw frame are let go once its frame is made
