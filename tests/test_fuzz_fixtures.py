@@ -119,24 +119,29 @@ def _digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-PATHS = st.sampled_from(["native", "adbc", "sqlite3"])
+PATHS = st.sampled_from(["pages", "native", "adbc", "sqlite3"])
 
 
 @contextlib.contextmanager
 def _read_path(kind: str):
-    real, env = nsys_sqlite._attach_adbc, os.environ.get("STEPSCOPE_NATIVE_SCAN")
+    """pages: the page reader (the compiled scan where it stops); native: the compiled scan
+    alone; adbc: ADBC alone; sqlite3: sqlite3 alone."""
+    real = nsys_sqlite._attach_adbc
+    env = {k: os.environ.get(k) for k in ("STEPSCOPE_NATIVE_SCAN", "STEPSCOPE_PAGE_SCAN")}
     if kind == "sqlite3":
         nsys_sqlite._attach_adbc = lambda con, path: None
-    os.environ["STEPSCOPE_NATIVE_SCAN"] = "1" if kind == "native" else "0"
+    os.environ["STEPSCOPE_NATIVE_SCAN"] = "1" if kind in ("pages", "native") else "0"
+    os.environ["STEPSCOPE_PAGE_SCAN"] = "1" if kind == "pages" else "0"
     try:
         with reads_for_itself():  # the committed source too, through the path chosen
             yield
     finally:
         nsys_sqlite._attach_adbc = real
-        if env is None:
-            os.environ.pop("STEPSCOPE_NATIVE_SCAN", None)
-        else:
-            os.environ["STEPSCOPE_NATIVE_SCAN"] = env
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _run(args, *inputs: Path):

@@ -21,15 +21,18 @@ EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 K = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
-@pytest.fixture(params=["native", "adbc", "sqlite3"])
+@pytest.fixture(params=["pages", "native", "adbc", "sqlite3"])
 def path_kind(request, monkeypatch):
+    """The read path: the page reader (with the compiled scan where it stops), the compiled
+    scan alone, ADBC alone, sqlite3 alone."""
     if request.param == "sqlite3":
         monkeypatch.setattr(ns, "_attach_adbc", lambda con, p: None)
     else:
         pytest.importorskip("adbc_driver_sqlite")
-    if request.param == "native":
+    if request.param in ("pages", "native"):
         pytest.importorskip("stepscope.ingest._scan", reason="the compiled reader was not built")
-    monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if request.param == "native" else "0")
+    monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if request.param in ("pages", "native") else "0")
+    monkeypatch.setenv("STEPSCOPE_PAGE_SCAN", "1" if request.param == "pages" else "0")
     return request.param
 
 

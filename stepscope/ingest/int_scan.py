@@ -2,7 +2,10 @@
 tables, which are most of what a big export's read costs.
 
 It reads the same rows ADBC would, into arrays allocated here, and hands back a frame of Int64
-columns (NULL kept as null). `NotIntegers` when a value of another SQLite type is met: the
+columns (NULL kept as null). Where the query is a plain one of a rowid table (`page_plan`), the
+rows come straight from the table's B-tree pages in the file (`_scan.pages`), which skips
+SQLite's virtual machine; where the pages hold something it does not read as SQLite would (an
+overflow page, a damaged page), SQLite reads the slice. `NotIntegers` when a value of another SQLite type is met: the
 reader then runs the table's typed query (typed.py) as it does after ADBC. Any other failure
 (SQLite's error, more rows than the slice can hold) is for the ADBC path to read and report,
 so an error reads the same with or without this module. Without the compiled module (no C
@@ -13,6 +16,9 @@ False and ADBC reads every table.
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 
@@ -32,6 +38,84 @@ class Unread(Exception):
 
 def available() -> bool:
     return _scan is not None and os.environ.get("STEPSCOPE_NATIVE_SCAN", "1") != "0"
+
+
+NO_LOWER = -(1 << 63)  # a span's lower bound that bounds nothing
+WHOLE = (NO_LOWER, (1 << 63) - 1)  # (lo, hi]: every rowid
+
+
+@dataclass(frozen=True)
+class Pages:
+    """Where a query's rows lie in the export's own pages, for `_scan.pages`: the table's root
+    page, the record field of each selected column (-1: NULL), and its `col IN (...)` filters as
+    (field, ids). Reading the B-tree's pages directly skips SQLite's virtual machine, which is
+    most of what stepping rows costs (docs/PERFORMANCE.md, round six)."""
+
+    path: str
+    root: int
+    fields: tuple[int, ...]
+    filters: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # a bare column name (`123` would be a number)
+_IN = re.compile(rf"\s*({_NAME})\s+IN\s*\(\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*\)\s*", re.IGNORECASE)
+_WITHOUT_ROWID = re.compile(r"\)\s*WITHOUT\s+ROWID", re.IGNORECASE)
+
+
+def page_plan(con, path: Path | str, table: str, cols: list[str], where: list[str]) -> Pages | None:
+    """The page reader's plan for `SELECT cols FROM table WHERE where`, or None where only SQLite
+    can read it exactly: page reading off (STEPSCOPE_PAGE_SCAN=0), an export with a journal or
+    write-ahead log beside it (SQLite would read pages from there), a view, a virtual or WITHOUT
+    ROWID table, generated columns, a column that is the rowid's alias, an expression, a filter
+    other than `column IN (integers)` on a column of INTEGER affinity. `con`: a sqlite3
+    connection to the export (the catalog is read through it)."""
+    if not available() or os.environ.get("STEPSCOPE_PAGE_SCAN", "1") == "0":
+        return None
+    for side in ("-wal", "-journal"):
+        try:
+            if os.path.getsize(f"{path}{side}") > 0:
+                return None
+        except OSError:
+            pass
+    row = con.execute("SELECT type, rootpage, sql FROM sqlite_master WHERE type = 'table' AND name = ? "
+                      "COLLATE NOCASE", (table,)).fetchall()
+    if len(row) != 1:
+        return None
+    _, root, sql = row[0]
+    if not isinstance(root, int) or root < 2 or not isinstance(sql, str) or _WITHOUT_ROWID.search(sql):
+        return None  # a virtual table's root page is 0
+    info = con.execute(f"PRAGMA table_xinfo('{table}')").fetchall()  # cid, name, type, notnull, default, pk, hidden
+    if any(r[6] for r in info):  # generated columns are not stored as the others are
+        return None
+    by_name = {r[1].lower(): (field, r) for field, r in enumerate(info) if isinstance(r[1], str)}
+
+    def field(name: str, integer: bool = False) -> int | None:
+        got = by_name.get(name.lower())
+        if got is None or got[1][5]:  # a primary key column may be the rowid itself
+            return None
+        if integer and "INT" not in str(got[1][2]).upper():  # not INTEGER affinity: IN compares otherwise
+            return None
+        return got[0]
+
+    fields = []
+    for c in cols:
+        f = -1 if c.upper() == "NULL" else field(c) if re.fullmatch(_NAME, c) else None
+        if f is None:
+            return None
+        fields.append(f)
+    filters = []
+    for clause in where:
+        m = _IN.fullmatch(clause)
+        f = field(m.group(1), integer=True) if m else None
+        if f is None:
+            return None
+        ids = {int(v) for v in m.group(2).split(",")}
+        if not all(-(1 << 63) <= v < (1 << 63) for v in ids):  # SQLite would compare a real number
+            return None
+        filters.append((f, tuple(sorted(ids))))
+    if len(filters) > 8 or max(fields + [f for f, _ in filters]) >= 2000:
+        return None
+    return Pages(str(path), root, tuple(fields), tuple(filters))
 
 
 class Table:
@@ -56,12 +140,22 @@ class Table:
         self.rows = [0] * len(capacities)
         self.null_counts: list[tuple[int, ...]] = [(0,) * len(names)] * len(capacities)
 
-    def read(self, i: int, uri: str, sql: str) -> None:
-        """Slice i: `sql`'s rows, at most the slice's capacity."""
+    def read(self, i: int, uri: str, sql: str, pages: Pages | None = None,
+             span: tuple[int, int] = WHOLE) -> None:
+        """Slice i: `sql`'s rows, at most the slice's capacity. With `pages` (the same query's
+        plan, its rowids `span`: (lo, hi]) from the export's pages, unless the page reader finds
+        what it leaves to SQLite (an overflow page, a damaged page, a writer): then as without."""
         a, b = self.offsets[i], self.offsets[i + 1]
+        values, nulls = tuple(v[a:b] for v in self.values), tuple(m[a:b] for m in self.nulls)
         try:
-            self.rows[i], self.null_counts[i] = _scan.scan(
-                uri, sql, tuple(v[a:b] for v in self.values), tuple(m[a:b] for m in self.nulls))
+            if pages is not None:
+                try:
+                    self.rows[i], self.null_counts[i] = _scan.pages(
+                        pages.path, pages.root, pages.fields, pages.filters, span[0], span[1], values, nulls)
+                    return
+                except RuntimeError:
+                    pass
+            self.rows[i], self.null_counts[i] = _scan.scan(uri, sql, values, nulls)
         except _scan.NotIntegers:
             raise NotIntegers(sql) from None
         except (RuntimeError, OverflowError, ValueError) as e:

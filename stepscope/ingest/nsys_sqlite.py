@@ -176,7 +176,7 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         return
     uri = getattr(con, "_stepscope_uri", None)
     threads = read_threads()
-    slices, capacities = [], []
+    slices, capacities, plans = [], [], []
     for q in queries:
         last = 0
         if q.from_ is None:
@@ -189,8 +189,8 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         # 1M read 0.67 -> 0.60 s, 1.15 -> 1.01 s of CPU on the 2-core box (median of 6)
         parts = 2 * threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
-        slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"] if parts > 1 else []
-                       for i in range(parts)])
+        slices.append([([f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"], (cuts[i], cuts[i + 1])) if parts > 1
+                       else ([], int_scan.WHOLE) for i in range(parts)])
         # a slice holds at most its rowid range's rows (the one slice of a small table: as many
         # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads).
         # Sparse rowids (a damaged export's 2^60) would ask for arrays far beyond what the file
@@ -198,13 +198,16 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         compiled = (uri is not None and 0 < last <= getattr(con, "_stepscope_rows_bound", 0)
                     and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols))
         capacities.append([cuts[i + 1] - cuts[i] for i in range(parts)] if compiled else None)
+        # the plain query straight from the export's pages, where they hold it simply
+        plans.append(int_scan.page_plan(con, con._stepscope_path, q.table, [c.sql for c in q.cols], q.where)
+                     if compiled and q.from_ is None and all(c.kind != typed.TEXT for c in q.cols) else None)
 
     def read(job):
-        q, extra, is_typed, table, i = job
+        q, (extra, span), is_typed, table, i, plan = job
         sql = q.sql(is_typed, extra)
         if table is not None:
             try:
-                table.read(i, uri, sql)
+                table.read(i, uri, sql, None if is_typed else plan, span)
                 return table
             except (int_scan.NotIntegers, int_scan.Unread) as e:
                 return e
@@ -215,14 +218,14 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
                 raise
             return None
 
-    def jobs(q, parts, is_typed, caps):
+    def jobs(q, parts, is_typed, caps, plan=None):
         table = None
         if caps is not None:
             try:
                 table = int_scan.Table(q.raw_names(is_typed), caps)
             except int_scan.Unread:  # its arrays could not be had: ADBC reads the table
                 pass
-        return [(q, extra, is_typed, table, i) for i, extra in enumerate(parts)]
+        return [(q, part, is_typed, table, i, plan) for i, part in enumerate(parts)]
 
     def settled(q, parts, is_typed, got) -> list:
         """A table's slices as read: the compiled reader's outcome made frames like ADBC's (its
@@ -237,8 +240,8 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         return list(pool.map(read, jobs(q, parts, is_typed, None)))
 
     with ThreadPoolExecutor(threads) as pool:
-        frames = list(pool.map(read, [j for q, parts, caps in zip(queries, slices, capacities)
-                                      for j in jobs(q, parts, False, caps)]))
+        frames = list(pool.map(read, [j for q, parts, caps, plan in zip(queries, slices, capacities, plans)
+                                      for j in jobs(q, parts, False, caps, plan)]))
         out: list = []
         i = 0
         for q, parts, caps in zip(queries, slices, capacities):
@@ -272,7 +275,8 @@ def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
         import adbc_driver_sqlite
     except ImportError:
         return
-    con._stepscope_uri = Path(path).resolve().as_uri() + "?mode=ro"
+    con._stepscope_path = str(Path(path).resolve())
+    con._stepscope_uri = Path(con._stepscope_path).as_uri() + "?mode=ro"
     con._stepscope_adbc = adbc_driver_sqlite.connect(con._stepscope_uri)
     # the most rows the export can hold (its -wal too): what the compiled reader allocates for
     files = (Path(path), Path(f"{path}-wal"))
@@ -284,6 +288,7 @@ class _Connection(sqlite3.Connection):
 
     _stepscope_adbc = None
     _stepscope_uri = None  # the read-only URI the ADBC twin and the compiled reader open
+    _stepscope_path = None  # the file itself, which the page reader opens (int_scan.page_plan)
     _stepscope_rows_bound = 0
 
     def close(self) -> None:
