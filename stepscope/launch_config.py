@@ -77,11 +77,12 @@ class NsysLaunchConfig:
             have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
             # an old export may lack a column
             schema = _schema(dims)
-            dims = ", ".join(c if c in have else "NULL" for c in (ns.LAUNCH_COLUMNS[d] for d in dims))
+            cols = [c if c in have else "NULL" for c in (ns.LAUNCH_COLUMNS[d] for d in dims)]
             # globalPid packs <hw:8><vm:8><pid:24><tid:24>
-            sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {dims} "
+            sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {', '.join(cols)} "
                    f"FROM {table} WHERE {where}")
-            frame = _adbc_slices(con, self.path, sql, span, schema)
+            plain = (table, ["globalPid", "correlationId", "start", *cols], where)
+            frame = _adbc_slices(con, self.path, sql, span, schema, plain)
             if frame is None:
                 if span is not None:
                     sql += f" AND rowid BETWEEN {span[0]} AND {span[1]}"
@@ -106,12 +107,15 @@ def _typed(frame: pl.DataFrame, schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataF
 
 
 def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
-                 schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame | None:
+                 schema: dict = LAUNCH_CONFIG_SCHEMA,
+                 plain: tuple[str, list[str], str] | None = None) -> pl.DataFrame | None:
     """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
     compiled reader or its ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a
     locked file, rowid slices on parallel threads for a big span); None without the driver, or
     where ADBC met a value of another type than its first (the caller reads through sqlite3
-    then, typed value by value)."""
+    then, typed value by value). `plain`: (table, columns, where), the same rows with globalPid
+    whole, which the compiled reader may take from the table's pages (int_scan.page_plan); the
+    pid is then unpacked here as SQLite's `(globalPid >> 24) & 16777215` would."""
     from concurrent.futures import ThreadPoolExecutor
 
     from stepscope.ingest import int_scan, nsys_sqlite as ns
@@ -130,13 +134,24 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
         if int_scan.available() and con._stepscope_uri is not None and last - first < con._stepscope_rows_bound:
             # the compiled reader, as the kernel read (ingest/int_scan.py); what it cannot read
             # (a value of another type, a damaged page) ADBC reads below
+            plan = None if plain is None else int_scan.page_plan(con, con._stepscope_path, plain[0], plain[1],
+                                                                  [plain[2]])
+            if plan is not None:
+                sqls = [f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND rowid > {cuts[i]} "
+                        f"AND rowid <= {cuts[i + 1]}" for i in range(parts)]
             try:
-                table = int_scan.Table(list(schema), [cuts[i + 1] - cuts[i] for i in range(parts)])
+                names = [f"_{i}" for i in range(len(plain[1]))] if plan is not None else list(schema)  # NULL twice
+                table = int_scan.Table(names, [cuts[i + 1] - cuts[i] for i in range(parts)])
                 with ThreadPoolExecutor(len(sqls)) as pool:
-                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, sqls[i]), range(parts)))
-                return _typed(table.frame(), schema)
+                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, sqls[i], plan,
+                                                       (cuts[i], cuts[i + 1])), range(parts)))
+                frame = table.frame()
+                if plan is not None:
+                    frame = frame.with_columns((pl.col("_0") // (1 << 24)) % (1 << 24))
+                return _typed(frame, schema)
             except (int_scan.NotIntegers, int_scan.Unread):
-                pass
+                if plan is not None:  # ADBC reads the query with SQLite's own unpacking
+                    sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
     try:
         with ThreadPoolExecutor(len(sqls)) as pool:
             frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))

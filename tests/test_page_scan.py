@@ -389,3 +389,34 @@ def test_damaged_tree_pages_read_as_sqlite_reads_them(tmp_path_factory, flips):
         assert got[0] == got[1]
     else:
         _same(*got)
+
+
+@pytest.mark.parametrize("damage", [None, f"UPDATE {K} SET gridX = 'x' WHERE rowid = 5",
+                                    f"UPDATE {K} SET globalPid = -(globalPid + 12345) WHERE rowid % 7 = 3"])
+def test_launch_configuration_from_the_pages(tmp_path, monkeypatch, damage):
+    """launch_config's read of chosen kernel names (phase evidence): from the pages, with the pid
+    unpacked as SQLite's `(globalPid >> 24) & 16777215` does (a negative globalPid too); a grid of
+    another type leaves the read to ADBC, which reads it as no grid. The same frames as ADBC's,
+    and its step window (not a plain query: the compiled scan) too."""
+    from stepscope.launch_config import NsysLaunchConfig
+
+    p = mutated(tmp_path, *([damage] if damage else []), source=FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite")
+    monkeypatch.setattr(ns, "SLICE_MIN_ROWS", 50)  # two slices, as a big trace's
+    with ro(p) as con:
+        ids = [r[0] for r in con.execute(f"SELECT DISTINCT shortName FROM {K} WHERE rowid <= 5")]
+        lo, hi = con.execute(f"SELECT min(start), (min(start) + max(start)) / 2 FROM {K}").fetchone()
+        pids = sorted({r[0] for r in con.execute(f"SELECT (globalPid >> 24) & 16777215 FROM {K} WHERE shortName IN "
+                                                 f"({','.join(map(str, ids))}) AND typeof(gridX) = 'integer'")})
+    got = {}
+    for mode in ("pages", "adbc"):
+        calls: list = []
+        monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "0" if mode == "adbc" else "1")
+        monkeypatch.setenv("STEPSCOPE_PAGE_SCAN", "1" if mode == "pages" else "0")
+        real = int_scan._scan.pages
+        monkeypatch.setattr(int_scan._scan, "pages", lambda *a: calls.append(a[1]) or real(*a))
+        reader = NsysLaunchConfig(p)
+        got[mode] = (reader(ids), reader.window([0], lo, hi), reader.window([0], lo, hi, narrow=False))
+        assert (mode == "pages") == (calls.count(_root(p, K)) == 2)  # the two slices of the by-name read
+    for a, b in zip(got["pages"], got["adbc"]):
+        assert a.equals(b) and a.schema == b.schema
+    assert sorted(set(got["pages"][0]["pid"].to_list())) == pids
