@@ -168,6 +168,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__APPLE__)
+#define MTIME_NS(s) ((int64_t)(s).st_mtimespec.tv_sec * 1000000000 + (s).st_mtimespec.tv_nsec)
+#else
+#define MTIME_NS(s) ((int64_t)(s).st_mtim.tv_sec * 1000000000 + (s).st_mtim.tv_nsec)
+#endif
+
 enum { PG_MAX_DEPTH = 20, PG_BATCH = 32, PG_MAX_FIELDS = 2000, PG_MAX_FILTERS = 8 };
 
 typedef struct {
@@ -429,7 +435,7 @@ static int pages_rows(const char *path, uint32_t root, pg_reader *r) {
     /* a writer that committed meanwhile (its change counter, the file's size or time moved):
      * what was read may mix two states, so SQLite reads it instead */
     if (rc == 0 && (pg_header(r, h1, &s1) != 0 || memcmp(h0 + 24, h1 + 24, 4) != 0 || s0.st_size != s1.st_size ||
-                    s0.st_mtim.tv_sec != s1.st_mtim.tv_sec || s0.st_mtim.tv_nsec != s1.st_mtim.tv_nsec))
+                    MTIME_NS(s0) != MTIME_NS(s1)))
         rc = pg_fail(r, "the file changed while it was read", 0);
     close(r->fd);
     return rc;
