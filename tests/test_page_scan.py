@@ -416,7 +416,9 @@ def test_launch_configuration_from_the_pages(tmp_path, monkeypatch, damage):
         monkeypatch.setattr(int_scan._scan, "pages", lambda *a: calls.append(a[1]) or real(*a))
         reader = NsysLaunchConfig(p)
         got[mode] = (reader(ids), reader.window([0], lo, hi), reader.window([0], lo, hi, narrow=False))
-        assert (mode == "pages") == (calls.count(_root(p, K)) == 2)  # the two slices of the by-name read
+        # the two slices of the by-name read (after a damaged one, the other may not have begun)
+        n = calls.count(_root(p, K))
+        assert n == 0 if mode == "adbc" else n == 2 if damage is None else n >= 1
     for a, b in zip(got["pages"], got["adbc"]):
         assert a.equals(b) and a.schema == b.schema
     assert sorted(set(got["pages"][0]["pid"].to_list())) == pids
