@@ -135,6 +135,18 @@ def serving_diagnosis(mode: str):
     return _SHARED.diagnoses[mode]
 
 
+TRACE_FRAMES = ("kernels", "api", "memops", "nvtx", "strings", "gpus", "processes", "threads")
+
+
+def same_trace(a, b) -> None:
+    """Two reads of one export: the same frames (dtypes included) and the same warnings."""
+    for f in TRACE_FRAMES:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.schema == y.schema, f
+        assert x.equals(y), f
+    assert a.warnings == b.warnings
+
+
 def ro(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
 

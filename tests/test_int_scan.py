@@ -16,14 +16,13 @@ from hypothesis import strategies as st
 from stepscope.errors import InputError
 from stepscope.ingest import int_scan
 from stepscope.ingest import nsys_sqlite as ns
-from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, mutated, ro
+from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, mutated, ro, same_trace
 
 pytest.importorskip("adbc_driver_sqlite")
 if int_scan._scan is None:
     pytest.skip("stepscope.ingest._scan was not built (no C compiler or sqlite3.h at install)",
                 allow_module_level=True)
 
-FRAMES = ("kernels", "api", "memops", "nvtx", "strings", "gpus", "processes", "threads")
 K, R = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
 EXPORTS = sorted(p for p in FIXTURES.rglob("*.sqlite")) + [
     SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz"]
@@ -60,20 +59,12 @@ def _unread(monkeypatch, kinds=(int_scan.Unread,)) -> list:
     return seen
 
 
-def _same(a, b) -> None:
-    for f in FRAMES:
-        x, y = getattr(a, f), getattr(b, f)
-        assert x.schema == y.schema, f
-        assert x.equals(y), f
-    assert a.warnings == b.warnings
-
-
 @pytest.mark.parametrize("export", EXPORTS + EXTERNAL_FILES, ids=lambda p: p.name)
 def test_same_frames_as_adbc(export, monkeypatch):
     path = gunzipped(export) if export.name.endswith(".gz") else export
     calls: list = []
     native = _read(path, True, monkeypatch, calls)
-    _same(native, _read(path, False, monkeypatch))
+    same_trace(native, _read(path, False, monkeypatch))
     assert any(f"FROM {K}" in sql for sql in calls)  # the kernel table went through _scan
     with ro(path) as con:  # an independent count: the kernel table as SQLite sums it
         n, total, corr = con.execute(f'SELECT count(*), total("end" - start), total(correlationId) FROM {K}').fetchone()
@@ -91,7 +82,7 @@ def test_a_big_table_is_read_in_slices_on_threads(monkeypatch):
     native = _read(path, True, monkeypatch, calls)
     assert sum(f"FROM {K}" in sql and "rowid >" in sql for sql in calls) == 6  # two per thread
     assert sum(f"FROM {R}" in sql and "rowid >" in sql for sql in calls) == 6
-    _same(native, _read(path, False, monkeypatch))
+    same_trace(native, _read(path, False, monkeypatch))
 
 
 def test_a_value_of_another_type_is_read_again_typed(tmp_path, monkeypatch):
@@ -100,7 +91,7 @@ def test_a_value_of_another_type_is_read_again_typed(tmp_path, monkeypatch):
               f"UPDATE {K} SET streamId = 2.5 WHERE rowid = 12")
     calls: list = []
     native = _read(p, True, monkeypatch, calls)
-    _same(native, _read(p, False, monkeypatch))
+    same_trace(native, _read(p, False, monkeypatch))
     kernel_reads = [sql for sql in calls if f"FROM {K}" in sql]
     assert len(kernel_reads) == 2 and "typeof(" in kernel_reads[1]  # plain, then typed: both compiled
     with ro(p) as con:
@@ -118,7 +109,7 @@ def test_rows_beyond_the_rowid_range_are_read_by_adbc(tmp_path, monkeypatch):
     unread = _unread(monkeypatch)
     native = _read(p, True, monkeypatch)
     assert len(unread) == 1 and unread[0].startswith("more than")
-    _same(native, _read(p, False, monkeypatch))
+    same_trace(native, _read(p, False, monkeypatch))
     with ro(p) as con:
         assert native.kernels.height == con.execute(f"SELECT count(*) FROM {K}").fetchone()[0]
 
@@ -182,12 +173,12 @@ def test_nulls_in_one_slice_of_a_filtered_table(tmp_path, monkeypatch):
     calls: list = []
     native = _read(p, True, monkeypatch, calls)
     assert sum("rowid >" in sql for sql in calls) >= 6 and not any("typeof(" in sql for sql in calls)
-    _same(native, _read(p, False, monkeypatch))
+    same_trace(native, _read(p, False, monkeypatch))
     assert native.kernels["corr"].null_count() == 2
 
 
 @pytest.mark.parametrize("damaged", [False, True])
-def test_launch_configuration_reads_the_same(tmp_path, monkeypatch, damaged):
+def test_launch_configuration_reads_thesame_trace(tmp_path, monkeypatch, damaged):
     """launch_config's reads of chosen kernels (phase evidence, a step's window) through the
     compiled reader: the same rows as ADBC's, and as SQLite's own (a gridX of another type: the
     compiled reader stops, the other path reads it as no grid)."""

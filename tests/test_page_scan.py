@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from stepscope.ingest import int_scan
 from stepscope.ingest import nsys_sqlite as ns
-from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, mutated, ro
+from tests.conftest import EXTERNAL_FILES, FIXTURES, SERVING, examples, gunzipped, mutated, ro, same_trace
 
 pytest.importorskip("adbc_driver_sqlite")
 if int_scan._scan is None:
@@ -25,7 +25,6 @@ if int_scan._scan is None:
                 allow_module_level=True)
 np = pytest.importorskip("numpy")
 
-FRAMES = ("kernels", "api", "memops", "nvtx", "strings", "gpus", "processes", "threads")
 K, R = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
 EXPORTS = sorted(p for p in FIXTURES.rglob("*.sqlite")) + [
     SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz"]
@@ -57,14 +56,6 @@ def _read(path: Path, mode: str, monkeypatch, calls: list | None = None):
     return ns.read_nsys_sqlite(path, launch_config=True)
 
 
-def _same(a, b) -> None:
-    for f in FRAMES:
-        x, y = getattr(a, f), getattr(b, f)
-        assert x.schema == y.schema, f
-        assert x.equals(y), f
-    assert a.warnings == b.warnings
-
-
 def _root(path: Path, table: str) -> int:
     with ro(path) as con:
         return con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
@@ -76,8 +67,8 @@ def test_same_frames_as_sqlite_and_adbc(export, monkeypatch):
     calls: list = []
     pages = _read(path, "pages", monkeypatch, calls)
     calls = list(calls)  # (the reads below add theirs)
-    _same(pages, _read(path, "scan", monkeypatch))
-    _same(pages, _read(path, "adbc", monkeypatch))
+    same_trace(pages, _read(path, "scan", monkeypatch))
+    same_trace(pages, _read(path, "adbc", monkeypatch))
     # the kernel and API tables came from their pages, with no slice left to SQLite
     for table in (K, R):
         mine = [c for c in calls if c[0] == "pages" and c[1] == _root(path, table)]
@@ -109,7 +100,7 @@ def test_slices_are_rowid_spans_of_the_tree(monkeypatch):
     spans = sorted(c[2:4] for c in calls if c[0] == "pages" and c[1] == _root(path, K))
     assert spans == [(last * i // 6, last * (i + 1) // 6) for i in range(6)]  # two per thread
     assert sum(c[0] == "pages" and c[1] == _root(path, R) for c in calls) == 6
-    _same(pages, _read(path, "scan", monkeypatch))
+    same_trace(pages, _read(path, "scan", monkeypatch))
 
 
 def test_an_overflow_page_is_left_to_sqlite(tmp_path, monkeypatch):
@@ -122,7 +113,7 @@ def test_an_overflow_page_is_left_to_sqlite(tmp_path, monkeypatch):
     mine = [c for c in calls if c[0] == "pages" and c[1] == _root(p, K)]
     assert len(mine) == 1 and "overflow page" in mine[0][4]
     assert any(c[0] == "scan" and f"FROM {K}" in c[1] for c in calls)
-    _same(pages, _read(p, "adbc", monkeypatch))
+    same_trace(pages, _read(p, "adbc", monkeypatch))
     assert pages.kernels.height == 420
 
 
@@ -388,7 +379,7 @@ def test_damaged_tree_pages_read_as_sqlite_reads_them(tmp_path_factory, flips):
     if isinstance(got[0], str) or isinstance(got[1], str):
         assert got[0] == got[1]
     else:
-        _same(*got)
+        same_trace(*got)
 
 
 @pytest.mark.parametrize("damage", [None, f"UPDATE {K} SET gridX = 'x' WHERE rowid = 5",

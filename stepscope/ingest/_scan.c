@@ -94,6 +94,56 @@ static int take_buffers(PyObject *seq, Py_buffer *views, int n, Py_ssize_t items
     return 0;
 }
 
+/* the output buffers of one call (values and NULL flags per column), and its result */
+typedef struct {
+    Py_buffer vb[256], nb[256];
+    int64_t *vp[256];
+    uint8_t *np[256];
+    Py_ssize_t counts[256];
+    Py_ssize_t cap;
+    int ncols;
+} outputs;
+
+static int outputs_take(outputs *o, PyObject *values, PyObject *nulls) {
+    Py_ssize_t ncap = -1;
+    o->cap = -1;
+    if (take_buffers(values, o->vb, o->ncols, 8, &o->cap) < 0) return -1;
+    if (take_buffers(nulls, o->nb, o->ncols, 1, &ncap) < 0) {
+        for (int i = 0; i < o->ncols; i++) PyBuffer_Release(&o->vb[i]);
+        return -1;
+    }
+    if (ncap < o->cap) o->cap = ncap;
+    for (int i = 0; i < o->ncols; i++) {
+        o->vp[i] = (int64_t *)o->vb[i].buf;
+        o->np[i] = (uint8_t *)o->nb[i].buf;
+        o->counts[i] = 0;
+    }
+    return 0;
+}
+
+/* releases the buffers; (rows, null_counts), or the exception `status` stands for */
+static PyObject *outputs_result(outputs *o, int status, const char *err, Py_ssize_t rows) {
+    for (int i = 0; i < o->ncols; i++) {
+        PyBuffer_Release(&o->vb[i]);
+        PyBuffer_Release(&o->nb[i]);
+    }
+    switch (status) {
+    case SCAN_TYPE:
+        PyErr_SetString(NotIntegers, "a value that is neither an integer nor NULL");
+        return NULL;
+    case SCAN_FULL:
+        PyErr_Format(PyExc_OverflowError, "more than %zd rows", o->cap);
+        return NULL;
+    case SCAN_ERROR:
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return NULL;
+    }
+    PyObject *nc = PyTuple_New(o->ncols);
+    if (!nc) return NULL;
+    for (int i = 0; i < o->ncols; i++) PyTuple_SET_ITEM(nc, i, PyLong_FromSsize_t(o->counts[i]));
+    return Py_BuildValue("(nN)", rows, nc);
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     const char *uri, *sql;
     PyObject *values, *nulls;
@@ -103,45 +153,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "values and nulls: one buffer each per column (1 to 256)");
         return NULL;
     }
-    Py_buffer vb[256], nb[256];
-    int64_t *vp[256];
-    uint8_t *np_[256];
-    Py_ssize_t counts[256];
-    Py_ssize_t cap = -1, ncap = -1, rows = 0;
-    if (take_buffers(values, vb, (int)ncols, 8, &cap) < 0) return NULL;
-    if (take_buffers(nulls, nb, (int)ncols, 1, &ncap) < 0) {
-        for (int i = 0; i < ncols; i++) PyBuffer_Release(&vb[i]);
-        return NULL;
-    }
-    if (ncap < cap) cap = ncap;
-    for (int i = 0; i < ncols; i++) {
-        vp[i] = (int64_t *)vb[i].buf;
-        np_[i] = (uint8_t *)nb[i].buf;
-    }
+    outputs o = {.ncols = (int)ncols};
+    if (outputs_take(&o, values, nulls) < 0) return NULL;
     char err[512] = {0};
+    Py_ssize_t rows = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = scan_rows(uri, sql, (int)ncols, vp, np_, counts, cap, &rows, err, sizeof err);
+    status = scan_rows(uri, sql, o.ncols, o.vp, o.np, o.counts, o.cap, &rows, err, sizeof err);
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < ncols; i++) {
-        PyBuffer_Release(&vb[i]);
-        PyBuffer_Release(&nb[i]);
-    }
-    switch (status) {
-    case SCAN_TYPE:
-        PyErr_SetString(NotIntegers, "a value that is neither an integer nor NULL");
-        return NULL;
-    case SCAN_FULL:
-        PyErr_Format(PyExc_OverflowError, "more than %zd rows", cap);
-        return NULL;
-    case SCAN_ERROR:
-        PyErr_SetString(PyExc_RuntimeError, err);
-        return NULL;
-    }
-    PyObject *nc = PyTuple_New(ncols);
-    if (!nc) return NULL;
-    for (int i = 0; i < ncols; i++) PyTuple_SET_ITEM(nc, i, PyLong_FromSsize_t(counts[i]));
-    return Py_BuildValue("(nN)", rows, nc);
+    return outputs_result(&o, status, err, rows);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -506,48 +526,16 @@ static PyObject *pages(PyObject *self, PyObject *args) {
         if (f + 1 > nfields) nfields = (int)f + 1;
     }
     {
-        Py_buffer vb[256], nb[256];
-        int64_t *vp[256];
-        uint8_t *np_[256];
-        Py_ssize_t counts[256];
-        Py_ssize_t cap = -1, ncap = -1;
-        if (take_buffers(values, vb, (int)ncols, 8, &cap) < 0) goto out;
-        if (take_buffers(nulls, nb, (int)ncols, 1, &ncap) < 0) {
-            for (int i = 0; i < ncols; i++) PyBuffer_Release(&vb[i]);
-            goto out;
-        }
-        if (ncap < cap) cap = ncap;
-        for (int i = 0; i < ncols; i++) {
-            vp[i] = (int64_t *)vb[i].buf;
-            np_[i] = (uint8_t *)nb[i].buf;
-            counts[i] = 0;
-        }
+        outputs o = {.ncols = (int)ncols};
+        if (outputs_take(&o, values, nulls) < 0) goto out;
         char err[512] = {0};
         pg_reader r = {.fd = -1, .ncols = (int)ncols, .nfilters = nflt, .nfields = nfields, .fields = fidx,
-                       .filters = flt, .lo = lo, .hi = hi, .values = vp, .nulls = np_, .null_counts = counts,
-                       .cap = cap, .n = 0, .status = SCAN_OK, .err = err, .errlen = sizeof err};
+                       .filters = flt, .lo = lo, .hi = hi, .values = o.vp, .nulls = o.np, .null_counts = o.counts,
+                       .cap = o.cap, .n = 0, .status = SCAN_OK, .err = err, .errlen = sizeof err};
         Py_BEGIN_ALLOW_THREADS
         pages_rows(path, root, &r);
         Py_END_ALLOW_THREADS
-        for (int i = 0; i < ncols; i++) {
-            PyBuffer_Release(&vb[i]);
-            PyBuffer_Release(&nb[i]);
-        }
-        switch (r.status) {
-        case SCAN_TYPE:
-            PyErr_SetString(NotIntegers, "a value that is neither an integer nor NULL");
-            goto out;
-        case SCAN_FULL:
-            PyErr_Format(PyExc_OverflowError, "more than %zd rows", cap);
-            goto out;
-        case SCAN_ERROR:
-            PyErr_SetString(PyExc_RuntimeError, err);
-            goto out;
-        }
-        PyObject *nc = PyTuple_New(ncols);
-        if (!nc) goto out;
-        for (int i = 0; i < ncols; i++) PyTuple_SET_ITEM(nc, i, PyLong_FromSsize_t(counts[i]));
-        result = Py_BuildValue("(nN)", r.n, nc);
+        result = outputs_result(&o, r.status, err, r.n);
     }
 out:
     for (int i = 0; i < nflt; i++) free(flt[i].set);
