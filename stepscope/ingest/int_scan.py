@@ -5,8 +5,8 @@ It reads the same rows ADBC would, into arrays allocated here, and hands back a 
 columns (NULL kept as null). Where the query is a plain one of a rowid table (`page_plan`), the
 rows come straight from the table's B-tree pages in the file (`_scan.pages`), which skips
 SQLite's virtual machine; where the pages hold something it does not read as SQLite would (an
-overflow page, a damaged page), SQLite reads the slice. `NotIntegers` when a value of another SQLite type is met: the
-reader then runs the table's typed query (typed.py) as it does after ADBC. Any other failure
+overflow page, a damaged page), SQLite reads the slice. `NotIntegers` when a value of another
+SQLite type is met: the reader then runs the table's typed query (typed.py) as it does after ADBC. Any other failure
 (SQLite's error, more rows than the slice can hold) is for the ADBC path to read and report,
 so an error reads the same with or without this module. Without the compiled module (no C
 compiler when stepscope was installed), or with STEPSCOPE_NATIVE_SCAN=0, `available()` is

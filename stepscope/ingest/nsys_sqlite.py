@@ -200,7 +200,7 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
         capacities.append([cuts[i + 1] - cuts[i] for i in range(parts)] if compiled else None)
         # the plain query straight from the export's pages, where they hold it simply
         plans.append(int_scan.page_plan(con, con._stepscope_path, q.table, [c.sql for c in q.cols], q.where)
-                     if compiled and q.from_ is None and all(c.kind != typed.TEXT for c in q.cols) else None)
+                     if compiled and q.from_ is None else None)
 
     def read(job):
         q, (extra, span), is_typed, table, i, plan = job
