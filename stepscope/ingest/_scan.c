@@ -219,7 +219,9 @@ typedef struct {
 } pg_reader;
 
 static uint32_t be16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
-static uint32_t be32(const uint8_t *p) { return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]; }
+static uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
 
 /* SQLite's varint: 1-9 bytes, big-endian groups of 7 bits, the 9th byte whole. 0 past `end`. */
 static int varint(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
@@ -285,7 +287,8 @@ static int pg_row(pg_reader *r, const uint8_t *rec, uint64_t size, int64_t rowid
     uint64_t offs[PG_MAX_FIELDS];
     const uint8_t *end = rec + size, *h = rec;
     uint64_t hsize;
-    if (!varint(&h, end, &hsize) || hsize > size || hsize < (uint64_t)(h - rec)) return pg_fail(r, "a record's header overruns it", pgno);
+    if (!varint(&h, end, &hsize) || hsize > size || hsize < (uint64_t)(h - rec))
+        return pg_fail(r, "a record's header overruns it", pgno);
     const uint8_t *hend = rec + hsize;
     uint64_t off = hsize;
     int nf = 0;
@@ -293,7 +296,8 @@ static int pg_row(pg_reader *r, const uint8_t *rec, uint64_t size, int64_t rowid
      * read otherwise (or call malformed) is left to SQLite */
     while (h < hend) {
         uint64_t t;
-        if (!varint(&h, hend, &t) || t == 10 || t == 11 || t > 0xffffffffu) return pg_fail(r, "a record's header is malformed", pgno);
+        if (!varint(&h, hend, &t) || t == 10 || t == 11 || t > 0xffffffffu)
+            return pg_fail(r, "a record's header is malformed", pgno);
         if (nf < r->nfields) {
             types[nf] = t;
             offs[nf] = off;
@@ -423,7 +427,8 @@ static int pg_page(pg_reader *r, uint32_t pgno, const uint8_t *p, int depth) {
 
 static int pg_header(pg_reader *r, uint8_t *h, struct stat *st) {
     if (fstat(r->fd, st) != 0) return pg_fail(r, "cannot stat the file", 0);
-    if (pread(r->fd, h, 100, 0) != 100 || memcmp(h, "SQLite format 3", 16) != 0) return pg_fail(r, "not an SQLite file", 0);
+    if (pread(r->fd, h, 100, 0) != 100 || memcmp(h, "SQLite format 3", 16) != 0)
+        return pg_fail(r, "not an SQLite file", 0);
     uint32_t ps = be16(h + 16);
     if (ps == 1) ps = 65536;
     if (ps < 512 || ps > 65536 || (ps & (ps - 1))) return pg_fail(r, "a page size SQLite does not write", 0);
@@ -434,7 +439,8 @@ static int pg_header(pg_reader *r, uint8_t *h, struct stat *st) {
      * change counter), else the file's; a header that claims more than the file is corrupt */
     uint64_t in_file = (uint64_t)st->st_size / ps, in_header = be32(h + 28);
     if (in_header == 0 || memcmp(h + 24, h + 92, 4) != 0) in_header = in_file;
-    if (in_header > in_file || in_header > 0xffffffffu) return pg_fail(r, "the header counts more pages than the file has", 0);
+    if (in_header > in_file || in_header > 0xffffffffu)
+        return pg_fail(r, "the header counts more pages than the file has", 0);
     r->npages = (uint32_t)in_header;
     return 0;
 }
