@@ -413,3 +413,17 @@ def test_launch_configuration_from_the_pages(tmp_path, monkeypatch, damage):
     for a, b in zip(got["pages"], got["adbc"]):
         assert a.equals(b) and a.schema == b.schema
     assert sorted(set(got["pages"][0]["pid"].to_list())) == pids
+
+
+def test_the_rowid_as_a_field(tmp_path):
+    """Field -2 is the row's rowid, as `SELECT rowid` (sparse and negative rowids too)."""
+    p, con = _con(tmp_path, "CREATE TABLE t (a INTEGER)")
+    con.executemany("INSERT INTO t (rowid, a) VALUES (?, ?)", [(-7, 1), (3, None), (2**40, 5)])
+    con.commit()
+    con.close()
+    with ro(p) as c:
+        root = _root(p, "t")
+        want = c.execute("SELECT rowid, a FROM t").fetchall()
+    v, m = (np.empty(3, np.int64), np.empty(3, np.int64)), (np.empty(3, np.uint8), np.empty(3, np.uint8))
+    assert int_scan._scan.pages(str(p), root, (-2, 0), (), *int_scan.WHOLE, v, m) == (3, (0, 1))
+    assert list(zip(v[0].tolist(), [None if f else x for x, f in zip(v[1].tolist(), m[1].tolist())])) == want
