@@ -45,8 +45,13 @@ DEFAULT_BASELINE = "0b36d97"
 DEFAULT_SOURCES = ("fixtures/round5/llama8b_decode_b1_bare.sqlite", "fixtures/llama8b_decode_b1_eager.sqlite")
 
 
-def checkout(rev: str, into: Path) -> Path:
-    """`rev`'s stepscope package (and pyproject) under `into`/<short sha>."""
+NATIVE = Path("stepscope/ingest/_scan.c")  # the compiled reader's source, at commits that have one
+
+
+def checkout(rev: str, into: Path) -> tuple[Path, str]:
+    """`rev`'s stepscope package (and pyproject) under `into`/<short sha>, with its compiled
+    reader built as `pip install` builds it (an archive holds no built module: without it the
+    commit would be timed reading through ADBC), and a word on that module for the table."""
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True,
                          text=True).stdout.strip()
     dest = into / sha
@@ -54,7 +59,33 @@ def checkout(rev: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "stepscope", "pyproject.toml"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
+    return dest, build_native(dest, sha)
+
+
+def build_native(code: Path, label: str) -> str:
+    """Compile `code`'s _scan.c in place with the interpreter's own compiler and flags."""
+    import sysconfig
+
+    src = code / NATIVE
+    if not src.exists():
+        return f"{label}: no compiled reader at that commit"
+    cfg = sysconfig.get_config_var
+    out = src.with_name("_scan" + cfg("EXT_SUFFIX"))
+    cmd = [*(cfg("CC") or "cc").split(), *(cfg("CFLAGS") or "").split(), *(cfg("CCSHARED") or "-fPIC").split(),
+           "-shared", f"-I{sysconfig.get_paths()['include']}", str(src), "-lsqlite3", "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"{label}: its compiled reader failed to build ({r.stderr.strip()[:200]}): read through ADBC"
+    return f"{label}: compiled reader built"
+
+
+def native_state(code: Path) -> str:
+    """Whether the working tree's compiled reader is built beside its source."""
+    src = code / NATIVE
+    if not src.exists():
+        return "tree: no compiled reader"
+    return "tree: compiled reader built" if list(src.parent.glob("_scan*.so")) else \
+        "tree: compiled reader NOT built (read through ADBC)"
 
 
 # run.py's launcher, also reporting the child's CPU time (user + system): on a shared box the
@@ -139,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-baseline-"))
     try:
         codes = [("tree", Path(args.code).resolve())]
+        natives = [native_state(codes[0][1])]
         for rev in [args.baseline, *args.also]:
-            codes.append((rev, checkout(rev, tmp)))
+            dest, note = checkout(rev, tmp)
+            codes.append((rev, dest))
+            natives.append(note)
+        print("# " + "; ".join(natives), file=sys.stderr)
         base_label = args.baseline
         for _, code in codes:  # each checkout's bytecode written once, as an installed package has it
             timed(code, (REPO / DEFAULT_SOURCES[1]).resolve(), True, tmp / "warmup.json")
@@ -203,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
              f"`python benchmarks/baseline.py {' '.join(argv if argv is not None else sys.argv[1:])}`".replace(" `", "`"),
              f"on {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC, tree at {head}{' (modified)' if dirty else ''}, "
              f"{args.reps} interleaved rounds, load average {load0:.2f} at the start and {load1:.2f} at the end.",
+             f"The compiled reader: {'; '.join(natives)}.",
              "", "| trace | mode | code | median wall | min–max | ÷ baseline | × floor2 | median CPU | ÷ baseline | peak RSS | JSON |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for trace, mode, label, med, lo, hi, rss, ratio, xf, cpu, cpu_ratio, same in rows:
