@@ -5,7 +5,8 @@ On one inflated trace (benchmarks/run.py's, 1M kernels by default), each in a fr
 median of --reps, times taken inside the child (perf_counter around each stage):
 
     import polars / import duckdb (+ the bundled sqlite_scanner) / python -c pass
-    stepscope's reader: read_nsys_sqlite(launch_config=False), what `analyze` reads
+    stepscope's reader: read_nsys_sqlite(launch_config=False), what `analyze` reads, by each of
+        its paths in turn (the tables' own pages, the compiled SQLite scan, ADBC alone)
     DuckDB sqlite_scanner: the kernel columns stepscope reads, and the runtime table unfiltered
         and filtered to the API names stepscope keeps, each alone and both at once on two
         cursors in two threads, into Arrow
@@ -76,8 +77,12 @@ IMPORTS = {"python -c pass": "pass", "import polars": "import polars",
                                              "duckdb_extensions.import_extension('sqlite_scanner')"}
 
 
-def child(code: str, *args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# stepscope's read paths: the environment that selects each (stepscope/ingest/int_scan.py)
+PATHS = {"pages": {}, "compiled scan": {"STEPSCOPE_PAGE_SCAN": "0"}, "ADBC": {"STEPSCOPE_NATIVE_SCAN": "0"}}
+
+
+def child(code: str, *args: str, env_extra: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {}))
     cp = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                         timeout=600)
     if cp.returncode != 0:
@@ -109,8 +114,13 @@ def main(argv: list[str] | None = None) -> int:
              "", "| what | seconds |", "|---|---|"]
     for name, code in IMPORTS.items():
         lines.append(f"| `{name}` (process wall) | {statistics.median(wall(code) for _ in range(args.reps)):.3f} |")
-    for label, code in (("stepscope", STEPSCOPE), ("duckdb", DUCKDB)):
-        runs = [child(code, path) for _ in range(args.reps)]
+    by_path: dict[str, list[dict]] = {p: [] for p in PATHS}
+    for _ in range(args.reps):  # the paths in turn, round after round
+        for p, extra in PATHS.items():
+            by_path[p].append(child(STEPSCOPE, path, env_extra=extra))
+    measured = [(f"stepscope ({p})", runs) for p, runs in by_path.items()]
+    measured.append(("duckdb", [child(DUCKDB, path) for _ in range(args.reps)]))
+    for label, runs in measured:
         for k in runs[0]:
             v = statistics.median(r[k] for r in runs)
             lines.append(f"| {label}: {k} | {v:,.3f} |" if isinstance(v, float) else f"| {label}: {k} | {v:,} |")
