@@ -28,11 +28,11 @@ EXPORTS = sorted(p for p in FIXTURES.rglob("*.sqlite")) + [
     SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz"]
 
 
-def _read(path: Path, native: bool, monkeypatch, calls: list | None = None, pages: bool = False):
+def _read(path: Path, native: bool, monkeypatch, calls: list | None = None):
     """The export read with or without _scan; `calls` collects the queries _scan.scan ran. The
-    page reader (tests/test_page_scan.py) is off unless `pages`: these tests are of scan()."""
+    page reader is off: these tests are of scan() (tests/test_page_scan.py: of pages())."""
     monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if native else "0")
-    monkeypatch.setenv("STEPSCOPE_PAGE_SCAN", "1" if pages else "0")
+    monkeypatch.setenv("STEPSCOPE_PAGE_SCAN", "0")
     if calls is not None:
         real = int_scan._scan.scan
 
