@@ -136,22 +136,22 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
             # (a value of another type, a damaged page) ADBC reads below
             plan = None if plain is None else int_scan.page_plan(con, con._stepscope_path, plain[0], plain[1],
                                                                   [plain[2]])
-            if plan is not None:
-                sqls = [f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND rowid > {cuts[i]} "
-                        f"AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+            # with a plan, the plain query (globalPid whole) is what the compiled reader reads
+            reads = sqls if plan is None else [
+                f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND rowid > {cuts[i]} "
+                f"AND rowid <= {cuts[i + 1]}" for i in range(parts)]
             try:
                 names = [f"_{i}" for i in range(len(plain[1]))] if plan is not None else list(schema)  # NULL twice
                 table = int_scan.Table(names, [cuts[i + 1] - cuts[i] for i in range(parts)])
-                with ThreadPoolExecutor(len(sqls)) as pool:
-                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, sqls[i], plan,
+                with ThreadPoolExecutor(parts) as pool:
+                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, reads[i], plan,
                                                        (cuts[i], cuts[i + 1])), range(parts)))
                 frame = table.frame()
-                if plan is not None:
-                    frame = frame.with_columns((pl.col("_0") // (1 << 24)) % (1 << 24))
+                if plan is not None:  # the pid unpacked as the kernel read does it
+                    frame = frame.with_columns(ns._unpack_pid("_0"))
                 return _typed(frame, schema)
             except (int_scan.NotIntegers, int_scan.Unread):
-                if plan is not None:  # ADBC reads the query with SQLite's own unpacking
-                    sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+                pass
     try:
         with ThreadPoolExecutor(len(sqls)) as pool:
             frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))
