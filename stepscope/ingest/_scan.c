@@ -30,6 +30,21 @@ enum { SCAN_OK = 0, SCAN_ERROR = 1, SCAN_TYPE = 2, SCAN_FULL = 3 };
 
 static PyObject *NotIntegers;
 
+/* Row n of output column c. The NULL flags are written only from a column's first NULL on (the
+ * flags of the rows before it zeroed then), so a column without NULL never touches its pages. */
+static inline void put_int(int64_t *values, uint8_t *nulls, Py_ssize_t null_count, Py_ssize_t n, int64_t x) {
+    values[n] = x;
+    if (null_count) nulls[n] = 0;
+}
+
+static inline void put_null(int64_t *values, uint8_t *nulls, Py_ssize_t *null_count, Py_ssize_t n) {
+    if (!*null_count) memset(nulls, 0, (size_t)n);
+    values[n] = 0;
+    nulls[n] = 1;
+    (*null_count)++;
+}
+
+/* null_counts: zeroed by the caller (outputs_take) */
 static int scan_rows(const char *uri, const char *sql, int ncols, int64_t **values, uint8_t **nulls,
                      Py_ssize_t *null_counts, Py_ssize_t cap, Py_ssize_t *rows, char *err, size_t errlen) {
     sqlite3 *db = NULL;
@@ -47,7 +62,6 @@ static int scan_rows(const char *uri, const char *sql, int ncols, int64_t **valu
         status = SCAN_ERROR;
         goto done;
     }
-    for (int c = 0; c < ncols; c++) null_counts[c] = 0;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (n >= cap) {
             status = SCAN_FULL;
@@ -56,13 +70,9 @@ static int scan_rows(const char *uri, const char *sql, int ncols, int64_t **valu
         for (int c = 0; c < ncols; c++) {
             int t = sqlite3_column_type(st, c);
             if (t == SQLITE_INTEGER) {
-                values[c][n] = sqlite3_column_int64(st, c);
-                if (null_counts[c]) nulls[c][n] = 0;
+                put_int(values[c], nulls[c], null_counts[c], n, sqlite3_column_int64(st, c));
             } else if (t == SQLITE_NULL) {
-                if (!null_counts[c]) memset(nulls[c], 0, (size_t)n);
-                values[c][n] = 0;
-                nulls[c][n] = 1;
-                null_counts[c]++;
+                put_null(values[c], nulls[c], &null_counts[c], n);
             } else {
                 status = SCAN_TYPE;
                 goto done;
@@ -321,13 +331,9 @@ static int pg_row(pg_reader *r, const uint8_t *rec, uint64_t size, int64_t rowid
         int fi = r->fields[c];
         uint64_t t = fi == -2 ? 1 : fi < 0 ? 0 : types[fi];
         if (IS_INT(t)) {
-            r->values[c][n] = fi == -2 ? rowid : serial_int(rec + offs[fi], t);
-            if (r->null_counts[c]) r->nulls[c][n] = 0;
+            put_int(r->values[c], r->nulls[c], r->null_counts[c], n, fi == -2 ? rowid : serial_int(rec + offs[fi], t));
         } else if (t == 0) {
-            if (!r->null_counts[c]) memset(r->nulls[c], 0, (size_t)n);
-            r->values[c][n] = 0;
-            r->nulls[c][n] = 1;
-            r->null_counts[c]++;
+            put_null(r->values[c], r->nulls[c], &r->null_counts[c], n);
         } else {
             r->status = SCAN_TYPE;
             return -1;
