@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The issue-31 bars on the H200 host's CPUs (16 cores), where the 2-core box's numbers are not:
+# `benchmarks/run.py --sizes 1M --reps 5` there, on a 1M trace inflated there from the committed
+# fixture, with stepscope's compiled reader built there (Python 3.12).
+#
+# The wheels (Python 3.12, manylinux) do not fit one call beside the working tree, so they travel
+# as a tar in five parts, one call each, to /tmp/wc (a warm machine keeps /tmp), then `run`:
+#
+#   here:  mkdir .whl; pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
+#            polars==2.1.0 polars-runtime-32==2.1.0 typer==0.28.0 regex orjson adbc-driver-sqlite==1.13.0 \
+#            adbc-driver-manager==1.13.0 nsys-ai==0.3.0 duckdb==1.5.5 duckdb-extension-sqlite-scanner==1.5.5 \
+#            duckdb-extensions
+#          (cd /tmp && apt-get download libsqlite3-dev); cp /tmp/libsqlite3-dev_*.deb .whl/
+#          tar cf /tmp/wheels.tar -C .whl . && split -b 19500000 -d -a 1 /tmp/wheels.tar /tmp/wpart.
+#          one part each into .wc1 … .wc5 (all five listed in .git/info/exclude)
+#   device: bash benchmarks/device_speed.sh carry N      (carry: [".wcN"]), N = 1 … 5, back to back
+#           bash benchmarks/device_speed.sh run          (no carry)
+#           bash benchmarks/device_speed.sh memory       (no carry; after run, on the same warm machine:
+#           what fresh pages cost there, cold runs under the allocators' settings and keeping what they
+#           free, interleaved, and benchmarks/inprocess_rounds.py under both)
+set -u
+PART="${1:?carry N | run}"
+if [ "$PART" = carry ]; then
+  N="${2:?N}"
+  if [ "$N" != 1 ]; then test -d /tmp/wc || { echo "fresh machine: start again at carry 1"; exit 9; }; fi
+  mkdir -p /tmp/wc && cp ".wc$N"/* /tmp/wc/ && ls -la /tmp/wc
+  exit
+fi
+install() {  # the carried wheels into /tmp/site, the compiled reader built for this Python
+  cat /tmp/wc/wpart.* > /tmp/wheels.tar || exit 9
+  mkdir -p /tmp/whl && tar xf /tmp/wheels.tar -C /tmp/whl || exit 9
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/*.whl || exit 9
+  export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+  mkdir -p /tmp/sqdev && dpkg -x /tmp/whl/libsqlite3-dev_*.deb /tmp/sqdev
+  # the header from the carried package, the library the image's own Python links
+  LIBSQ=$(ldd "$(python3 -c 'import _sqlite3; print(_sqlite3.__file__)')" | awk '/libsqlite3/ {print $3}')
+  EXT=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  gcc -O2 -Wall -shared -fPIC -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+    -I/tmp/sqdev/usr/include stepscope/ingest/_scan.c "$LIBSQ" -o "stepscope/ingest/_scan$EXT" || exit 9
+}
+OUT="${OUT:-$PWD/device-speed-out}"
+mkdir -p "$OUT"
+if [ "$PART" = memory ]; then
+  exec > >(tee "$OUT/device_memory.log") 2>&1
+  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
+  test -f bench-out/llama8b_decode_b1_eager_1M.sqlite || python3 benchmarks/inflate.py --sizes 1M || exit 9
+  ls stepscope/ingest/_scan*.so
+  python3 benchmarks/fresh_pages.py
+  KEEP="_RJEM_MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295"
+  for r in 1 2 3 4 5; do
+    for mode in default keep; do
+      e=""; [ $mode = keep ] && e="$KEEP"
+      env $e /usr/bin/time -f "cold $mode: %e s wall %U user %S sys %M KB %R minflt" \
+        python3 -m stepscope analyze bench-out/llama8b_decode_b1_eager_1M.sqlite --json --steps all --no-cache >/dev/null
+    done
+  done
+  export F=bench-out/llama8b_decode_b1_eager_1M.sqlite ROUNDS=3
+  echo "in-process, default:"; python3 benchmarks/inprocess_rounds.py
+  echo "in-process, keeping:"; env $KEEP python3 benchmarks/inprocess_rounds.py
+  exit
+fi
+exec > >(tee "$OUT/device_speed.log") 2>&1
+set -x
+install
+set +x
+{ nproc; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|MHz'; free -g | head -2; python3 --version
+  python3 -c 'import polars, numpy, sqlite3; print("polars", polars.__version__, "numpy", numpy.__version__, "sqlite", sqlite3.sqlite_version)'
+  python3 -c 'import stepscope.ingest._scan as s; print("compiled reader:", s.__file__)'; } 2>&1
+python3 benchmarks/inflate.py --sizes 1M || exit 9
+python3 benchmarks/run.py --sizes 1M --reps 5 --results "$OUT/results_h200_host.md" || true
+# the cold run's stages, as on the box (benchmarks/run.py times whole processes only)
+for i in 1 2 3; do /usr/bin/time -f "cold: %e s wall %U user %S sys %M KB %R minflt" \
+  python3 -m stepscope analyze bench-out/llama8b_decode_b1_eager_1M.sqlite --json --steps all --no-cache >/dev/null; done
