@@ -18,6 +18,8 @@ import time
 
 T0 = time.perf_counter()
 gc.disable()
+# the checkout this script is in, as `python -m stepscope` run from its root would find it
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from stepscope import native  # noqa: E402
 
 native.setup()
