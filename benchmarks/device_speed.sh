@@ -18,6 +18,8 @@
 #           bash benchmarks/device_speed.sh memory       (no carry; after run, on the same warm machine:
 #           what fresh pages cost there, cold runs under the allocators' settings and keeping what they
 #           free, interleaved, and benchmarks/inprocess_rounds.py under both)
+#           bash benchmarks/device_speed.sh arenas       (no carry; native.py's one jemalloc arena against
+#           jemalloc's default of four per core, interleaved, then run.py)
 set -u
 PART="${1:?carry N | run}"
 if [ "$PART" = carry ]; then
@@ -40,6 +42,19 @@ install() {  # the carried wheels into /tmp/site, the compiled reader built for 
 }
 OUT="${OUT:-$PWD/device-speed-out}"
 mkdir -p "$OUT"
+if [ "$PART" = arenas ]; then  # native.py's narenas:1 against jemalloc's default (4 per core), interleaved
+  exec > >(tee "$OUT/device_arenas.log") 2>&1
+  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
+  test -f bench-out/llama8b_decode_b1_eager_1M.sqlite || python3 benchmarks/inflate.py --sizes 1M || exit 9
+  for r in 1 2 3 4 5 6; do
+    for conf in "narenas:$((4 * $(nproc)))" ""; do
+      _RJEM_MALLOC_CONF="$conf" /usr/bin/time -f "cold [${conf:-narenas:1}]: %e s wall %U user %S sys %M KB %R minflt" \
+        python3 -m stepscope analyze bench-out/llama8b_decode_b1_eager_1M.sqlite --json --steps all --no-cache >/dev/null
+    done
+  done
+  python3 benchmarks/run.py --sizes 1M --reps 5 --results "$OUT/results_h200_host.md" || true
+  exit
+fi
 if [ "$PART" = memory ]; then
   exec > >(tee "$OUT/device_memory.log") 2>&1
   if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi

@@ -19,7 +19,12 @@ import sys
 # dirty_decay_ms:100 - freed pages are kept for reuse a tenth of a second instead of half a
 #   second: ~30 MB less peak RSS per million kernels, a few more page faults (no change of
 #   wall time measured on the 2-core box; README "Performance").
-JEMALLOC_CONF = "dirty_decay_ms:100,muzzy_decay_ms:0"
+# narenas:1 - one arena for all of polars' threads instead of four per core: a page one thread
+#   frees is reused by the next allocation of any thread within the decay time, instead of
+#   waiting in its own thread's arena while another faults in fresh pages, which cost
+#   microseconds each on the virtual machines measured (docs/PERFORMANCE.md, round seven): a cold
+#   1M analysis faulted 160-193 k pages instead of 215-237 k, 0.9x the wall, the same peak RSS.
+JEMALLOC_CONF = "narenas:1,dirty_decay_ms:100,muzzy_decay_ms:0"
 
 _users: dict[str, str | None] = {}  # variable set by setup() -> the user's own value (None: unset)
 

@@ -36,11 +36,13 @@ def test_freed_pages_go_back_to_the_os():
     opts = _jemalloc_options(None)
     assert opts["muzzy_decay_ms"] == "0"
     assert opts["dirty_decay_ms"] == "100"
+    assert opts["narenas"] == "1"  # one arena: what one thread frees, the others reuse
 
 
 def test_a_users_own_setting_wins():
-    opts = _jemalloc_options("dirty_decay_ms:700")
+    opts = _jemalloc_options("dirty_decay_ms:700,narenas:3")
     assert opts["dirty_decay_ms"] == "700"
+    assert opts["narenas"] == "3"
     assert opts["muzzy_decay_ms"] == "0"
 
 
