@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-31 bars on the H200 host's CPUs (16 cores), where the 2-core box's numbers are not:
+# The issue-31 bars measured on the H200 machine's host (16 cores) instead of the 2-core box:
 # `benchmarks/run.py --sizes 1M --reps 5` there, on a 1M trace inflated there from the committed
 # fixture, with stepscope's compiled reader built there (Python 3.12).
 #
@@ -83,6 +83,6 @@ set +x
   python3 -c 'import stepscope.ingest._scan as s; print("compiled reader:", s.__file__)'; } 2>&1
 python3 benchmarks/inflate.py --sizes 1M || exit 9
 python3 benchmarks/run.py --sizes 1M --reps 5 --results "$OUT/results_h200_host.md" || true
-# the cold run's stages, as on the box (benchmarks/run.py times whole processes only)
+# three cold runs under /usr/bin/time: user and sys time and page faults, which run.py does not report
 for i in 1 2 3; do /usr/bin/time -f "cold: %e s wall %U user %S sys %M KB %R minflt" \
   python3 -m stepscope analyze bench-out/llama8b_decode_b1_eager_1M.sqlite --json --steps all --no-cache >/dev/null; done
