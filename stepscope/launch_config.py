@@ -130,7 +130,8 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
         first, last = span
         parts = ns.read_threads() if last - first + 1 > ns.SLICE_MIN_ROWS else 1
         cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
-        sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+        bounds = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+        sqls = [f"{sql} AND {b}" for b in bounds]
         if int_scan.available() and con._stepscope_uri is not None and last - first < con._stepscope_rows_bound:
             # the compiled reader, as the kernel read (ingest/int_scan.py); what it cannot read
             # (a value of another type, a damaged page) ADBC reads below
@@ -138,8 +139,7 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
                                                                   [plain[2]])
             # with a plan, the plain query (globalPid whole) is what the compiled reader reads
             reads = sqls if plan is None else [
-                f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND rowid > {cuts[i]} "
-                f"AND rowid <= {cuts[i + 1]}" for i in range(parts)]
+                f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND {b}" for b in bounds]
             try:
                 names = [f"_{i}" for i in range(len(plain[1]))] if plan is not None else list(schema)  # NULL twice
                 table = int_scan.Table(names, [cuts[i + 1] - cuts[i] for i in range(parts)])
