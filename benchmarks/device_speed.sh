@@ -40,12 +40,15 @@ install() {  # the carried wheels into /tmp/site, the compiled reader built for 
   gcc -O2 -Wall -shared -fPIC -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
     -I/tmp/sqdev/usr/include stepscope/ingest/_scan.c "$LIBSQ" -o "stepscope/ingest/_scan$EXT" || exit 9
 }
+ready() {  # a later part on a warm machine: the installed wheels, else installed now; the 1M trace
+  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
+  test -f bench-out/llama8b_decode_b1_eager_1M.sqlite || python3 benchmarks/inflate.py --sizes 1M || exit 9
+}
 OUT="${OUT:-$PWD/device-speed-out}"
 mkdir -p "$OUT"
 if [ "$PART" = arenas ]; then  # native.py's narenas:1 against jemalloc's default (4 per core), interleaved
   exec > >(tee "$OUT/device_arenas.log") 2>&1
-  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
-  test -f bench-out/llama8b_decode_b1_eager_1M.sqlite || python3 benchmarks/inflate.py --sizes 1M || exit 9
+  ready
   for r in 1 2 3 4 5 6; do
     for conf in "narenas:$((4 * $(nproc)))" ""; do
       _RJEM_MALLOC_CONF="$conf" /usr/bin/time -f "cold [${conf:-narenas:1}]: %e s wall %U user %S sys %M KB %R minflt" \
@@ -57,8 +60,7 @@ if [ "$PART" = arenas ]; then  # native.py's narenas:1 against jemalloc's defaul
 fi
 if [ "$PART" = memory ]; then
   exec > >(tee "$OUT/device_memory.log") 2>&1
-  if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
-  test -f bench-out/llama8b_decode_b1_eager_1M.sqlite || python3 benchmarks/inflate.py --sizes 1M || exit 9
+  ready
   ls stepscope/ingest/_scan*.so
   python3 benchmarks/fresh_pages.py
   KEEP="_RJEM_MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295"
