@@ -1,4 +1,4 @@
-"""Model cards: the bundled five, local config.json paths, bad input, `stepscope models`."""
+"""Model cards: the bundled ones, local config.json paths, bad input, `stepscope models`."""
 
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ EXPECTED = {
     "llama-3.2-1b": (2048, 32, 8, 64, 8192, 16, 128256),
     "qwen2.5-7b": (3584, 28, 4, 128, 18944, 28, 152064),
     "mistral-7b": (4096, 32, 8, 128, 14336, 32, 32768),
+    # mixture-of-experts and MLA cards (their expert/MLA fields: test_model_shapes.py)
+    "qwen3-30b-a3b": (2048, 32, 4, 128, 6144, 48, 151936),
+    "deepseek-v2-lite": (2048, 16, 16, 128, 10944, 27, 102400),
+    "mixtral-8x7b": (4096, 32, 8, 128, 14336, 32, 32000),
 }
 HF_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
            "intermediate_size", "num_hidden_layers", "vocab_size", "torch_dtype", "rope_theta",
            "rms_norm_eps", "max_position_embeddings", "architectures")
 
 
-def test_bundled_cards_are_the_five():
+def test_bundled_cards_are_the_expected_ones():
     assert set(bundled_names()) == set(EXPECTED)
 
 
@@ -35,6 +39,8 @@ def test_card_shapes(name):
     assert c.torch_dtype == "bfloat16"
     assert c.source == "bundled"
     for k in HF_KEYS:
+        if k == "head_dim" and "kv_lora_rank" in c.config:
+            continue  # MLA: DeepSeek's config has per-part head sizes instead (qk_nope, qk_rope, v)
         assert k in c.config, k
 
 

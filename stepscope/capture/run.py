@@ -59,6 +59,7 @@ class TraceRequest:
     inductor_names: str | None = None
     sync_scheduling: bool = False        # async scheduling off (the ncu step's twin)
     kv_cache_gib: float | None = None    # KV cache size instead of 85 % of the GPU
+    quantization: str | None = None      # vLLM's quantization method (fp8, ...)
     # a serving-like run (vLLM engine): this many requests of mixed lengths, the whole
     # generate inside the capture range, instead of one step
     requests: int | None = None
@@ -187,10 +188,11 @@ def slug(model: str) -> str:
 
 
 def base_name(req: TraceRequest, mode: str) -> str:
+    model = slug(req.model) + (f"-{slug(req.quantization)}" if req.quantization else "")
     if req.requests:
-        s = f"{slug(req.model)}_serve_r{req.requests}_s{req.seed}_{mode}"
+        s = f"{model}_serve_r{req.requests}_s{req.seed}_{mode}"
         return s + (f"_tp{req.tp}" if req.tp > 1 else "")
-    s = f"{slug(req.model)}_{req.phase}_b{req.batch}_{mode}"
+    s = f"{model}_{req.phase}_b{req.batch}_{mode}"
     return s + (f"_tp{req.tp}" if req.tp > 1 else "")
 
 
@@ -242,7 +244,8 @@ def engine_command(req: TraceRequest, engine: str, mode: str,
                                untraced_steps=req.untraced_steps,
                                inductor_names=req.inductor_names,
                                sync_scheduling=req.sync_scheduling,
-                               kv_cache_gib=req.kv_cache_gib, serving=req.serving)
+                               kv_cache_gib=req.kv_cache_gib, serving=req.serving,
+                               quantization=req.quantization)
 
 
 def engine_env(engine: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -321,8 +324,12 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
                              "vLLM's graph mode already runs torch.compile")
     elif req.inductor_names:
         raise InputError("--inductor-names applies to the vLLM engine's graph mode only")
-    if engine != "vllm" and (req.sync_scheduling or req.kv_cache_gib):
-        raise InputError("--sync-scheduling and --kv-cache-gib apply to the vLLM engine only")
+    if engine != "vllm" and (req.sync_scheduling or req.kv_cache_gib or req.quantization):
+        raise InputError("--sync-scheduling, --kv-cache-gib and --quantization apply to the vLLM "
+                         "engine only")
+    if req.quantization is not None and not re.fullmatch(r"[a-z0-9_-]{1,40}", req.quantization):
+        raise InputError(f"--quantization takes one of vLLM's method names (fp8, ...), got "
+                         f"{req.quantization!r}")
     if engine == "vllm" and not vllm_available():
         raise EnvironmentProblem("--engine vllm needs vLLM, which is not installed here "
                                  "(pip install vllm), or use --engine torch")

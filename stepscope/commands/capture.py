@@ -51,6 +51,9 @@ def trace(
         "--engine vllm` measures under ncu)"),
     kv_cache_gib: Optional[float] = typer.Option(
         None, "--kv-cache-gib", help="vLLM: a KV cache of this many GiB instead of 85 % of the GPU"),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", help="vLLM: its quantization method (e.g. fp8: dynamic FP8 of "
+        "the dummy bf16 weights)"),
     requests: Optional[int] = typer.Option(
         None, "--requests", help="vLLM: a serving-like run of this many requests (continuous "
         "batching, chunked prefill) inside the capture range instead of one step"),

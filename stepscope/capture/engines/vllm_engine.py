@@ -72,7 +72,8 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
             layers: int | None, python: str = sys.executable,
             model_arg: str | None = None, untraced_steps: int | None = None,
             inductor_names: str | None = None, sync_scheduling: bool = False,
-            kv_cache_gib: float | None = None, serving: dict | None = None) -> list[str]:
+            kv_cache_gib: float | None = None, serving: dict | None = None,
+            quantization: str | None = None) -> list[str]:
     """`python -m stepscope.capture.engines.vllm_engine ...` (vLLM starts its own workers).
     `serving`: {requests, prompt_lens, output_lens, seed[, plain]} for a serving-like run."""
     cmd = [python, "-m", MODULE,
@@ -92,6 +93,8 @@ def command(model: str, *, phase: str, batch: int, context: int, mode: str, tp: 
         cmd += ["--sync-scheduling"]
     if kv_cache_gib:
         cmd += ["--kv-cache-gib", f"{kv_cache_gib:g}"]
+    if quantization:
+        cmd += ["--quantization", quantization]
     if serving:
         cmd += ["--requests", str(serving["requests"]),
                 "--prompt-lens", "{}:{}".format(*serving["prompt_lens"]),
@@ -142,9 +145,14 @@ def base_kwargs(model_dir: str, *, mode: str, tp: int, max_model_len: int, max_n
 
 
 def with_options(kw: dict[str, Any], *, sync_scheduling: bool = False, kv_cache_gib: float | None = None,
-                 timer: bool = False, profiler_config: Any | None = None) -> dict[str, Any]:
+                 timer: bool = False, profiler_config: Any | None = None,
+                 quantization: str | None = None) -> dict[str, Any]:
     """`kw` with the capture's options: async scheduling off, a KV cache of a given size, the
-    untraced timer's worker extension, vLLM's profiler config."""
+    untraced timer's worker extension, vLLM's profiler config, a quantization method."""
+    if quantization:
+        # vLLM quantizes the dummy bf16 weights itself (fp8: per-tensor weight scales, dynamic
+        # per-token activation scales), the kernels a served FP8 model runs
+        kw["quantization"] = quantization
     if sync_scheduling:
         # one step at a time: under ncu, which serializes every kernel, vLLM 0.26's async
         # scheduling (the next step prepared while this one runs) is the first suspect of the
@@ -166,7 +174,7 @@ def with_options(kw: dict[str, Any], *, sync_scheduling: bool = False, kv_cache_
 def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
                profiler_config: Any | None = None, timer: bool = False,
                inductor_names: str | None = None, sync_scheduling: bool = False,
-               kv_cache_gib: float | None = None) -> dict[str, Any]:
+               kv_cache_gib: float | None = None, quantization: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM`."""
     plen = prompt_len(phase, context)
     # room for the prompt, the generated tokens and the untraced decode run, whatever the phase
@@ -180,7 +188,7 @@ def llm_kwargs(model_dir: str, *, phase: str, batch: int, context: int, mode: st
             comp["inductor_compile_config"] = {"triton.descriptive_names": inductor_names}
         kw["compilation_config"] = comp
     return with_options(kw, sync_scheduling=sync_scheduling, kv_cache_gib=kv_cache_gib, timer=timer,
-                        profiler_config=profiler_config)
+                        profiler_config=profiler_config, quantization=quantization)
 
 
 def legacy_profiler_env(phase: str) -> dict[str, str]:
@@ -296,7 +304,7 @@ def measure_untraced(llm, SamplingParams, *, phase: str, batch: int, plen: int, 
 def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         layers: int | None, untraced_steps: int = DECODE_UNTRACED,
         inductor_names: str | None = None, sync_scheduling: bool = False,
-        kv_cache_gib: float | None = None) -> dict:
+        kv_cache_gib: float | None = None, quantization: str | None = None) -> dict:
     from stepscope.capture.models import load_card
 
     card = load_card(model)
@@ -317,7 +325,7 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
         llm = LLM(**llm_kwargs(str(model_dir), phase=phase, batch=batch, context=context,
                                mode=mode, tp=tp, profiler_config=pconf, timer=timer,
                                inductor_names=inductor_names, sync_scheduling=sync_scheduling,
-                               kv_cache_gib=kv_cache_gib))
+                               kv_cache_gib=kv_cache_gib, quantization=quantization))
         init_s = time.perf_counter() - t0
         plen = prompt_len(phase, context)
         prompts = token_prompts(batch, plen, card.vocab_size)
@@ -353,7 +361,7 @@ def run(model: str, *, phase: str, batch: int, context: int, mode: str, tp: int,
             "profiler": "profiler_config" if pconf is not None else "VLLM_TORCH_CUDA_PROFILE",
             "graph_sizes": graph_sizes(max(batch, 8)) if mode != "eager" else None,
             "inductor_names": inductor_names, "sync_scheduling": sync_scheduling,
-            "kv_cache_gib": kv_cache_gib,
+            "kv_cache_gib": kv_cache_gib, "quantization": quantization,
             "model_runner": "v1" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0" else None,
             "next_tokens": [list(o.outputs[0].token_ids)[:4] for o in outs][:8],
             "init_s": round(init_s, 3),
@@ -376,7 +384,8 @@ def _serve(a) -> dict:
         vs.parse_range(a.output_lens, "--output-lens") if a.output_lens else vs.DEFAULT_OUTPUT_LENS,
         a.seed)
     result = vs.run(a.model, work, mode=a.mode, tp=a.tp, layers=a.layers, plain=a.plain,
-                    kv_cache_gib=a.kv_cache_gib, sync_scheduling=a.sync_scheduling, say=say)
+                    kv_cache_gib=a.kv_cache_gib, sync_scheduling=a.sync_scheduling,
+                    quantization=a.quantization, say=say)
     say("result=" + json.dumps(result))
     return result
 
@@ -402,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="turn vLLM's async scheduling off (one step at a time; for ncu)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="KV cache of this many GiB instead of 85%% of the GPU (for ncu)")
+    p.add_argument("--quantization", default=None,
+                   help="vLLM's quantization method (fp8: dynamic FP8 of the dummy weights)")
     p.add_argument("--requests", type=int, default=None,
                    help="a serving-like run of this many requests instead of one step")
     p.add_argument("--prompt-lens", default=None, help="serving run: prompt tokens A:B")
@@ -426,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             run(a.model, phase=a.phase, batch=a.batch, context=a.context, mode=a.mode,
                 tp=a.tp, layers=a.layers, untraced_steps=a.untraced_steps,
                 inductor_names=a.inductor_names, sync_scheduling=a.sync_scheduling,
-                kv_cache_gib=a.kv_cache_gib)
+                kv_cache_gib=a.kv_cache_gib, quantization=a.quantization)
     except Exception as e:
         # one line the orchestrator can quote (out of memory, unsupported card, ...); the
         # traceback above it stays in the engine log

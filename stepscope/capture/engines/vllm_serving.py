@@ -86,14 +86,14 @@ class Workload:
 def llm_kwargs(model_dir: str, work: Workload, *, mode: str, tp: int, timer: bool,
                profiler_config: Any | None, max_num_seqs: int = MAX_NUM_SEQS,
                token_budget: int = TOKEN_BUDGET, kv_cache_gib: float | None = None,
-               sync_scheduling: bool = False) -> dict[str, Any]:
+               sync_scheduling: bool = False, quantization: str | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a serving run: vLLM's defaults (chunked prefill,
     async scheduling, its own CUDA-graph sizes) but for the batch limits and dummy weights."""
     kw = base_kwargs(model_dir, mode=mode, tp=tp, max_model_len=work.max_model_len, max_num_seqs=max_num_seqs,
                      max_num_batched_tokens=token_budget, seed=work.seed)
     kw["enable_chunked_prefill"] = True
     return with_options(kw, sync_scheduling=sync_scheduling, kv_cache_gib=kv_cache_gib, timer=timer,
-                        profiler_config=profiler_config)
+                        profiler_config=profiler_config, quantization=quantization)
 
 
 def sampling(SamplingParams, work: Workload) -> list:
@@ -150,7 +150,7 @@ def summarize_steps(records: list[dict], wall_ns: int | None = None) -> dict:
 
 def run(model: str, work: Workload, *, mode: str, tp: int, layers: int | None,
         plain: bool = False, kv_cache_gib: float | None = None,
-        sync_scheduling: bool = False, say=print) -> dict:
+        sync_scheduling: bool = False, quantization: str | None = None, say=print) -> dict:
     from stepscope.capture.engines import vllm_engine as ve
     from stepscope.capture.models import load_card
 
@@ -174,7 +174,7 @@ def run(model: str, work: Workload, *, mode: str, tp: int, layers: int | None,
         say(f"phase=build model_dir={model_dir}")
         llm = LLM(**llm_kwargs(str(model_dir), work, mode=mode, tp=tp, timer=not plain,
                                profiler_config=pconf, kv_cache_gib=kv_cache_gib,
-                               sync_scheduling=sync_scheduling))
+                               sync_scheduling=sync_scheduling, quantization=quantization))
         init_s = time.perf_counter() - t0
         prompts = work.prompts(card.vocab_size)
         params = sampling(SamplingParams, work)
@@ -213,6 +213,7 @@ def run(model: str, work: Workload, *, mode: str, tp: int, layers: int | None,
             "workload": work.to_dict(),
             "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": TOKEN_BUDGET,
             "plain": plain, "sync_scheduling": sync_scheduling, "kv_cache_gib": kv_cache_gib,
+            "quantization": quantization,
             "profiler": None if plain else "profiler_config(profiler='cuda')",
             "init_s": round(init_s, 3),
             "traced_generate_wall_ns": traced_wall_ns,
