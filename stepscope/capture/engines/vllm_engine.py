@@ -139,7 +139,8 @@ def base_kwargs(model_dir: str, *, mode: str, tp: int, max_model_len: int, max_n
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "enable_prefix_caching": False,
-        "gpu_memory_utilization": 0.85,
+        # several engines on one GPU (a capture session running them side by side) each take a share
+        "gpu_memory_utilization": float(os.environ.get("STEPSCOPE_VLLM_GPU_UTIL", "0.85")),
         "seed": seed,
     }
 
