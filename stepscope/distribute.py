@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from stepscope import scheduler_address
 from stepscope.errors import StepscopeError
 from stepscope.paths import shown
 from stepscope.render import progress
@@ -95,6 +96,8 @@ def map_reports(paths: list[Path], step_regex: str | None = None, rules: str | N
                 timeout: float | None = None, fn: Callable = report_outcome) -> list[ReportResult]:
     """Each report's ReportResult, in the order of `paths` (see the module doc for where they run)."""
     args = [shown(p) for p in paths]
+    if scheduler is not None:
+        scheduler = scheduler_address.check(scheduler)  # one line for "local", "", "host" ...
     if scheduler is None and (len(paths) == 1 or not have_dask()):
         if len(paths) > 1:
             progress.notice(f"dask is not installed: the {len(paths)} reports are analyzed one after another "
@@ -127,9 +130,8 @@ def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processe
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError) as e:
-            raise StepscopeError(f"--scheduler {scheduler}: no dask scheduler answers there ({e}); start one "
-                                 "(dask scheduler) or leave --scheduler out to use this machine's cores") from None
+        except (OSError, TimeoutError, ValueError) as e:
+            raise StepscopeError(scheduler_address.unreachable(scheduler, str(e))) from None
         with client:
             return _gather(client, args, step_regex, rules, cache, timeout, fn, f"the dask cluster at {scheduler}")
     n = local_workers(paths, workers)
