@@ -1,7 +1,7 @@
 """Regular expressions applied to names from a trace (NVTX ranges, kernel names).
 
 stepscope's own patterns (data/rules.toml, the default step regex, the name parsers) are
-plain `re` patterns kept linear in the name's length: tests/test_hardening_regex.py times
+plain `re` patterns kept linear in the name's length: tests/test_regex_limits.py times
 each one on 1 MB names. A user's pattern (--step-regex, a --rules file) may backtrack
 exponentially ((a|aa)+$ on a long name runs for ages), so it runs under the `regex` package,
 whose matcher takes a timeout, with one time budget per pattern over the whole run; the

@@ -297,8 +297,8 @@ class CliRunner(_TyperRunner):
 # the modules whose tests read the SQLite exports through the reader (ADBC when installed, else
 # the sqlite3 fallback): their figures must not depend on which path read them
 ADBC_MODULES = {
-    "test_ingest", "test_golden_json", "test_hardening_sqlite", "test_hardening_values", "test_hardening_cache",
-    "test_cache", "test_memory_policy", "test_library", "test_round5", "test_bytes_budget", "test_bytes_real",
+    "test_ingest", "test_golden_json", "test_sqlite_damage", "test_impossible_values", "test_cache_freshness",
+    "test_cache", "test_memory_policy", "test_library", "test_steps_without_names", "test_bytes_budget", "test_bytes_real",
     "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto",
 }
 # the modules that touch no polars data path (capture's process handling, the torch engine's own
@@ -306,7 +306,7 @@ ADBC_MODULES = {
 # module runs again under the oldest polars
 POLARS_FREE_MODULES = {
     "test_capture_torch_engine", "test_capture_commands", "test_capture_nsys", "test_capture_models",
-    "test_docs", "test_layering", "test_native", "test_bench_rss", "test_hardening_paths",
+    "test_docs", "test_layering", "test_native", "test_bench_rss", "test_paths",
 }
 # the modules whose tests share what a module fixture or cache computed once (a serving run's
 # diagnosis, eight reports written, the what-if pairs compared): under xdist (-n) each group runs

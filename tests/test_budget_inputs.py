@@ -1,7 +1,8 @@
-"""Huge shapes and partial cells (issue 30): a model card, a step name or an option with sizes past
-any model's is either computed exactly or refused in one line (never an i128 or 64-bit overflow);
-`budget` with cells for a few kernels sets the joined kernels against their own minimum; `report
---cells` on damaged traces does not crash."""
+"""What the byte budget is given (issue 30): huge shapes and partial cells. A model card, a step
+name or an option with sizes past any model's is either computed exactly or refused in one line
+(never an i128 or 64-bit overflow); `budget` with cells for a few kernels sets the joined kernels
+against their own minimum; `report --cells` on damaged traces, or with cells of one class only,
+does not crash."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 R5_EAGER = FIXTURES / "round5" / "llama8b_decode_b1_eager.sqlite"
 NCU = FIXTURES / "ncu"
 SWEEP = NCU / "h200_llama8b_sweep.parquet"
+CELLS = SWEEP
 RAW = NCU / "h200_llama8b_ncu_raw.csv"
 STEP_CELLS = NCU / "step_torch_llama8b_decode_b1"
 CARD = json.loads((Path(__file__).resolve().parent.parent / "stepscope" / "data" / "cards" / "llama-3.1-8b.json")
@@ -260,3 +262,58 @@ def test_report_with_cells_on_damaged_traces(partial_cells, source, ops, which):
         r = _run(["report", p, "-o", out, "--cells", cells], p)
         if r.exit_code == 0:
             assert out.exists() and out.stat().st_size > 0
+
+
+# --- crashes found past the fault campaign, each on a damaged copy of a real fixture ------------
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "t.sqlite"
+    shutil.copy(need(EAGER), p)
+    return p
+
+
+def one_line_2(r, *needles):
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+    for n in needles:
+        assert n in r.output, r.output
+
+
+@pytest.mark.parametrize("form", ["md", "html"])
+def test_report_with_cells_where_a_class_has_a_minimum_and_no_measurement(trace, tmp_path, form):
+    import polars as pl
+    cells = tmp_path / "gemm.parquet"  # cells of the GEMMs only: the other classes' minimum has no measurement
+    pl.read_parquet(need(CELLS)).filter(pl.col("kernel").str.starts_with("nvjet")).write_parquet(cells)
+    out = tmp_path / f"r.{form}"
+    r = CliRunner().invoke(app, ["report", str(trace), "-o", str(out), "--cells", str(cells)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "Byte budget" in text or "byte budget" in text.lower()
+    if form == "md":
+        budget = text.split("### Byte budget", 1)[1]
+        gemm = next(line for line in budget.splitlines() if line.startswith("| gemm |"))
+        assert "×1.0" in gemm  # measured against its own, non-zero minimum
+
+
+@pytest.mark.parametrize("name,says", [
+    ("batch=999999999999999999 tokens=1 context=2048", "batch=999999999999999999, outside 1..100,000"),
+    ("batch=1 tokens=1 context=999999999999999999", "context=999999999999999999"),
+    ("batch=1 tokens=1 context=2048 tp=99999999999", "tp=99999999999"),
+])
+def test_budget_of_a_step_name_with_huge_shapes(trace, name, says):
+    # the shapes read from the step's name overflowed the budget's 128-bit integers (exit 3)
+    with sqlite3.connect(trace) as c:
+        c.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text LIKE 'step %'",
+                  (f"step phase=decode {name} model=llama-3.1-8b mode=eager",))
+    r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(need(CELLS))])
+    one_line_2(r, says)
+
+
+def test_budget_with_the_shapes_passed_over_a_huge_name(trace):
+    with sqlite3.connect(trace) as c:
+        c.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text LIKE 'step %'",
+                  ("step phase=decode batch=999999999999999999 context=999999999999999999 model=llama-3.1-8b",))
+    r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(need(CELLS)), "--batch", "1",
+                                 "--context", "2048", "--json"])
+    assert r.exit_code == 0, r.output

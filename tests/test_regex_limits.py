@@ -1,5 +1,6 @@
-"""No hang on long names: stepscope's own patterns are linear in the name's length, a user's
-pattern runs under a time budget, and long names are cut for display."""
+"""Limits on patterns and long names: stepscope's own patterns are linear in the name's length, a
+user's pattern runs under a time budget and one with counted repetitions past the bounds is refused
+before it is compiled (memory), and long names are cut for display."""
 
 from __future__ import annotations
 
@@ -175,3 +176,40 @@ def test_names_that_look_like_rich_markup_are_shown_as_they_are(tmp_path):
     r = CliRunner().invoke(app, ["budget", str(p), "--cells", str(cells), "--model", "llama-3.1-8b", "--batch", "1",
                                  "--context", "2048", "--phase", "decode"])
     assert r.exit_code == 0 and "32× [/]zz" in r.stdout, r.output
+
+
+# --- counted repetitions, refused before they are compiled (found past the fault campaign, issue 30)
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "t.sqlite"
+    shutil.copy(need(EAGER), p)
+    return p
+
+
+def one_line_2(r, *needles):
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+    for n in needles:
+        assert n in r.output, r.output
+
+
+@pytest.mark.parametrize("pattern,says", [("a{99999999}", "exceeds"), ("(?:a{500}){500}", "multiply"),
+                                          ("x{0,99999999}", "exceeds")])
+def test_a_counted_repetition_is_refused_before_it_is_compiled(trace, pattern, says):
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, ["analyze", str(trace), "--step-regex", pattern])
+    one_line_2(r, says, "--step-regex")
+    assert time.perf_counter() - t0 < 60  # it took 40 s and 5 GiB before a MemoryError
+
+
+def test_a_counted_repetition_in_rules_is_refused(trace, tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nclass = "gemm"\npattern = "b{1000000}"\n')
+    r = CliRunner().invoke(app, ["analyze", str(trace), "--rules", str(rules)])
+    assert r.exit_code == 2 and "exceeds" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_small_counts_still_work(trace):
+    r = CliRunner().invoke(app, ["analyze", str(trace), "--step-regex", r"^step .{3,200}$", "--json"])
+    assert r.exit_code == 0, r.output

@@ -1,5 +1,7 @@
-"""The fifth H200 round (fixtures/round5, fixtures/vllm): steps, phases and classes that the
-trace's names do not give away, each checked against plain SQL over the same export."""
+"""Steps without help from names (docs/DEFINITIONS.md, that section), on the torch-engine and vLLM
+captures of fixtures/round5 and fixtures/vllm: layers, whole steps in one capture, phase evidence,
+the classes of anonymous and graph kernels, framework op families and the representative step that
+the trace's names do not give away, each checked against plain SQL over the same export."""
 
 from __future__ import annotations
 
