@@ -22,7 +22,7 @@ import sys
 # narenas:1 - one arena for all of polars' threads instead of four per core: a page one thread
 #   frees is reused by the next allocation of any thread within the decay time, instead of
 #   waiting in its own thread's arena while another faults in fresh pages, which cost
-#   microseconds each on the virtual machines measured (docs/PERFORMANCE.md, round seven): a cold
+#   microseconds each on the virtual machines measured (CHANGELOG.md, round seven): a cold
 #   1M analysis faulted 160-193 k pages instead of 215-237 k, 0.9x the wall, the same peak RSS.
 JEMALLOC_CONF = "narenas:1,dirty_decay_ms:100,muzzy_decay_ms:0"
 

@@ -1,4 +1,4 @@
-"""The shortcuts issue 31's second round took (docs/PERFORMANCE.md, "Round two"), each against
+"""The shortcuts issue 31's second round took (CHANGELOG.md, round two), each against
 the plain way of computing the same thing: plain SQL over the export, numpy's binary search,
 the text document, and a decision made step by step."""
 
