@@ -299,7 +299,7 @@ class CliRunner(_TyperRunner):
 ADBC_MODULES = {
     "test_ingest", "test_golden_json", "test_hardening_sqlite", "test_hardening_values", "test_hardening_cache",
     "test_cache", "test_memory_policy", "test_library", "test_round5", "test_bytes_budget", "test_bytes_real",
-    "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto",
+    "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto", "test_sqlite_reader",
 }
 # the modules that touch no polars data path (capture's process handling, the torch engine's own
 # step, the docs, the import graph, native allocator settings, path refusals): every other
