@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-31 bars measured on the H200 machine's host (16 cores) instead of the 2-core box:
 # `benchmarks/run.py --sizes 1M --reps 5` there, on a 1M trace inflated there from the committed
-# fixture, with stepscope's compiled reader built there (Python 3.12).
+# fixture (Python 3.12; nothing of stepscope's is compiled: SQLite reads the export through ADBC).
 #
 # The wheels (Python 3.12, manylinux) do not fit one call beside the working tree, so they travel
 # as a tar in five parts, one call each, to /tmp/wc (a warm machine keeps /tmp), then `run`:
@@ -10,7 +10,6 @@
 #            polars==2.1.0 polars-runtime-32==2.1.0 typer==0.28.0 regex orjson adbc-driver-sqlite==1.13.0 \
 #            adbc-driver-manager==1.13.0 nsys-ai==0.3.0 duckdb==1.5.5 duckdb-extension-sqlite-scanner==1.5.5 \
 #            duckdb-extensions
-#          (cd /tmp && apt-get download libsqlite3-dev); cp /tmp/libsqlite3-dev_*.deb .whl/
 #          tar cf /tmp/wheels.tar -C .whl . && split -b 19500000 -d -a 1 /tmp/wheels.tar /tmp/wpart.
 #          one part each into .wc1 … .wc5 (all five listed in .git/info/exclude)
 #   device: bash benchmarks/device_speed.sh carry N      (carry: [".wcN"]), N = 1 … 5, back to back
@@ -28,17 +27,11 @@ if [ "$PART" = carry ]; then
   mkdir -p /tmp/wc && cp ".wc$N"/* /tmp/wc/ && ls -la /tmp/wc
   exit
 fi
-install() {  # the carried wheels into /tmp/site, the compiled reader built for this Python
+install() {  # the carried wheels into /tmp/site
   cat /tmp/wc/wpart.* > /tmp/wheels.tar || exit 9
   mkdir -p /tmp/whl && tar xf /tmp/wheels.tar -C /tmp/whl || exit 9
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/*.whl || exit 9
   export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
-  mkdir -p /tmp/sqdev && dpkg -x /tmp/whl/libsqlite3-dev_*.deb /tmp/sqdev
-  # the header from the carried package, the library the image's own Python links
-  LIBSQ=$(ldd "$(python3 -c 'import _sqlite3; print(_sqlite3.__file__)')" | awk '/libsqlite3/ {print $3}')
-  EXT=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  gcc -O2 -Wall -shared -fPIC -I"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-    -I/tmp/sqdev/usr/include stepscope/ingest/_scan.c "$LIBSQ" -o "stepscope/ingest/_scan$EXT" || exit 9
 }
 ready() {  # a later part on a warm machine: the installed wheels, else installed now; the 1M trace
   if [ -d /tmp/site ]; then export PYTHONPATH="/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1; else set -x; install; set +x; fi
@@ -61,7 +54,6 @@ fi
 if [ "$PART" = memory ]; then
   exec > >(tee "$OUT/device_memory.log") 2>&1
   ready
-  ls stepscope/ingest/_scan*.so
   python3 benchmarks/fresh_pages.py
   KEEP="_RJEM_MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 GLIBC_TUNABLES=glibc.malloc.trim_threshold=4294967295"
   for r in 1 2 3 4 5; do
@@ -82,7 +74,7 @@ install
 set +x
 { nproc; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|MHz'; free -g | head -2; python3 --version
   python3 -c 'import polars, numpy, sqlite3; print("polars", polars.__version__, "numpy", numpy.__version__, "sqlite", sqlite3.sqlite_version)'
-  python3 -c 'import stepscope.ingest._scan as s; print("compiled reader:", s.__file__)'; } 2>&1
+  python3 -c 'import adbc_driver_sqlite as a; print("adbc-driver-sqlite", a.__version__)'; } 2>&1
 python3 benchmarks/inflate.py --sizes 1M || exit 9
 python3 benchmarks/run.py --sizes 1M --reps 5 --results "$OUT/results_h200_host.md" || true
 # three cold runs under /usr/bin/time: user and sys time and page faults, which run.py does not report

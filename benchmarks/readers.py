@@ -6,12 +6,14 @@ median of --reps, times taken inside the child (perf_counter around each stage):
 
     import polars / import duckdb (+ the bundled sqlite_scanner) / python -c pass
     stepscope's reader: read_nsys_sqlite(launch_config=False), what `analyze` reads, by each of
-        its paths in turn (the tables' own pages, the compiled SQLite scan, ADBC alone)
+        its paths in turn (ADBC, and the stdlib sqlite3 that reads where ADBC is absent), and
+        with --before DIR the same read by another checkout (e.g. `git archive REV stepscope
+        pyproject.toml | tar -x -C DIR`, with whatever it builds built there), in the same rounds
     DuckDB sqlite_scanner: the kernel columns stepscope reads, and the runtime table unfiltered
         and filtered to the API names stepscope keeps, each alone and both at once on two
         cursors in two threads, into Arrow
 
-    python benchmarks/readers.py [--size 1M] [--reps 5]   # prints a Markdown section
+    python benchmarks/readers.py [--size 1M] [--reps 5] [--before DIR] [--no-duckdb]   # a Markdown section
 
 needs `pip install duckdb==1.5.5 duckdb-extension-sqlite-scanner==1.5.5 duckdb-extensions`.
 """
@@ -34,7 +36,10 @@ REPO = HERE.parent
 STEPSCOPE = r"""
 import json, sys, time
 t0 = time.perf_counter()
+import stepscope.ingest.nsys_sqlite as ns
 from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
+if sys.argv[2] == "sqlite3":  # the path a user without adbc-driver-sqlite gets
+    ns._attach_adbc = lambda con, path: None
 t1 = time.perf_counter()
 tr = read_nsys_sqlite(sys.argv[1], launch_config=False)
 t2 = time.perf_counter()
@@ -77,14 +82,15 @@ IMPORTS = {"python -c pass": "pass", "import polars": "import polars",
                                              "duckdb_extensions.import_extension('sqlite_scanner')"}
 
 
-# stepscope's read paths: the environment that selects each (stepscope/ingest/int_scan.py)
-PATHS = {"pages": {}, "compiled scan": {"STEPSCOPE_PAGE_SCAN": "0"}, "ADBC": {"STEPSCOPE_NATIVE_SCAN": "0"}}
+# stepscope's read paths (ingest/nsys_sqlite.py): ADBC's Arrow stream, or sqlite3 without the driver
+PATHS = ("ADBC", "sqlite3")
 
 
-def child(code: str, *args: str, env_extra: dict | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_extra or {}))
+def child(code: str, *args: str, root: Path = REPO) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # run in `root`: `-c` puts the current folder first on sys.path, ahead of PYTHONPATH
     cp = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                        timeout=600)
+                        timeout=600, cwd=root)
     if cp.returncode != 0:
         raise SystemExit(f"child failed: {cp.stderr.strip()[-500:]}")
     return json.loads(cp.stdout.strip().splitlines()[-1])
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, default=_inflate.DEFAULT_SOURCE)
     ap.add_argument("--results", type=Path, default=HERE / "readers.md")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--before", type=Path, help="another checkout whose reader is timed too (its default path)")
+    ap.add_argument("--no-duckdb", action="store_true", help="leave DuckDB's sqlite_scanner out")
     args = ap.parse_args(argv)
     inf = _inflate.inflate(args.source, _inflate.parse_size(args.size), args.out)
     path = str(inf.path)
@@ -113,19 +121,25 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"### Readers on {inf.n_kernels:,} kernels ({Path(path).name}), median of {args.reps} fresh processes",
              "", "| what | seconds |", "|---|---|"]
     for name, code in IMPORTS.items():
+        if args.no_duckdb and "duckdb" in name:
+            continue
         lines.append(f"| `{name}` (process wall) | {statistics.median(wall(code) for _ in range(args.reps)):.3f} |")
-    by_path: dict[str, list[dict]] = {p: [] for p in PATHS}
+    paths = [(p, p, REPO) for p in PATHS]
+    if args.before:
+        paths.append((f"before, {args.before.name}", "default", args.before.resolve()))
+    by_path: dict[str, list[dict]] = {label: [] for label, _, _ in paths}
     for _ in range(args.reps):  # the paths in turn, round after round
-        for p, extra in PATHS.items():
-            by_path[p].append(child(STEPSCOPE, path, env_extra=extra))
+        for label, how, root in paths:
+            by_path[label].append(child(STEPSCOPE, path, how, root=root))
     measured = [(f"stepscope ({p})", runs) for p, runs in by_path.items()]
-    measured.append(("duckdb", [child(DUCKDB, path) for _ in range(args.reps)]))
+    if not args.no_duckdb:
+        measured.append(("duckdb", [child(DUCKDB, path) for _ in range(args.reps)]))
     for label, runs in measured:
         for k in runs[0]:
             v = statistics.median(r[k] for r in runs)
             lines.append(f"| {label}: {k} | {v:,.3f} |" if isinstance(v, float) else f"| {label}: {k} | {v:,} |")
     lines += ["", f"load average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
-              "`python benchmarks/readers.py --size " + args.size + f" --reps {args.reps}`"]
+              "`python benchmarks/readers.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

@@ -81,8 +81,7 @@ class NsysLaunchConfig:
             # globalPid packs <hw:8><vm:8><pid:24><tid:24>
             sql = (f"SELECT ((globalPid >> 24) & 16777215) AS pid, correlationId, start, {', '.join(cols)} "
                    f"FROM {table} WHERE {where}")
-            plain = (table, ["globalPid", "correlationId", "start", *cols], where)
-            frame = _adbc_slices(con, self.path, sql, span, schema, plain)
+            frame = _adbc_slices(con, self.path, sql, span, schema)
             if frame is None:
                 if span is not None:
                     sql += f" AND rowid BETWEEN {span[0]} AND {span[1]}"
@@ -107,18 +106,14 @@ def _typed(frame: pl.DataFrame, schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataF
 
 
 def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
-                 schema: dict = LAUNCH_CONFIG_SCHEMA,
-                 plain: tuple[str, list[str], str] | None = None) -> pl.DataFrame | None:
+                 schema: dict = LAUNCH_CONFIG_SCHEMA) -> pl.DataFrame | None:
     """`sql` over the rows of `span` (rowids, inclusive), in rowid order, through the reader's
-    compiled reader or its ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a
-    locked file, rowid slices on parallel threads for a big span); None without the driver, or
-    where ADBC met a value of another type than its first (the caller reads through sqlite3
-    then, typed value by value). `plain`: (table, columns, where), the same rows with globalPid
-    whole, which the compiled reader may take from the table's pages (int_scan.page_plan); the
-    pid is then unpacked here as SQLite's `(globalPid >> 24) & 16777215` would."""
+    ADBC path (ingest/nsys_sqlite.py: its batch size, its wait on a locked file, rowid slices on
+    parallel threads for a big span); None without the driver, or where ADBC met a value of
+    another type than its first (the caller reads through sqlite3 then, typed value by value)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepscope.ingest import int_scan, nsys_sqlite as ns
+    from stepscope.ingest import nsys_sqlite as ns
 
     ns._attach_adbc(con, path)
     db = con._stepscope_adbc
@@ -130,28 +125,7 @@ def _adbc_slices(con, path: Path, sql: str, span: tuple[int, int] | None,
         first, last = span
         parts = ns.read_threads() if last - first + 1 > ns.SLICE_MIN_ROWS else 1
         cuts = [first - 1 + (last - first + 1) * i // parts for i in range(parts + 1)]
-        bounds = [f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
-        sqls = [f"{sql} AND {b}" for b in bounds]
-        if int_scan.available() and con._stepscope_uri is not None and last - first < con._stepscope_rows_bound:
-            # the compiled reader, as the kernel read (ingest/int_scan.py); what it cannot read
-            # (a value of another type, a damaged page) ADBC reads below
-            plan = None if plain is None else int_scan.page_plan(con, con._stepscope_path, plain[0], plain[1],
-                                                                  [plain[2]])
-            # with a plan, the plain query (globalPid whole) is what the compiled reader reads
-            reads = sqls if plan is None else [
-                f"SELECT {', '.join(plain[1])} FROM {plain[0]} WHERE {plain[2]} AND {b}" for b in bounds]
-            try:
-                names = [f"_{i}" for i in range(len(plain[1]))] if plan is not None else list(schema)  # NULL twice
-                table = int_scan.Table(names, [cuts[i + 1] - cuts[i] for i in range(parts)])
-                with ThreadPoolExecutor(parts) as pool:
-                    list(pool.map(lambda i: table.read(i, con._stepscope_uri, reads[i], plan,
-                                                       (cuts[i], cuts[i + 1])), range(parts)))
-                frame = table.frame()
-                if plan is not None:  # the pid unpacked as the kernel read does it
-                    frame = frame.with_columns(ns._unpack_pid("_0"))
-                return _typed(frame, schema)
-            except (int_scan.NotIntegers, int_scan.Unread):
-                pass
+        sqls = [f"{sql} AND rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" for i in range(parts)]
     try:
         with ThreadPoolExecutor(len(sqls)) as pool:
             frames = list(pool.map(lambda q: ns._adbc_query(db, q), sqls))

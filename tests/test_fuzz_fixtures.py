@@ -3,9 +3,8 @@ values retyped, columns dropped, keys set to NULL, extreme values, rows moved to
 through every command.
 
 Whatever the damage: exit 0 with figures that hold together, or exit 2 with one line; never
-a traceback, a panic or exit 3; never a changed input (hashed before and after). The three
-read paths are drawn: the compiled reader of the integer tables (with ADBC for the rest and
-for what it leaves), ADBC alone, and the sqlite3 fallback.
+a traceback, a panic or exit 3; never a changed input (hashed before and after). Both read
+paths are drawn: ADBC, and the sqlite3 fallback.
 
 The default `stepscope-quick` profile (tests/conftest.py) keeps a developer's run short (10 examples a property, the
 same ones every run); `.ci/run` runs these tests again with HYPOTHESIS_PROFILE=stepscope-ci (30,
@@ -18,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
 import tempfile
@@ -119,29 +117,20 @@ def _digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-PATHS = st.sampled_from(["pages", "native", "adbc", "sqlite3"])
+PATHS = st.sampled_from(["adbc", "sqlite3"])
 
 
 @contextlib.contextmanager
 def _read_path(kind: str):
-    """pages: the page reader (the compiled scan where it stops); native: the compiled scan
-    alone; adbc: ADBC alone; sqlite3: sqlite3 alone."""
+    """adbc: the tables through ADBC; sqlite3: sqlite3 alone (ADBC absent)."""
     real = nsys_sqlite._attach_adbc
-    env = {k: os.environ.get(k) for k in ("STEPSCOPE_NATIVE_SCAN", "STEPSCOPE_PAGE_SCAN")}
     if kind == "sqlite3":
         nsys_sqlite._attach_adbc = lambda con, path: None
-    os.environ["STEPSCOPE_NATIVE_SCAN"] = "1" if kind in ("pages", "native") else "0"
-    os.environ["STEPSCOPE_PAGE_SCAN"] = "1" if kind == "pages" else "0"
     try:
         with reads_for_itself():  # the committed source too, through the path chosen
             yield
     finally:
         nsys_sqlite._attach_adbc = real
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _run(args, *inputs: Path):

@@ -1,7 +1,6 @@
-"""Typed reading of damaged exports, on the three read paths (the compiled reader of the integer
-tables, ADBC alone and the sqlite3 fallback): a value of the wrong type, an id beyond 32 bits, a
-NULL key or a name that is not UTF-8 is left out (or read with U+FFFD) and counted in a warning
-naming table and column; a missing column is one line naming table and column. Never exit 3,
+"""Typed reading of damaged exports, on both read paths (ADBC and the sqlite3 fallback): a value
+of the wrong type, an id beyond 32 bits, a NULL key or a name that is not UTF-8 is left out (or
+read with U+FFFD) and counted in a warning naming table and column; a missing column is one line naming table and column. Never exit 3,
 never a Rust panic."""
 
 from __future__ import annotations
@@ -21,18 +20,13 @@ EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 K = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
-@pytest.fixture(params=["pages", "native", "adbc", "sqlite3"])
+@pytest.fixture(params=["adbc", "sqlite3"])
 def path_kind(request, monkeypatch):
-    """The read path: the page reader (with the compiled scan where it stops), the compiled
-    scan alone, ADBC alone, sqlite3 alone."""
+    """The read path: ADBC (the tables' Arrow stream), or sqlite3 alone (ADBC absent)."""
     if request.param == "sqlite3":
         monkeypatch.setattr(ns, "_attach_adbc", lambda con, p: None)
     else:
         pytest.importorskip("adbc_driver_sqlite")
-    if request.param in ("pages", "native"):
-        pytest.importorskip("stepscope.ingest._scan", reason="the compiled reader was not built")
-    monkeypatch.setenv("STEPSCOPE_NATIVE_SCAN", "1" if request.param in ("pages", "native") else "0")
-    monkeypatch.setenv("STEPSCOPE_PAGE_SCAN", "1" if request.param == "pages" else "0")
     return request.param
 
 

@@ -20,7 +20,6 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
-import stepscope.ingest.int_scan as int_scan
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.paths import input_file
 from stepscope.model import (
@@ -163,20 +162,17 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
 
     With ADBC each table is read in rowid slices on parallel threads: the driver releases the
     GIL while SQLite steps rows and fills Arrow columns, which is where the time goes. The
-    slices are concatenated in rowid order, so the result is the same as one query's. A table
-    whose plain read came back with a column of another type is read again, typed. A table of
-    integer columns alone is read by the compiled reader when it was built (int_scan.py: the
-    same slices, written in place into one array per column, so there is nothing to concatenate);
-    what it cannot read, ADBC reads.
+    slices are concatenated in rowid order, so the result is the same as one query's (the first
+    slice has no lower bound: a damaged export's rowid of 0 or below is read as SQLite reads
+    it). A table whose plain read came back with a column of another type is read again, typed.
     """
     db = getattr(con, "_stepscope_adbc", None)
     if db is None:
         for q in queries:
             yield _rows(con, q), True
         return
-    uri = getattr(con, "_stepscope_uri", None)
     threads = read_threads()
-    slices, capacities, plans = [], [], []
+    slices = []
     for q in queries:
         last = 0
         if q.from_ is None:
@@ -185,71 +181,31 @@ def _bulk_raw(con: sqlite3.Connection, queries: list[typed.Query]):
             except sqlite3.DatabaseError:  # a view or a WITHOUT ROWID table: one slice
                 last = 0
         # two slices per thread: the thread done first takes the next one, rather than waiting
-        # on the other's last (a kernel and an API slice do not take the same time): the eager
-        # 1M read 0.67 -> 0.60 s, 1.15 -> 1.01 s of CPU on the 2-core box (median of 6)
+        # on the other's last (a kernel and an API slice do not take the same time)
         parts = 2 * threads if last > SLICE_MIN_ROWS else 1
         cuts = [last * i // parts for i in range(parts + 1)]
-        slices.append([([f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}"], (cuts[i], cuts[i + 1])) if parts > 1
-                       else ([], int_scan.WHOLE) for i in range(parts)])
-        # a slice holds at most its rowid range's rows (the one slice of a small table: as many
-        # as its largest rowid; where that does not hold, the compiled reader stops, ADBC reads).
-        # Sparse rowids (a damaged export's 2^60) would ask for arrays far beyond what the file
-        # can hold: no more rows than the file has room for (a row takes 4 bytes at least)
-        compiled = (uri is not None and 0 < last <= getattr(con, "_stepscope_rows_bound", 0)
-                    and int_scan.available() and all(c.kind != typed.TEXT for c in q.cols))
-        capacities.append([cuts[i + 1] - cuts[i] for i in range(parts)] if compiled else None)
-        # the plain query straight from the export's pages, where they hold it simply
-        plans.append(int_scan.page_plan(con, con._stepscope_path, q.table, [c.sql for c in q.cols], q.where)
-                     if compiled and q.from_ is None else None)
+        slices.append([[f"rowid > {cuts[i]} AND rowid <= {cuts[i + 1]}" if i else f"rowid <= {cuts[1]}"]
+                       if parts > 1 else [] for i in range(parts)])
 
-    def read(job):
-        q, (extra, span), is_typed, table, i, plan = job
-        sql = q.sql(is_typed, extra)
-        if table is not None:
-            try:
-                table.read(i, uri, sql, None if is_typed else plan, span)
-                return table
-            except (int_scan.NotIntegers, int_scan.Unread) as e:
-                return e
+    def read(job: tuple[typed.Query, list[str], bool]):
+        q, extra, is_typed = job
         try:
-            return _adbc_query(db, sql)
+            return _adbc_query(db, q.sql(is_typed, extra))
         except _TypeMismatch:
             if is_typed:
                 raise
-            return None
-
-    def jobs(q, parts, is_typed, caps, plan=None):
-        table = None
-        if caps is not None:
-            try:
-                table = int_scan.Table(q.raw_names(is_typed), caps)
-            except int_scan.Unread:  # its arrays could not be had: ADBC reads the table
-                pass
-        return [(q, part, is_typed, table, i, plan) for i, part in enumerate(parts)]
-
-    def settled(q, parts, is_typed, got) -> list:
-        """A table's slices as read: the compiled reader's outcome made frames like ADBC's (its
-        table's one frame; [None] where a plain read met a value of another type, so the table
-        is read again typed), or, where it could not read, ADBC's read, in ADBC's own words."""
-        if not any(isinstance(f, (int_scan.Table, int_scan.NotIntegers, int_scan.Unread)) for f in got):
-            return got  # ADBC's frames
-        if all(isinstance(f, int_scan.Table) for f in got):
-            return [got[0].frame()]
-        if not is_typed and any(isinstance(f, int_scan.NotIntegers) for f in got):
-            return [None]
-        return list(pool.map(read, jobs(q, parts, is_typed, None)))
+            return None  # the table is read again, typed
 
     with ThreadPoolExecutor(threads) as pool:
-        frames = list(pool.map(read, [j for q, parts, caps, plan in zip(queries, slices, capacities, plans)
-                                      for j in jobs(q, parts, False, caps, plan)]))
+        frames = list(pool.map(read, [(q, extra, False) for q, parts in zip(queries, slices) for extra in parts]))
         out: list = []
         i = 0
-        for q, parts, caps in zip(queries, slices, capacities):
-            got = settled(q, parts, False, frames[i:i + len(parts)])
+        for q, parts in zip(queries, slices):
+            got = frames[i:i + len(parts)]
             i += len(parts)
             is_typed = any(f is None or not typed.fits(f, q, False) for f in got)
             if is_typed:  # a value of another type somewhere: the whole table again, typed
-                got = settled(q, parts, True, list(pool.map(read, jobs(q, parts, True, caps))))
+                got = list(pool.map(read, [(q, extra, True) for extra in parts]))
             out.append((q, got, is_typed))
     del frames
     while out:  # each table's slices and raw frame are let go once its frame is made
@@ -275,21 +231,13 @@ def _attach_adbc(con: sqlite3.Connection, path: Path) -> None:
         import adbc_driver_sqlite
     except ImportError:
         return
-    con._stepscope_path = str(Path(path).resolve())
-    con._stepscope_uri = Path(con._stepscope_path).as_uri() + "?mode=ro"
-    con._stepscope_adbc = adbc_driver_sqlite.connect(con._stepscope_uri)
-    # the most rows the export can hold (its -wal too): what the compiled reader allocates for
-    files = (Path(path), Path(f"{path}-wal"))
-    con._stepscope_rows_bound = sum(f.stat().st_size for f in files if f.exists()) // 4
+    con._stepscope_adbc = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
 
 
 class _Connection(sqlite3.Connection):
     """sqlite3 connection that may carry an ADBC twin for bulk reads."""
 
     _stepscope_adbc = None
-    _stepscope_uri = None  # the read-only URI the ADBC twin and the compiled reader open
-    _stepscope_path = None  # the file itself, which the page reader opens (int_scan.page_plan)
-    _stepscope_rows_bound = 0
 
     def close(self) -> None:
         if self._stepscope_adbc is not None:
