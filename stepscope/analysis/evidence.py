@@ -93,10 +93,11 @@ def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tup
     or framework by its name that matches `[evidence] router` takes the class of the first
     [[router]] rule that the nearest kernels of a telling class around it in its step match
     (other such kernels skipped: the router's softmax sits between its GEMM and its top-k).
-    acts: sorted by (step, start), with row, step, is_kernel, demangled_id, class, name, demangled."""
+    acts: sorted by (step, start), with row, step, pid, stream, is_kernel, demangled_id, class, name,
+    demangled."""
     from stepscope.analysis.classify import column_hits
 
-    if rules.router is None or not rules.routers or acts["step"].null_count() == acts.height:
+    if rules.router is None or not rules.routers or acts.is_empty():
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
     cand = names.filter(names["class"].is_in(["sampling", GLUE]))
     said = column_hits(rules.router, cand["name"].fill_null("")) | column_hits(
@@ -105,21 +106,24 @@ def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tup
     if not ids:
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
     is_cand = pl.col("demangled_id").is_in(ids) & pl.col("is_kernel")
-    steps = acts.filter(is_cand & pl.col("step").is_not_null())["step"].unique()
-    k = (acts.filter(pl.col("is_kernel") & pl.col("step").is_in(steps.to_list()))
-         .select("row", "step", "stream", "name", "demangled", pl.col("class").cast(pl.String), is_cand.alias("cand")))
+    # per step; the kernels of no step (start-up: the warm-up runs the router and the sampler
+    # too) per process
+    group = pl.coalesce(pl.col("step"), -1 - pl.col("pid").cast(pl.Int64)).alias("g")
+    groups = acts.filter(is_cand).select(group.unique())["g"]
+    k = (acts.filter(pl.col("is_kernel")).with_columns(group).filter(pl.col("g").is_in(groups.implode()))
+         .select("row", "g", "stream", "name", "demangled", pl.col("class").cast(pl.String), is_cand.alias("cand")))
     telling = pl.when(~pl.col("cand") & ~pl.col("class").is_in(list(UNTELLING))).then(pl.col("class"))
     # in launch order on its own stream: a graph replay runs the shared experts on a second
     # stream, interleaved in time with the router's kernels
-    k = k.with_columns(prev=telling.shift(1).forward_fill().over("step", "stream").fill_null(""),
-                       next=telling.shift(-1).backward_fill().over("step", "stream").fill_null(""))
+    k = k.with_columns(prev=telling.shift(1).forward_fill().over("g", "stream").fill_null(""),
+                       next=telling.shift(-1).backward_fill().over("g", "stream").fill_null(""))
     pairs = k.filter(pl.col("cand")).select("prev", "next").unique()
     rule_of = []
     for prev, nxt in pairs.iter_rows():
         hit = next((r for r in rules.routers if prev and nxt and r.after.search(prev) and r.before.search(nxt)), None)
         rule_of.append((prev, nxt, hit.cls if hit else None,
-                        f"after {prev}, before {nxt} in its step: inside a layer, not after the LM head where "
-                        "the sampler runs" if hit else None))
+                        f"after {prev}, before {nxt} on its stream: inside a layer, not after the LM head "
+                        "where the sampler runs" if hit else None))
     pairs = pl.DataFrame(rule_of, schema={"prev": pl.String, "next": pl.String, "new": pl.String, "class_by": pl.String},
                          orient="row")
     k = k.filter(pl.col("cand")).join(pairs, on=["prev", "next"], how="left").filter(
@@ -155,5 +159,6 @@ def fused_notes(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     got = got.filter(pl.col("ops").list.len() > 0)
     return got.select("name", "demangled", "class", pl.concat_str(
         pl.lit("its name holds the "), pl.col("ops").list.join(" and "),
-        pl.lit(" fused into it: that time is here, not under the fused class")).alias("class_by")).unique(
+        pl.lit(" fused into it: that time counts here, not under "), pl.col("ops").list.join(" or "))
+        .alias("class_by")).unique(
         maintain_order=True)
