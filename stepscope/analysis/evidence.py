@@ -13,6 +13,10 @@ and keeps its class by name (framework) otherwise. A kernel a rule classes (a us
 included) is not anonymous, whatever its name. Each decision is reported (`class_by`),
 never made silently. Work is per step and per distinct (neighbour, neighbour) pair, over the
 steps that hold anonymous kernels only.
+
+Two more decisions by evidence other than the name live here: a top-k, sort or softmax kernel is
+the MoE router's or the sampler's by its place (place_router, the [[router]] rules), and a kernel
+that fused another class's op into it names that op (fused_notes, the [[fused]] rules).
 """
 
 from __future__ import annotations
@@ -91,8 +95,9 @@ def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tup
     torch.topk's gatherTopK is the sampler's over the logits at the end of a step and the router's
     inside an MoE layer: the name cannot tell them apart, the place can. A kernel classed sampling
     or framework by its name that matches `[evidence] router` takes the class of the first
-    [[router]] rule that the nearest kernels of a telling class around it in its step match
-    (other such kernels skipped: the router's softmax sits between its GEMM and its top-k).
+    [[router]] rule that the nearest kernels of a telling class around it match, on its stream in
+    its step (a process's start-up, for a kernel of no step), other such kernels skipped: the
+    router's softmax sits between its GEMM and its top-k.
     acts: sorted by (step, start), with row, step, pid, stream, is_kernel, demangled_id, class, name,
     demangled."""
     from stepscope.analysis.classify import column_hits
@@ -160,5 +165,4 @@ def fused_notes(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     return got.select("name", "demangled", "class", pl.concat_str(
         pl.lit("its name holds the "), pl.col("ops").list.join(" and "),
         pl.lit(" fused into it: that time counts here, not under "), pl.col("ops").list.join(" or "))
-        .alias("class_by")).unique(
-        maintain_order=True)
+        .alias("class_by")).unique(maintain_order=True)
