@@ -96,6 +96,11 @@ REAL = [
     # vLLM's source (csrc/moe, fused_moe/): grouped top-k, permute, the other expert GEMMs; trap:
     # the CUTLASS grouped GEMM and DeepGEMM's m-grouped GEMM contain cutlass / gemm
     ("grouped_topk_kernel", "grouped_topk_kernel", "moe_routing"),
+    # triton_kernels (gpt-oss): matmul_ogs contains "matmul" and is the experts' GEMM
+    ("_matmul_ogs", "_matmul_ogs", "moe_gemm"),
+    ("_p_matmul_ogs", "_p_matmul_ogs", "moe_gemm"),
+    ("_combined_routing_compute", "_combined_routing_compute", "moe_routing"),
+    ("_sum_bitmatrix_rows", "_sum_bitmatrix_rows", "moe_routing"),
     ("expandInputRowsKernel", "expandInputRowsKernel", "moe_routing"),
     ("fused_moe_kernel_gptq_awq", "fused_moe_kernel_gptq_awq", "moe_gemm"),
     ("device_kernel", "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::"
