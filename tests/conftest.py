@@ -316,6 +316,7 @@ XDIST_GROUPS = {
     "test_serving_run": "serving", "test_compare_runs": "serving", "test_many_reports": "many_reports",
     "test_whatif": "whatif", "test_steps_without_ranges": "steps_without_ranges", "test_known_step": "known_step",
     "test_selection_serving": "selection_serving", "test_columnar": "columnar", "test_vllm_fixtures": "vllm_fixtures",
+    "test_classes_models": "classes_models",
 }
 
 

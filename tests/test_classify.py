@@ -78,6 +78,70 @@ REAL = [
     ("_post_update_kernel", "_post_update_kernel", "framework"),
     ("_get_num_sampled_and_rejected_kernel", "_get_num_sampled_and_rejected_kernel", "framework"),
     ("_gumbel_sample_kernel", "_gumbel_sample_kernel", "sampling"),
+    # round nine (fixtures/models, vLLM 0.26): the MoE layer's routing and expert GEMMs. trap:
+    # topkGating contains "topk" and is the router's, not sampling
+    ("fused_moe_kernel", "fused_moe_kernel", "moe_gemm"),
+    ("topkGating", "void vllm::moe::topkGating<(int)8, (int)128, (int)4, (int)16, (int)32, int, __nv_bfloat16, "
+     "(vllm::moe::ScoringFunc)0>(const T7 *, const bool *, float *, int, T6 *, int *, int, int, int, bool, "
+     "const float *, double)", "moe_routing"),
+    ("moe_align_block_size_kernel", "void vllm::moe::moe_align_block_size_kernel<int>(const T1 *, int *, int *, "
+     "int *, int *, int, int, int, int, unsigned long, int *, int, int, bool)", "moe_routing"),
+    ("moe_align_block_size_small_batch_expert_kernel", "void vllm::moe::moe_align_block_size_small_batch_expert_"
+     "kernel<int, (int)256>(const T1 *, int *, int *, int *, int *, int, int, unsigned long, int, int, bool)",
+     "moe_routing"),
+    ("count_and_sort_expert_tokens_kernel", "void vllm::moe::count_and_sort_expert_tokens_kernel<int>(const T1 *, "
+     "int *, int *, int *, unsigned long, int, int, int, bool)", "moe_routing"),
+    ("moe_sum_vec_kernel", "void vllm::moe::moe_sum_vec_kernel<c10::BFloat16, int, (int)8, (bool)0>(T1 *, const "
+     "T1 *, long, int, long, long, const T2 *, const int *, long, long)", "moe_routing"),
+    # vLLM's source (csrc/moe, fused_moe/): grouped top-k, permute, the other expert GEMMs; trap:
+    # the CUTLASS grouped GEMM and DeepGEMM's m-grouped GEMM contain cutlass / gemm
+    ("grouped_topk_kernel", "grouped_topk_kernel", "moe_routing"),
+    # triton_kernels (gpt-oss): matmul_ogs contains "matmul" and is the experts' GEMM
+    ("_matmul_ogs", "_matmul_ogs", "moe_gemm"),
+    ("_p_matmul_ogs", "_p_matmul_ogs", "moe_gemm"),
+    ("_combined_routing_compute", "_combined_routing_compute", "moe_routing"),
+    ("_sum_bitmatrix_rows", "_sum_bitmatrix_rows", "moe_routing"),
+    ("expandInputRowsKernel", "expandInputRowsKernel", "moe_routing"),
+    ("fused_moe_kernel_gptq_awq", "fused_moe_kernel_gptq_awq", "moe_gemm"),
+    ("device_kernel", "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::"
+     "GroupProblemShape<cute::tuple<int, int, int>>, …>>(T1::Params)", "moe_gemm"),
+    ("sm90_fp8_gemm_1d2d_impl", "void deep_gemm::sm90_fp8_gemm_1d2d_impl<…, (deep_gemm::GemmType)1, "
+     "deep_gemm::GemmType::MGroupedContiguous>(…)", "moe_gemm"),
+    # MLA (DeepSeek-V2-Lite on FLASH_ATTN_MLA): the latent cache write, the chunked prefill's merge
+    ("concat_and_cache_mla_kernel", "void vllm::concat_and_cache_mla_kernel<__nv_bfloat16, __nv_bfloat16, "
+     "(vllm::Fp8KVCacheDataType)0>(const T1 *, const T1 *, T2 *, const long *, int, int, int, int, int, int, int, "
+     "const float *)", "kv_cache_write"),
+    ("merge_attn_states_kernel", "void vllm::merge_attn_states_kernel<__nv_bfloat16, __nv_bfloat16, (unsigned "
+     "int)128, (bool)0>(T2 *, float *, const T1 *, const float *, const T1 *, const float *, unsigned int, "
+     "unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, const float *)", "attention_prefill"),
+    ("flash_fwd_splitkv_mla_kernel", "flash_fwd_splitkv_mla_kernel", "attention_decode"),  # FlashMLA (source)
+    ("_fwd_grouped_kernel_stage1", "_fwd_grouped_kernel_stage1", "attention_decode"),  # Triton MLA decode
+    # FP8 (llama-3.1-8b-fp8): trap: Inductor's fused per-token quantization holds "cutlass_scaled_mm"
+    # in its name and is a Triton reduction, never the GEMM; vLLM's quant kernels; the scaled-mm is GEMM
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_fused_add_rms_norm_max_mul_reciprocal_unsqueeze_1",
+     "triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_fused_add_rms_norm_max_mul_reciprocal_unsqueeze_1",
+     "quantization"),
+    ("triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_unsqueeze_2",
+     "triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_unsqueeze_2",
+     "quantization"),
+    ("segmented_max_reduction_strided", "void vllm::segmented_max_reduction_strided<c10::BFloat16, "
+     "c10::Float8_e4m3fn>(float *, const T1 *, int, long, long)", "quantization"),
+    ("scaled_fp8_quant_kernel_strided_dynamic", "void vllm::scaled_fp8_quant_kernel_strided_dynamic<c10::BFloat16, "
+     "c10::Float8_e4m3fn>(T2 *, const T1 *, const float *, int, long, long)", "quantization"),
+    ("device_kernel", "void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t, "
+     "cutlass::bfloat16_t, vllm::c3x::ScaledEpilogue, cute::tuple<cute::C<(int)128>, cute::C<(int)128>, "
+     "cute::C<(int)128>>>>(T1::Params)", "gemm"),
+    # trap: vLLM's fused norm + quant kernels (source) quantize: not norm
+    ("rms_norm_dynamic_per_token_quant_kernel", "rms_norm_dynamic_per_token_quant_kernel", "quantization"),
+    ("per_token_group_quant_8bit_kernel", "per_token_group_quant_8bit_kernel", "quantization"),
+    # speculative decoding (vLLM's rejection sampler): trap: contains "sampl"
+    ("rejection_greedy_sample_kernel", "rejection_greedy_sample_kernel", "spec_decode"),
+    ("_rejection_sample_kernel", "_rejection_sample_kernel", "spec_decode"),
+    # vLLM's sampler processors and a model runner kernel, in every round-nine warm-up
+    ("_min_p_kernel", "_min_p_kernel", "sampling"),
+    ("_penalties_kernel", "_penalties_kernel", "sampling"),
+    ("_compute_slot_mapping_kernel", "_compute_slot_mapping_kernel", "framework"),
+    ("triton_", "triton_", "framework"),  # torch.compile's autotuning runs, start-up
     # vLLM custom ops
     ("fused_add_rms_norm_kernel", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, (int)8>(T1 *, T1 *, "
      "const T1 *, float, int, int)", "norm"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from stepscope.classes import ATTENTION, CLASSES  # noqa: F401 (ATTENTION: re-exported)
 from stepscope.errors import InputError
 from stepscope.paths import input_file
 from stepscope.patterns import UserPattern, ours
@@ -24,15 +25,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-CLASSES = (
-    "gemm", "splitk_reduce", "attention_prefill", "attention_decode", "kv_cache_write", "norm",
-    "rope", "activation", "embedding", "sampling", "framework", "comm", "memops", "other",
-)
+# CLASSES, their order and every other property of a class: one table (stepscope/data/classes.toml)
 # The class column's dtype: every class is a category whether a trace has it or not, so class
 # columns of different traces compare and concatenate, and a row costs one byte-sized code.
 CLASS_DTYPE = pl.Enum(CLASSES)
-# Rule classes that only hint at the phase: the step's shape decides (see resolve_attention).
-ATTENTION = ("attention_prefill", "attention_decode")
+# ATTENTION: rule classes that only hint at the phase: the step's shape decides (see resolve_attention).
 FIELDS = ("short", "demangled", "any")
 
 
@@ -76,6 +73,15 @@ class Position:
 
 
 @dataclass(frozen=True)
+class Fused:
+    """A kernel of class `cls` whose name matches `pattern` runs the work of class `op` too
+    (a quantization reduction with the add+RMSNorm before it fused in)."""
+    cls: str
+    op: str
+    pattern: re.Pattern
+
+
+@dataclass(frozen=True)
 class RuleSet:
     kernel_rules: tuple[Rule, ...]
     nvtx_rules: tuple[Rule, ...]
@@ -84,6 +90,9 @@ class RuleSet:
     phase: tuple[tuple[str, re.Pattern], ...] = ()  # PHASE_KEYS -> pattern
     anonymous: re.Pattern | None = None  # kernel names that say nothing of their op
     positions: tuple[Position, ...] = ()
+    router: re.Pattern | None = None  # top-k / sort / softmax names: the router's or the sampler's
+    routers: tuple[Position, ...] = ()  # which, by the telling kernels around it ([[router]])
+    fused: tuple[Fused, ...] = ()
 
     def phase_pattern(self, key: str) -> re.Pattern | None:
         return dict(self.phase).get(key)
@@ -130,8 +139,10 @@ def _compile(pattern, where: str, source: str = DEFAULT_SOURCE):
 
 def _parse_evidence(doc: dict, source: str) -> dict:
     """The [[family]], [[op]], [phase], [evidence] and [[position]] sections."""
-    out: dict = {"families": [], "ops": [], "phase": [], "anonymous": None, "positions": []}
-    for section, kind in (("family", list), ("op", list), ("position", list), ("phase", dict), ("evidence", dict)):
+    out: dict = {"families": [], "ops": [], "phase": [], "anonymous": None, "positions": [], "router": None,
+                 "routers": [], "fused": []}
+    for section, kind in (("family", list), ("op", list), ("position", list), ("phase", dict), ("evidence", dict),
+                          ("router", list), ("fused", list)):
         got = doc.get(section, kind())
         if not isinstance(got, kind) or (kind is list and not all(isinstance(e, dict) for e in got)):
             raise InputError(f"{source}: [{section}] must be " + ("an array of tables" if kind is list else "a table")
@@ -157,14 +168,22 @@ def _parse_evidence(doc: dict, source: str) -> dict:
         if key not in PHASE_KEYS:
             raise InputError(f"{where}: unknown key; use one of {', '.join(PHASE_KEYS)}")
         out["phase"].append((key, _compile(pattern, where, source)))
-    if "anonymous" in doc.get("evidence", {}):
-        out["anonymous"] = _compile(doc["evidence"]["anonymous"], f"{source}: [evidence] anonymous", source)
-    for i, entry in enumerate(doc.get("position", [])):
-        where = f"{source}: [[position]] #{i + 1}"
-        if entry.get("class") not in CLASSES:
-            raise InputError(f"{where}: unknown class {entry.get('class')!r}; use one of {', '.join(CLASSES)}")
-        out["positions"].append(Position(entry["class"], _compile(entry.get("after"), where + " after", source),
-                                         _compile(entry.get("before"), where + " before", source)))
+    for key in ("anonymous", "router"):
+        if key in doc.get("evidence", {}):
+            out[key] = _compile(doc["evidence"][key], f"{source}: [evidence] {key}", source)
+    for section, key in (("position", "positions"), ("router", "routers")):
+        for i, entry in enumerate(doc.get(section, [])):
+            where = f"{source}: [[{section}]] #{i + 1}"
+            if entry.get("class") not in CLASSES:
+                raise InputError(f"{where}: unknown class {entry.get('class')!r}; use one of {', '.join(CLASSES)}")
+            out[key].append(Position(entry["class"], _compile(entry.get("after"), where + " after", source),
+                                     _compile(entry.get("before"), where + " before", source)))
+    for i, entry in enumerate(doc.get("fused", [])):
+        where = f"{source}: [[fused]] #{i + 1}"
+        for k in ("class", "op"):
+            if entry.get(k) not in CLASSES:
+                raise InputError(f"{where}: unknown {k} {entry.get(k)!r}; use one of {', '.join(CLASSES)}")
+        out["fused"].append(Fused(entry["class"], entry["op"], _compile(entry.get("pattern"), where, source)))
     return out
 
 
@@ -220,9 +239,11 @@ def load_rules(extra: str | Path | None = None) -> RuleSet:
         # a user's rules come first; a user's [phase] keys and [evidence] replace the defaults
         ev = {"families": (*user["families"], *ev["families"]), "ops": (*user["ops"], *ev["ops"]),
               "phase": list({**dict(ev["phase"]), **dict(user["phase"])}.items()),
-              "anonymous": user["anonymous"] or ev["anonymous"], "positions": (*user["positions"], *ev["positions"])}
+              "anonymous": user["anonymous"] or ev["anonymous"], "positions": (*user["positions"], *ev["positions"]),
+              "router": user["router"] or ev["router"], "routers": (*user["routers"], *ev["routers"]),
+              "fused": (*user["fused"], *ev["fused"])}
     return RuleSet(tuple(kernel), tuple(nvtx), tuple(ev["families"]), tuple(ev["ops"]), tuple(ev["phase"]),
-                   ev["anonymous"], tuple(ev["positions"]))
+                   ev["anonymous"], tuple(ev["positions"]), ev["router"], tuple(ev["routers"]), tuple(ev["fused"]))
 
 
 def name_columns(names: pl.DataFrame) -> tuple[pl.Series, pl.Series]:

@@ -13,6 +13,10 @@ and keeps its class by name (framework) otherwise. A kernel a rule classes (a us
 included) is not anonymous, whatever its name. Each decision is reported (`class_by`),
 never made silently. Work is per step and per distinct (neighbour, neighbour) pair, over the
 steps that hold anonymous kernels only.
+
+Two more decisions by evidence other than the name live here: a top-k, sort or softmax kernel is
+the MoE router's or the sampler's by its place (place_router, the [[router]] rules), and a kernel
+that fused another class's op into it names that op (fused_notes, the [[fused]] rules).
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import CLASS_DTYPE, RuleSet
+from stepscope.classes import GLUE, UNTELLING
 
 EVIDENCE_SCHEMA = {"name": pl.String, "demangled": pl.String, "class": pl.String, "class_by": pl.String}
-# classes that say what a position of the layer computes (glue and the unknown do not)
-_TELLING = ("framework", "other", "memops")
 
 
 def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
@@ -52,7 +55,7 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
                              pl.col("layers").alias("n")), on="step", how="left")
     inside = (pl.col("idx") >= pl.col("s")) & (pl.col("idx") < pl.col("s") + pl.col("n") * pl.col("p"))
     k = k.with_columns(pos=pl.when(inside).then((pl.col("idx") - pl.col("s")) % pl.col("p")))
-    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("class").is_in(list(_TELLING)))
+    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("class").is_in(list(UNTELLING)))
              .group_by("step", "pos", "class").len()
              .sort("step", "pos", "len", "class", descending=[False, False, True, False])
              .group_by("step", "pos", maintain_order=True).first()
@@ -84,3 +87,82 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
     ev = k.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String), pl.col("new").alias("class"),
                   "class_by").unique(maintain_order=True)
     return acts, ev
+
+
+def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(acts with the router's top-k / sort / softmax kernels re-classed, EVIDENCE_SCHEMA rows).
+
+    torch.topk's gatherTopK is the sampler's over the logits at the end of a step and the router's
+    inside an MoE layer: the name cannot tell them apart, the place can. A kernel classed sampling
+    or framework by its name that matches `[evidence] router` takes the class of the first
+    [[router]] rule that the nearest kernels of a telling class around it match, on its stream in
+    its step (a process's start-up, for a kernel of no step), other such kernels skipped: the
+    router's softmax sits between its GEMM and its top-k.
+    acts: sorted by (step, start), with row, step, pid, stream, is_kernel, demangled_id, class, name,
+    demangled."""
+    from stepscope.analysis.classify import column_hits
+
+    if rules.router is None or not rules.routers or acts.is_empty():
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    cand = names.filter(names["class"].is_in(["sampling", GLUE]))
+    said = column_hits(rules.router, cand["name"].fill_null("")) | column_hits(
+        rules.router, cand["demangled"].fill_null(""))
+    ids = cand.filter(said)["demangled_id"].to_list()
+    if not ids:
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    is_cand = pl.col("demangled_id").is_in(ids) & pl.col("is_kernel")
+    # per step; the kernels of no step (start-up: the warm-up runs the router and the sampler
+    # too) per process
+    group = pl.coalesce(pl.col("step"), -1 - pl.col("pid").cast(pl.Int64)).alias("g")
+    groups = acts.filter(is_cand).select(group.unique())["g"]
+    k = (acts.filter(pl.col("is_kernel")).with_columns(group).filter(pl.col("g").is_in(groups.implode()))
+         .select("row", "g", "stream", "name", "demangled", pl.col("class").cast(pl.String), is_cand.alias("cand")))
+    telling = pl.when(~pl.col("cand") & ~pl.col("class").is_in(list(UNTELLING))).then(pl.col("class"))
+    # in launch order on its own stream: a graph replay runs the shared experts on a second
+    # stream, interleaved in time with the router's kernels
+    k = k.with_columns(prev=telling.shift(1).forward_fill().over("g", "stream").fill_null(""),
+                       next=telling.shift(-1).backward_fill().over("g", "stream").fill_null(""))
+    pairs = k.filter(pl.col("cand")).select("prev", "next").unique()
+    rule_of = []
+    for prev, nxt in pairs.iter_rows():
+        hit = next((r for r in rules.routers if prev and nxt and r.after.search(prev) and r.before.search(nxt)), None)
+        rule_of.append((prev, nxt, hit.cls if hit else None,
+                        f"after {prev}, before {nxt} on its stream: inside a layer, not after the LM head "
+                        "where the sampler runs" if hit else None))
+    pairs = pl.DataFrame(rule_of, schema={"prev": pl.String, "next": pl.String, "new": pl.String, "class_by": pl.String},
+                         orient="row")
+    k = k.filter(pl.col("cand")).join(pairs, on=["prev", "next"], how="left").filter(
+        pl.col("new").is_not_null() & (pl.col("new") != pl.col("class")))
+    if k.is_empty():
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    acts = acts.join(k.select("row", pl.col("new").cast(CLASS_DTYPE)), on="row", how="left", maintain_order="left") \
+        .with_columns(pl.coalesce("new", "class").alias("class")).drop("new")
+    ev = k.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String), pl.col("new").alias("class"),
+                  "class_by").unique(maintain_order=True)
+    return acts, ev
+
+
+def fused_notes(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
+    """EVIDENCE_SCHEMA rows for the kernels that run another class's work fused into them
+    ([[fused]] rules: Inductor's per-token quantization reduction with the add+RMSNorm before it
+    fused in), so that the class that shrank is explained where the kernel is listed."""
+    from stepscope.analysis.classify import column_hits
+
+    if not rules.fused or names.is_empty():
+        return pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    text = names["name"].fill_null("")
+    parts = []
+    for f in rules.fused:
+        hit = (names["class"] == f.cls).fill_null(False)
+        if hit.any():
+            hit = hit & column_hits(f.pattern, text, hit)
+            parts.append(pl.when(hit).then(pl.lit(f.op)).alias(f"_f{len(parts)}"))
+    if not parts:
+        return pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    got = names.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String),
+                       pl.col("class").cast(pl.String), pl.concat_list(parts).list.drop_nulls().alias("ops"))
+    got = got.filter(pl.col("ops").list.len() > 0)
+    return got.select("name", "demangled", "class", pl.concat_str(
+        pl.lit("its name holds the "), pl.col("ops").list.join(" and "),
+        pl.lit(" fused into it: that time counts here, not under "), pl.col("ops").list.join(" or "))
+        .alias("class_by")).unique(maintain_order=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.classify import ATTENTION, CLASS_DTYPE, RuleSet, classify_names, load_rules, nvtx_attribution
-from stepscope.analysis.evidence import EVIDENCE_SCHEMA, place_anonymous
+from stepscope.analysis.evidence import EVIDENCE_SCHEMA, fused_notes, place_anonymous, place_router
 from stepscope.analysis.framework import FAMILY_SCHEMA, OP_SCHEMA, framework_tables
 from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing, sorted_by
 from stepscope.analysis.layers import layer_keys, layer_pattern
@@ -23,6 +23,7 @@ from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
 from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
                                       step_shape, window_of)
+from stepscope.classes import ATTENTION_OF_PHASE
 from stepscope.launch_config import DIMS, LaunchConfigReader
 from stepscope.model import Trace
 
@@ -250,6 +251,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     triton = names.filter(pl.col("demangled").str.starts_with("triton_"))
     keys = layer_keys(dict(zip(triton["demangled_id"].to_list(), triton["demangled"].to_list())))
     layers = _layers(in_steps(acts, "step", "demangled_id", "is_kernel"), keys)
+    # the router's top-k told from the sampler's by its place, before the anonymous kernels vote
+    acts, routed = place_router(acts, names, rules)
     acts, evidence = place_anonymous(acts, names, rules, layers)
     families, ops = framework_tables(acts, names, trace.nvtx, rules)
     calls = step_launch_calls(seg.steps, acts, api, seg.window_steps)
@@ -261,7 +264,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     steps = with_composition(steps, graph_nodes, calls)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
-    class_by = pl.concat([by_nvtx, evidence]).unique(["name", "demangled", "class"], keep="first", maintain_order=True)
+    class_by = pl.concat([by_nvtx, routed, evidence, fused_notes(names, rules)]).unique(
+        ["name", "demangled", "class"], keep="first", maintain_order=True)
     warnings = list(trace.warnings) + seg.warnings
     if step_regex and not (seg.steps["delimiter"] == "nvtx").any():
         used = ", ".join(seg.steps["delimiter"].unique(maintain_order=True).to_list())
@@ -431,7 +435,7 @@ def _attention_by_phase(acts: pl.DataFrame, phases: pl.DataFrame) -> pl.DataFram
         steps_of = phases.filter(pl.col("phase") == phase)["step"]
         if steps_of.len():
             resolved = pl.when(is_attention & pl.col("step").is_in(steps_of.to_list())).then(
-                pl.lit(f"attention_{cls}", CLASS_DTYPE)).otherwise(resolved)
+                pl.lit(ATTENTION_OF_PHASE[cls], CLASS_DTYPE)).otherwise(resolved)
     return acts.with_columns(resolved.alias("class"))
 
 

@@ -26,8 +26,9 @@ import polars as pl
 from stepscope.analysis.collectives import summary_rank
 from stepscope.analysis.representative import representative
 from stepscope.analysis.verdict import LAUNCH_BOUND, verdict_of
+from stepscope.classes import TP_SHARDED
 
-SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode")
+SHARDED = TP_SHARDED  # the classes whose work TP divides: the class table's tp_sharded column
 # Two all-reduces per layer (after O and after down). Default cost of one when no TP trace is
 # given: the mean transfer time (waits removed) of the collectives in the committed H200 TP=2
 # fixture (llama8b_decode_b1_eager_tp2.sqlite, NCCL ring LL, bf16), recomputed by a test.

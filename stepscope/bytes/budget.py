@@ -48,13 +48,10 @@ import polars as pl
 from stepscope.bytes.cells import check_gpu
 from stepscope.bytes.hbm import peak_hbm_bps
 from stepscope.bytes.minbytes import step_rows
+from stepscope.classes import BYTE_OP
 from stepscope.errors import InputError
 
-CLASS_TO_OP = {
-    "norm": "add_norm", "rope": "rope", "kv_cache_write": "kv_write", "activation": "silu_mul",
-    "embedding": "embedding", "sampling": "argmax", "attention_decode": "attn_decode",
-    "attention_prefill": "attn_prefill",
-}
+CLASS_TO_OP = BYTE_OP  # the op a class's kernel stands for: the class table's byte_op column
 DIMS = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.classes import CLASS_OF_OP
 from stepscope.errors import InputError
 
 DTYPE_BYTES = {
@@ -245,28 +246,29 @@ def step_rows(
     t = batch if phase == "decode" else batch * context
     rows_sampled = batch  # one logits row per sequence in both phases
     if phase == "decode":
-        attn = ("attn_decode", "attention_decode", dict(batch=batch, context=context), t)
+        attn = ("attn_decode", dict(batch=batch, context=context), t)
     else:
-        attn = ("attn_prefill", "attention_prefill", dict(batch=batch), context)
-    plan: list[tuple[str, str | None, str, int, int, dict]] = [
-        # op, proj, class, calls, tokens, extra
-        ("embedding", None, "embedding", 1, t, {}),
-        ("norm", None, "norm", 1, t, {}),
-        ("add_norm", None, "norm", 2 * L, t, {}),  # 2 per layer minus layer 0's first, + final
-        ("gemm", "qkv", "gemm", L, t, {}),
-        ("rope", None, "rope", L, t, {}),
-        ("kv_write", None, "kv_cache_write", L, t, {}),
-        (attn[0], None, attn[1], L, attn[3], attn[2]),
-        ("gemm", "o", "gemm", L, t, {}),
-        ("gemm", "gate_up", "gemm", L, t, {}),
-        ("silu_mul", None, "activation", L, t, {}),
-        ("gemm", "down", "gemm", L, t, {}),
-        ("gemm", "lm_head", "gemm", 1, rows_sampled, {}),
-        ("argmax", None, "sampling", 1, rows_sampled, {}),
+        attn = ("attn_prefill", dict(batch=batch), context)
+    plan: list[tuple[str, str | None, int, int, dict]] = [
+        # op, proj, calls, tokens, extra; an op's class is the class table's (min_ops)
+        ("embedding", None, 1, t, {}),
+        ("norm", None, 1, t, {}),
+        ("add_norm", None, 2 * L, t, {}),  # 2 per layer minus layer 0's first, + final
+        ("gemm", "qkv", L, t, {}),
+        ("rope", None, L, t, {}),
+        ("kv_write", None, L, t, {}),
+        (attn[0], None, L, attn[2], attn[1]),
+        ("gemm", "o", L, t, {}),
+        ("gemm", "gate_up", L, t, {}),
+        ("silu_mul", None, L, t, {}),
+        ("gemm", "down", L, t, {}),
+        ("gemm", "lm_head", 1, rows_sampled, {}),
+        ("argmax", None, 1, rows_sampled, {}),
     ]
     out = []
-    for op, proj, cls, calls, tokens, extra in plan:
+    for op, proj, calls, tokens, extra in plan:
         m = op_min_bytes(s, op, tokens, proj=proj, **extra)
+        cls = CLASS_OF_OP[op]
         out.append({
             "op": op if proj is None else f"{op}:{proj}", "proj": proj, "class": cls,
             "calls": calls, "tokens": tokens,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from html import escape
 
+from stepscope.classes import COLOURS
 from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
@@ -19,12 +20,7 @@ from stepscope.render.run import run_html
 from stepscope.render.run_compare import runs_compare_html
 from stepscope.render.units import ms, nbytes, plural, tick, us
 
-CLASS_COLORS = {
-    "gemm": "#4e79a7", "splitk_reduce": "#a0cbe8", "attention_prefill": "#f28e2b",
-    "attention_decode": "#ffbe7d", "kv_cache_write": "#8cd17d", "norm": "#59a14f",
-    "rope": "#b6992d", "activation": "#f1ce63", "embedding": "#499894", "sampling": "#86bcb6",
-    "framework": "#bab0ac", "comm": "#e15759", "memops": "#79706e", "other": "#d37295",
-}
+CLASS_COLORS = COLOURS  # the class table's (stepscope/data/classes.toml)
 GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d"}
 GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
 LAUNCH_COLOR, GRAPH_COLOR, RANGE_COLOR = "#6b6b6b", "#1b7837", "#cfd8e3"
