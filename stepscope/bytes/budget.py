@@ -45,6 +45,7 @@ from typing import Any
 
 import polars as pl
 
+from stepscope.analysis.moe import MOE_GEMM
 from stepscope.bytes.cells import check_gpu
 from stepscope.bytes.hbm import peak_hbm_bps
 from stepscope.bytes.minbytes import step_rows
@@ -129,6 +130,7 @@ class BudgetResult:
     peak_bps: float | None
     gpu: str | None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the minimum assumes (an MoE step's routing)
 
     def self_check(self) -> None:
         m = self.rows["measured_bytes"].fill_null(0).sum()
@@ -141,7 +143,7 @@ class BudgetResult:
         return {"gpu": self.gpu, "peak_hbm_bps": self.peak_bps,
                 "rows": self.rows.to_dicts(), "classes": self.classes.to_dicts(),
                 "step": self.step, "kernels": self.kernels.to_dicts(),
-                "warnings": self.warnings}
+                "warnings": self.warnings, **({"notes": self.notes} if self.notes else {})}
 
 
 def _usable_cells(cells: pl.DataFrame) -> pl.DataFrame:
@@ -335,6 +337,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
                     reason=f"cell {near.get('cell')} ({len(launches)} launch(es)) is joined to "
                            f"this class's longer kernel(s); no cell for this one"))
     res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    res.notes.extend(_notes(card, batch, context, phase))
     if inferred:
         res.warnings.append(f"{len(inferred)} kernel(s) joined to cells that name no op (cells import of a plain ncu "
                             "run): each is set against the minimum of its class's op (a GEMM's: the projection "
@@ -453,6 +456,13 @@ def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, g
     return res
 
 
+def _notes(card: Any, batch: int, context: int, phase: str) -> list[str]:
+    from stepscope.bytes.minbytes import moe_note
+
+    note = moe_note(card, batch, context, phase)
+    return [note] if note else []
+
+
 
 def _floor(col: str, peak_bps: float | None) -> pl.Expr:
     if not peak_bps:
@@ -522,6 +532,11 @@ def _order_op(cls: str, name: str, gemm_ordinal: int | None, n_gemm: int, layers
         # another GEMM layout: the projection whose minimum is nearest the bytes it moved
         gemms = [o for o in plan_by_op if o.startswith("gemm:")]
         return min(gemms, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
+    if cls == MOE_GEMM:  # gate_up or down: the one whose minimum is nearest the bytes it moved
+        moe = [o for o in plan_by_op if o.startswith("moe_gemm:")]
+        if bytes_per_call is None or not moe:
+            return None
+        return min(moe, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
     op = CLASS_TO_OP.get(cls)
     if op == "add_norm" and "fused_add" not in (name or ""):
         op = "norm"
@@ -591,6 +606,7 @@ def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, 
                         "join": "trace", "op": nm or "memop", "bytes_per_call": round(tb / max(1, int(k["count"]))),
                         "measured_bytes": tb, "shared": 1})
     res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    res.notes.extend(_notes(card, batch, context, phase))
     n_step, n_ncu, n_join = len(ks), len(cell_rows), len(pos)
     res.step["order"] = {"step_kernels": n_step, "profiled_kernels": n_ncu, "joined": n_join}
     if n_join < max(n_step, n_ncu):

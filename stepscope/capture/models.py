@@ -221,18 +221,22 @@ def card_from_config(cfg: dict[str, Any], name: str, source: str) -> Card:
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts")
 
 
+def _card(source: str) -> str:
+    return f"model card {source}" if source else "model card"
+
+
 def _whole(cfg: dict[str, Any], key: str, source: str, *, low: int = 0, default: int | None = None) -> int:
     """cfg[key] as a whole number ≥ low (null/absent: default, else InputError naming it)."""
     v = cfg.get(key)
     if v is None:
         if default is None:
-            raise InputError(f"model card {source} lacks {key}")
+            raise InputError(f"{_card(source)} lacks {key}")
         return default
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:40] + "…"
-        raise InputError(f"model card {source}: {key} must be a whole number ≥ {low}, not {shown}")
+        raise InputError(f"{_card(source)}: {key} must be a whole number ≥ {low}, not {shown}")
     return v
 
 
@@ -250,7 +254,7 @@ def moe_mla_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         experts = _whole(cfg, key, source, low=1)
         k = _whole(cfg, "num_experts_per_tok", source, low=1)
         if k > experts:
-            raise InputError(f"model card {source}: num_experts_per_tok {k} exceeds the {experts} experts ({key})")
+            raise InputError(f"{_card(source)}: num_experts_per_tok {k} exceeds the {experts} experts ({key})")
         if key == "num_local_experts":  # Mixtral: every layer's MLP is the experts
             inter = _whole(cfg, "intermediate_size", source, low=1)
             moe = tuple(range(layers))
@@ -260,7 +264,7 @@ def moe_mla_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
             step = _whole(cfg, "decoder_sparse_step", source, low=1, default=1)
             only = cfg.get("mlp_only_layers") or []
             if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
-                raise InputError(f"model card {source}: mlp_only_layers must be a list of layer indices, "
+                raise InputError(f"{_card(source)}: mlp_only_layers must be a list of layer indices, "
                                  f"not {str(only)[:40]!r}")
             moe = tuple(i for i in range(layers) if i not in set(only) and (i + 1) % step == 0)
             shared_inter = _whole(cfg, "shared_expert_intermediate_size", source, default=0)

@@ -1,0 +1,40 @@
+"""Mixture-of-experts steps: the class names their kernels carry, and how many distinct experts a
+step's tokens are expected to reach.
+
+The kernel classes of an MoE layer come from the classification table (stepscope/data/rules.toml
+and its class table); the names the rest of stepscope reads are the constants below, in this one
+place, so that they follow that table. A trace classified before those classes existed (their
+kernels `other`, the router's top-k `sampling`) still reads: a class no kernel has holds no time.
+
+An MoE layer in vLLM (Qwen3-MoE, DeepSeek, Mixtral on the Triton backend, fixtures/models/):
+router GEMM (hidden → experts, an ordinary cuBLAS GEMM) → top-k of the router logits
+(`topkGating`, or torch.topk's `gatherTopK` after a softmax) → align and sort the tokens by
+expert (`moe_align_block_size_kernel`, `count_and_sort_expert_tokens_kernel`) → the experts'
+gate_up GEMM (`fused_moe_kernel`) → SiLU·mul (`act_and_mul_kernel`) → the experts' down GEMM
+(`fused_moe_kernel`) → the weighted sum of each token's k outputs (`moe_sum_vec_kernel`), with the
+shared experts (DeepSeek, Qwen2-MoE) a dense MLP beside them, often on a second stream.
+"""
+
+from __future__ import annotations
+
+# the expert GEMMs (fused_moe_kernel, CUTLASS/DeepGEMM grouped GEMMs, Marlin MoE, ...)
+MOE_GEMM = "moe_gemm"
+# routing and token movement (top-k gating, align/sort, permute/unpermute, moe_sum)
+MOE_ROUTING = "moe_routing"
+# activation quantization (FP8 per-token/per-tensor quant kernels)
+QUANTIZATION = "quantization"
+
+
+def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
+    """Expected number of distinct experts `tokens` tokens route to, each choosing `top_k` of
+    `experts` under uniform routing (every expert equally likely, a token's k experts distinct,
+    tokens independent): E·(1 − (1 − k/E)^T). One token reaches exactly k; many reach all E."""
+    if experts <= 0 or top_k <= 0 or tokens <= 0:
+        return 0.0
+    k = min(top_k, experts)
+    return experts * (1.0 - (1.0 - k / experts) ** tokens)
+
+
+ROUTING_ASSUMPTION = ("uniform routing: each token's top-k experts equally likely and distinct, tokens "
+                      "independent, so T tokens reach E·(1−(1−k/E)^T) distinct experts per MoE layer "
+                      "(a skewed router reaches fewer, and moves fewer weight bytes)")
