@@ -25,6 +25,24 @@ MOE_ROUTING = "moe_routing"
 QUANTIZATION = "quantization"
 
 
+# Expert-GEMM kernels by name, read only where a trace's classes have no MOE_GEMM (classified by
+# rules older than the MoE classes: `fused_moe_kernel` was `other`).
+EXPERT_GEMM_NAMES = r"fused_moe_kernel|fused_moe|cutlass_moe|moe_gemm|grouped_gemm|marlin_moe|MoeGemm|moe_mm"
+
+# Routing and token-movement kernels by name, likewise (torch.topk's gatherTopK is left out: the
+# router's and the sampler's are told apart by their place in the step, not by name).
+ROUTING_NAMES = (r"topkGating|topk_softmax|grouped_topk|moe_align_block_size|count_and_sort_expert_tokens|"
+                 r"moe_sum|moe_permute|moe_unpermute|expand_and_permute|shuffle_rows")
+
+# What `stepscope tp` assumes of an MoE step (analysis/tp.py), in words.
+TP_ASSUMPTION = ("TP shards attention, the dense GEMMs and each expert's intermediate dimension (vLLM's default, "
+                 "without --enable-expert-parallel): the experts' GEMMs divide by the width like a dense GEMM, "
+                 "the routing (router top-k, align/sort, moe_sum) runs whole on every rank; with "
+                 "--enable-expert-parallel the experts split across the GPUs instead (E/w each, whole): under "
+                 "uniform routing each GPU's expected share of the expert work is the same 1/w, but the step waits "
+                 "for the GPU whose experts drew the most tokens, which this projection does not model")
+
+
 def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
     """Expected number of distinct experts `tokens` tokens route to, each choosing `top_k` of
     `experts` under uniform routing (every expert equally likely, a token's k experts distinct,

@@ -11,7 +11,9 @@ and compare quote) of the projected step with its device floor at width w: the h
 replay (prologue, graph launch) then the device work and the replay's gaps, so that at the trace's
 own width it is analyze's prediction. More GPUs keep shortening a graph step long after an eager
 one has become launch-bound.
-Sharded: projection GEMMs, attention and their split-K reduces. From a trace, U and S come from
+Sharded: projection GEMMs, attention and their split-K reduces, and an MoE step's expert GEMMs
+(each expert's intermediate dimension split, vLLM's TP without expert parallelism: moe.TP_ASSUMPTION
+says it in words, with expert parallelism's difference); its routing stays whole. From a trace, U and S come from
 its class times, scaled so that w = w0 reproduces the device floor of the projected step (its
 device work: GPU busy less the collectives' waiting for a slower rank, collectives.py). The
 projected step is the median step of one rank: the binding rank of a multi-rank trace.
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.collectives import summary_rank
+from stepscope.analysis.moe import MOE_GEMM, MOE_ROUTING
 from stepscope.analysis.representative import representative
 from stepscope.analysis.verdict import LAUNCH_BOUND, verdict_of
 
-SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode")
+SHARDED = ("gemm", "splitk_reduce", "attention_prefill", "attention_decode", MOE_GEMM)
 # Two all-reduces per layer (after O and after down). Default cost of one when no TP trace is
 # given: the mean transfer time (waits removed) of the collectives in the committed H200 TP=2
 # fixture (llama8b_decode_b1_eager_tp2.sqlite, NCCL ring LL, bf16), recomputed by a test.
@@ -133,14 +136,16 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
 
         raise InputError(f"step {step}'s name says tp={base_tp}, outside 1..{MAX_WIDTH:,}: not a width stepscope "
                          "can project from (fix the range name, or give --kernels/--launch-us/--device-ms)")
-    c = inv.classes.filter(pl.col("step") == step)
-    t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
+    t = _class_times(inv, step)
     sharded = float(sum(t.get(k, 0) for k in SHARDED))
     comm = float(t.get("comm", 0))
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))
     layers = med["layers"] or 0
     tp = d.tp.filter(pl.col("step") == step).row(0, named=True) if d.tp is not None and d.tp.height else None
     notes: list[tuple[str, dict]] = []
+    if t.get(MOE_GEMM):
+        notes.append(("moe_sharding", {"moe_gemm_ns": int(t[MOE_GEMM]), "moe_routing_ns": int(t.get(MOE_ROUTING, 0)),
+                                       "by_name": MOE_GEMM not in _classes_of(inv, step)}))
     if rank["ranks"] > 1:
         notes.append(("projected_step", {"step": step, "pid": rank["pid"], "device": rank["device"], "why": rep["why"]}))
     elif mine.height > 1:
@@ -198,7 +203,33 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
               "device": med["device"], "measured_step_time_ns": med["step_time_ns"],
               "gpu_busy_ns": med["gpu_busy_ns"], "device_floor_ns": device_base,
               "collective_wait_ns": (tp or {}).get("collective_wait_ns") or 0, "mode": mode}
+    if t.get(MOE_GEMM):  # an MoE step: its expert GEMMs (in sharded_ns) and routing (in unsharded_ns)
+        inputs.update(moe_gemm_ns=int(t[MOE_GEMM]), moe_routing_ns=int(t.get(MOE_ROUTING, 0)))
     return TraceProjection(mode, eager, graph, inputs, notes)
+
+
+def _classes_of(inv, step: int) -> set[str]:
+    return set(inv.classes.filter(pl.col("step") == step)["class"].to_list())
+
+
+def _class_times(inv, step: int) -> dict[str, float]:
+    """The step's time per class. A trace whose classes have no MOE_GEMM (classified before the
+    MoE classes) has its expert GEMMs found by name (moe.EXPERT_GEMM_NAMES) and their time moved
+    to MOE_GEMM from the class they were given: sharded like a GEMM, not whole on every rank; its
+    routing kernels likewise to MOE_ROUTING (whole on every rank, as `other` and `sampling` were)."""
+    from stepscope.analysis.moe import EXPERT_GEMM_NAMES, ROUTING_NAMES
+
+    c = inv.classes.filter(pl.col("step") == step)
+    t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
+    for moe_class, names in ((MOE_GEMM, EXPERT_GEMM_NAMES), (MOE_ROUTING, ROUTING_NAMES)):
+        if moe_class in t:
+            continue
+        k = inv.kernels.filter((pl.col("step") == step) & (pl.col("class") != "gemm")
+                               & pl.col("name").str.contains(f"^(?:{names})"))
+        for cls, ns in k.group_by("class").agg(pl.col("time_ns").sum()).iter_rows():
+            t[cls] = t.get(cls, 0) - ns
+            t[moe_class] = t.get(moe_class, 0) + ns
+    return t
 
 
 def _step_tp(name: str | None) -> int | None:

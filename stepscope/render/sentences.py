@@ -137,6 +137,12 @@ def tp_note(note: tuple[str, dict]) -> str:
         return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
                 f"{ms(f['launch_ns'])} graph launch) + device work + {node_gap(f['node_gap_ns'])} per "
                 f"kernel between graph nodes ({f['source']})")
+    if kind == "moe_sharding":
+        from stepscope.analysis.moe import TP_ASSUMPTION
+
+        found = " (found by name: this trace's classes have no expert-GEMM class)" if f.get("by_name") else ""
+        return (f"MoE step: expert GEMMs {ms(f['moe_gemm_ns'])}{found}, routing {ms(f['moe_routing_ns'])}; "
+                f"assumed: {TP_ASSUMPTION}")
     if kind == "measured_width_missing":
         return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"
     raise ValueError(f"unknown TP note {kind!r}")
