@@ -130,3 +130,18 @@ def test_budget_of_an_moe_step_carries_the_note():
     dense = budget(kernels.with_columns(pl.lit("gemm").alias("class")), cells, "llama-3.1-8b", 1, 2048, "decode",
                    "NVIDIA H200").to_dict()
     assert "notes" not in dense
+
+
+def test_the_sweep_and_the_torch_engine_refuse_moe_and_mla_models():
+    from tests.conftest import CliRunner
+
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, ["cells", "run", "--model", "qwen3-30b-a3b", "--print-commands"])
+    assert r.exit_code == 2 and "qwen3-30b-a3b is a mixture of experts: the sweep measures a dense layer's ops" \
+        in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["cells", "run", "--model", "deepseek-v2-lite", "--engine", "torch",
+                                 "--print-commands"])
+    assert r.exit_code == 2 and "deepseek-v2-lite is a mixture of experts: use --engine vllm" in r.output
+    r = CliRunner().invoke(app, ["cells", "run", "--model", "qwen3-30b-a3b", "--engine", "vllm", "--print-commands"])
+    assert r.exit_code == 0 and "--model qwen3-30b-a3b" in r.output
