@@ -98,6 +98,16 @@ def test_other_family_configs(tmp_path):
     assert v3.q_lora_rank == 1536 and v3.dense_layers == 3 and len(v3.moe_layers) == 58
     # 671B of the main model (the 14B multi-token-prediction module is not a decoder layer), 37B active
     assert 670.5e9 < v3.params < 671.5e9 and 37.0e9 < v3.active_params < 38.0e9
+    # gpt-oss-20b (Mixtral's keys, top-k as experts_per_token): 20.9B total, 3.6B active as OpenAI
+    # counts it (without the input embedding, like DeepSeek); its biases and sinks not counted
+    gpt = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+           "intermediate_size": 2880, "num_local_experts": 32, "experts_per_token": 4, "num_hidden_layers": 24,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+           "tie_word_embeddings": False}
+    (tmp_path / "gpt_oss.json").write_text(json.dumps(gpt))
+    g = load_card(str(tmp_path / "gpt_oss.json"))
+    assert (g.experts, g.experts_per_token, g.expert_intermediate_size) == (32, 4, 2880)
+    assert 20.85e9 < g.params < 20.95e9 and 3.55e9 < g.active_params - g.embedding_params < 3.65e9
     q15 = load_card(str(tmp_path / "qwen2_moe.json"))
     assert q15.shared_experts == 1 and q15.shared_expert_intermediate_size == 5632
     # 14.3B total, 2.7B active (Qwen1.5-MoE-A2.7B): q/k/v/o of 2048 with their biases not counted

@@ -243,7 +243,8 @@ def _whole(cfg: dict[str, Any], key: str, source: str, *, low: int = 0, default:
 def moe_mla_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """A config's mixture-of-experts and MLA fields, as Card's keyword arguments (empty for a
     dense model with ordinary attention). Families: Mixtral (num_local_experts, every layer),
-    Qwen2-MoE/Qwen3-MoE (num_experts; a layer is MoE unless listed in mlp_only_layers, every
+    (and gpt-oss, its top-k named experts_per_token), Qwen2-MoE/Qwen3-MoE (num_experts; a layer
+    is MoE unless listed in mlp_only_layers, every
     decoder_sparse_step-th one; Qwen2-MoE's shared expert is shared_expert_intermediate_size
     wide), DeepSeek V2/V3 (n_routed_experts, n_shared_experts of moe_intermediate_size each; the
     first first_k_dense_replace layers dense, then every moe_layer_freq-th; MLA from kv_lora_rank)."""
@@ -252,9 +253,12 @@ def moe_mla_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     key = next((k for k in EXPERT_KEYS if cfg.get(k) not in (None, 0)), None)
     if key is not None:
         experts = _whole(cfg, key, source, low=1)
-        k = _whole(cfg, "num_experts_per_tok", source, low=1)
+        # gpt-oss names its top-k experts_per_token
+        k_key = "experts_per_token" if "num_experts_per_tok" not in cfg and "experts_per_token" in cfg \
+            else "num_experts_per_tok"
+        k = _whole(cfg, k_key, source, low=1)
         if k > experts:
-            raise InputError(f"{_card(source)}: num_experts_per_tok {k} exceeds the {experts} experts ({key})")
+            raise InputError(f"{_card(source)}: {k_key} {k} exceeds the {experts} experts ({key})")
         if key == "num_local_experts":  # Mixtral: every layer's MLP is the experts
             inter = _whole(cfg, "intermediate_size", source, low=1)
             moe = tuple(range(layers))
