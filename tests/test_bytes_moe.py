@@ -145,3 +145,64 @@ def test_the_sweep_and_the_torch_engine_refuse_moe_and_mla_models():
     assert r.exit_code == 2 and "deepseek-v2-lite is a mixture of experts: use --engine vllm" in r.output
     r = CliRunner().invoke(app, ["cells", "run", "--model", "qwen3-30b-a3b", "--engine", "vllm", "--print-commands"])
     assert r.exit_code == 0 and "--model qwen3-30b-a3b" in r.output
+
+
+# --- against the real runs: the expert GEMMs' time beside their bandwidth floor -------------------
+
+def _moe_gemm_time(fixture: str):
+    """Per step of a fixtures/models run: (tokens, phase, the fused_moe_kernel time in plain SQL
+    over the step's GPU span) and the GPU's peak bandwidth as the export records it."""
+    import sqlite3
+
+    from conftest import FIXTURES, gunzipped
+    from stepscope import library
+
+    path = gunzipped(FIXTURES / "models" / f"{fixture}.sqlite.gz")
+    st = library.load(path).steps.sort("step")
+    out = []
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        peak = db.execute("SELECT memoryBandwidth FROM TARGET_INFO_GPU").fetchone()[0]
+        for r in st.iter_rows(named=True):
+            ns = db.execute("SELECT sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
+                            "s.id = k.shortName WHERE s.value = 'fused_moe_kernel' AND k.deviceId = ? AND "
+                            "k.start >= ? AND k.start <= ?", (r["device"], r["first_start"], r["last_end"])).fetchone()[0]
+            out.append((r["tokens"], r["phase"], ns))
+    return out, peak
+
+
+def _expert_weights(t, E, k, h, inter, layers):
+    """The bytes of the experts T tokens reach in every MoE layer, uniform routing (by hand)."""
+    return layers * E * (1 - (1 - k / E) ** t) * 3 * h * inter * B
+
+
+def test_qwen3_expert_gemms_sit_above_their_floor_and_far_below_all_experts():
+    """Qwen3-30B-A3B's decode steps (1–16 tokens): the expert GEMMs take longer than the distinct
+    experts' weights need at peak bandwidth, and less than every expert's weights would: the
+    minimum is the reached experts, not all 128."""
+    steps, peak = _moe_gemm_time("qwen3-30b-a3b_r32_graph_plain")
+    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and t <= 16]
+    assert len(decode) >= 50 and {1, 2, 4, 8, 16} <= {t for t, _ in decode}
+    for t, ns in decode:
+        floor_ns = _expert_weights(t, 128, 8, 2048, 768, 48) / peak * 1e9
+        assert floor_ns < ns, (t, ns, floor_ns)
+        rows = _rows("qwen3-30b-a3b", t, 1024, "decode")
+        assert rows["moe_gemm:gate_up"]["min_bytes"] + rows["moe_gemm:down"]["min_bytes"] >= \
+            _expert_weights(t, 128, 8, 2048, 768, 48) - 48 * 2  # (each layer's two products rounded)
+    all_experts_ns = 48 * 128 * 3 * 2048 * 768 * B / peak * 1e9  # 12.0 ms
+    assert all(ns < all_experts_ns for t, ns in decode if t <= 8)
+
+
+def test_deepseek_dummy_router_is_skewed_and_the_note_says_what_that_means():
+    """DeepSeek-V2-Lite's dummy-weight router sends the tokens of a step to about the same experts:
+    its 4–16-token decode steps run their expert GEMMs in about the time of one token's (0.9–1.3
+    ms), under the floor of the experts uniform routing would reach, above the floor of k experts."""
+    steps, peak = _moe_gemm_time("deepseek-v2-lite_r32_graph_plain")
+    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and 4 <= t <= 16]
+    assert len(decode) >= 30
+    for t, ns in decode:
+        assert ns < _expert_weights(t, 64, 6, 2048, 1408, 26) / peak * 1e9
+        assert ns > _expert_weights(1, 64, 6, 2048, 1408, 26) / peak * 1e9
+    note = mb.moe_note("deepseek-v2-lite", 16, 1, "decode")
+    assert "measured below this minimum then means routing" in note
+    assert "the least any routing reads is 6 experts' weights a layer (2.70 GB)" in note
+    assert f"{6 * 3 * 2048 * 1408 * B * 26 / 1e9:.2f} GB" == "2.70 GB"

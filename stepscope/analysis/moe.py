@@ -55,4 +55,5 @@ def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
 
 ROUTING_ASSUMPTION = ("uniform routing: each token's top-k experts equally likely and distinct, tokens "
                       "independent, so T tokens reach E·(1−(1−k/E)^T) distinct experts per MoE layer "
-                      "(a skewed router reaches fewer, and moves fewer weight bytes)")
+                      "(a skewed router reaches fewer, and moves fewer weight bytes: measured below this "
+                      "minimum then means routing, not a faster kernel)")

@@ -428,10 +428,13 @@ def moe_note(card: dict | str | Path, batch: int, context: int, phase: str = "de
         return None
     t = batch if phase == "decode" else batch * context
     d = s.expected_experts(t)
+    per_expert = 3 * s.hidden * s.expert_inter * s.elem * s.moe_layers
+    least = f"; the least any routing reads is {s.top_k} experts' weights a layer ({per_expert * s.top_k / 1e9:.2f} GB)" \
+        if d > s.top_k + 0.05 else ""
     return (f"MoE minimum: the weights of the distinct experts the step's {t:,} token(s) route to, "
             f"{d:,.1f} of {s.experts} per MoE layer (top-{s.top_k}) in {s.moe_layers} MoE layer(s)"
             + (f" and {s.dense_layers} dense" if s.dense_layers else "")
-            + (", plus the shared experts" if s.shared_inter else "") + f"; {ROUTING_ASSUMPTION}")
+            + (", plus the shared experts" if s.shared_inter else "") + f"; {ROUTING_ASSUMPTION}{least}")
 
 
 def step_min_bytes(card: dict | str | Path, batch: int = 1, context: int = 2048,
