@@ -206,3 +206,44 @@ def test_deepseek_dummy_router_is_skewed_and_the_note_says_what_that_means():
     assert "measured below this minimum then means routing" in note
     assert "the least any routing reads is 6 experts' weights a layer (2.70 GB)" in note
     assert f"{6 * 3 * 2048 * 1408 * B * 26 / 1e9:.2f} GB" == "2.70 GB"
+
+
+def test_launch_order_budget_names_an_moe_layers_ops():
+    """The launch-order join (`cells run --engine vllm` then `budget`) on a real Qwen3-MoE decode
+    step (16 sequences): with the MoE classes (given here by kernel name, as the classification
+    table gives them), each layer's routing kernels take moe_topk, moe_align, moe_sum, its
+    act_and_mul the experts' activation, and each class its plan's minimum. The cells are the
+    step's own kernels in order (what the step's ncu run records), their bytes zero: the ops, not
+    the bytes, are under test."""
+    import polars as pl
+
+    from conftest import FIXTURES, gunzipped
+    from stepscope import library
+    from stepscope.bytes.budget import budget_order, step_sequence_from_inventory
+
+    inv = library.load(gunzipped(FIXTURES / "models" / "qwen3-30b-a3b_r32_graph_plain.sqlite.gz"))
+    step = inv.steps.filter((pl.col("tokens") == 16) & (pl.col("graph_mode") == "full"))["step"][0]
+    seq = step_sequence_from_inventory(inv, step)
+    name = pl.col("name")
+    seq = seq.with_columns(pl.when(name == "fused_moe_kernel").then(pl.lit("moe_gemm"))
+                           .when(name.is_in(["topkGating", "moe_align_block_size_kernel",
+                                             "count_and_sort_expert_tokens_kernel", "moe_sum_vec_kernel"]))
+                           .then(pl.lit("moe_routing")).otherwise(pl.col("class")).alias("class"))
+    n = seq.height
+    cells = pl.DataFrame({"cell": [f"k{i}" for i in range(n)], "op": [None] * n, "proj": [None] * n,
+                          "tokens": [16] * n, "launch": list(range(n)), "kernel": seq["name"].to_list(),
+                          "dram_read_bytes": [0] * n, "dram_write_bytes": [0] * n, "gpu": ["NVIDIA H200"] * n},
+                         schema_overrides={"op": pl.String, "proj": pl.String})
+    res = budget_order(seq, cells, "qwen3-30b-a3b", 16, 1024, "decode", "NVIDIA H200")
+    k = res.kernels
+    routing = ["topkGating", "moe_align_block_size_kernel", "count_and_sort_expert_tokens_kernel",
+               "moe_sum_vec_kernel", "act_and_mul_kernel"]
+    ops = {r["name"]: sorted(r["op"]) for r in k.filter(pl.col("name").is_in(routing))
+           .group_by("name").agg(pl.col("op").unique()).iter_rows(named=True)}
+    assert ops == {
+        "topkGating": ["moe_topk"], "moe_align_block_size_kernel": ["moe_align"],
+        "count_and_sort_expert_tokens_kernel": ["moe_align"], "moe_sum_vec_kernel": ["moe_sum"],
+        "act_and_mul_kernel": ["moe_act"]}
+    assert k.filter(pl.col("name") == "fused_moe_kernel")["op"].str.starts_with("moe_gemm:").all()
+    assert k.filter(pl.col("name") == "act_and_mul_kernel").height == 48
+    assert any("uniform routing" in x for x in res.notes)

@@ -40,12 +40,13 @@ time. The step row sums the rows (self-checked).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
-from stepscope.analysis.moe import MOE_GEMM
+from stepscope.analysis.moe import MOE_GEMM, MOE_ROUTING
 from stepscope.bytes.cells import check_gpu
 from stepscope.bytes.hbm import peak_hbm_bps
 from stepscope.bytes.minbytes import step_rows
@@ -497,6 +498,11 @@ def step_kernels_from_inventory(inv, step: int, memops: bool = False) -> pl.Data
 # --- the step's own kernels, measured in launch order (stepcells.py) ----------------------------
 
 GEMM_ORDER = ("gemm:qkv", "gemm:o", "gemm:gate_up", "gemm:down")
+# the activation op after a gate_up GEMM of an MoE layer
+_ACT_AFTER = {"moe_gemm:gate_up": "moe_act", "gemm:shared_gate_up": "shared_act", "gemm:gate_up": "silu_mul"}
+# an MoE routing kernel's op, by its name (vLLM's Triton backend: topkGating, moe_align_block_size,
+# count_and_sort_expert_tokens, moe_sum_vec)
+ROUTING_OPS = (("moe_topk", r"topk|gating"), ("moe_align", r"align|sort|permute"), ("moe_sum", r"moe_sum|reduce"))
 
 
 def step_sequence_from_inventory(inv, step: int) -> pl.DataFrame:
@@ -532,6 +538,8 @@ def _order_op(cls: str, name: str, gemm_ordinal: int | None, n_gemm: int, layers
         # another GEMM layout: the projection whose minimum is nearest the bytes it moved
         gemms = [o for o in plan_by_op if o.startswith("gemm:")]
         return min(gemms, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
+    if cls == MOE_ROUTING:  # top-k, align/sort or moe_sum, by the kernel's name
+        return next((op for op, rx in ROUTING_OPS if re.search(rx, name or "", re.I) and op in plan_by_op), None)
     if cls == MOE_GEMM:  # gate_up or down: the one whose minimum is nearest the bytes it moved
         moe = [o for o in plan_by_op if o.startswith("moe_gemm:")]
         if bytes_per_call is None or not moe:
@@ -578,10 +586,14 @@ def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, 
         bpc = int(hit["bytes_per_call"]) if hit else None
         op = _order_op(k["class"], k.get("name") or "", gemm_ord.get(i), len(gemm_pos), layers, bpc,
                        plan_by_op)
-        if k["class"] == "gemm":
+        if k["class"] in ("gemm", MOE_GEMM):
             last_gemm_op = op
         elif k["class"] == "splitk_reduce":
             op = last_gemm_op  # the split-K reduce finishes the GEMM launched before it
+        elif k["class"] == "activation" and (last_gemm_op in _ACT_AFTER or op not in plan_by_op):
+            # the activation of the gate_up GEMM before it: an MoE layer's experts' or shared
+            # experts' (a model without a dense layer has no silu_mul in its plan)
+            op = _ACT_AFTER.get(last_gemm_op or "", "moe_act" if "moe_act" in plan_by_op else op)
         cls = k["class"]
         if op in plan_by_op and cls in ("framework", "other"):
             cls = plan_by_op[op]["class"]
