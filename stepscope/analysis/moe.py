@@ -34,13 +34,43 @@ EXPERT_GEMM_NAMES = r"fused_moe_kernel|fused_moe|cutlass_moe|moe_gemm|grouped_ge
 ROUTING_NAMES = (r"topkGating|topk_softmax|grouped_topk|moe_align_block_size|count_and_sort_expert_tokens|"
                  r"moe_sum|moe_permute|moe_unpermute|expand_and_permute|shuffle_rows")
 
+def ep_slowest_share(experts: int, top_k: int, tokens: int, width: int) -> float:
+    """Under expert parallelism over `width` GPUs (each holding E/w whole experts, the last ones
+    fewer when w does not divide E): the expected share of the step's reached experts that the
+    GPU holding the most of them holds — its expert GEMMs read those experts' weights, and the
+    step waits for it. Uniform routing with each expert reached independently, with probability
+    q = 1 − (1 − k/E)^T; a GPU's count is then Binomial(E/w, q) and the expected maximum over the
+    w GPUs is Σ_x (1 − F(x)^w). 1 at one GPU; 1/w once every expert is reached (a long prefill);
+    above 1/w in decode, where few experts are reached and one GPU may hold many of them."""
+    from math import ceil, comb
+
+    if width <= 1:
+        return 1.0
+    total = expected_distinct_experts(experts, top_k, tokens)
+    if total <= 0:
+        return 1.0 / width
+    q = total / experts
+    n = ceil(experts / width)
+    pmf = [comb(n, x) * q ** x * (1 - q) ** (n - x) for x in range(n + 1)]
+    cdf, acc = [], 0.0
+    for p in pmf:
+        acc += p
+        cdf.append(min(acc, 1.0))
+    exp_max = sum(1.0 - cdf[x] ** width for x in range(n))
+    return min(1.0, max(exp_max / total, 1.0 / width))
+
+
 # What `stepscope tp` assumes of an MoE step (analysis/tp.py), in words.
 TP_ASSUMPTION = ("TP shards attention, the dense GEMMs and each expert's intermediate dimension (vLLM's default, "
                  "without --enable-expert-parallel): the experts' GEMMs divide by the width like a dense GEMM, "
                  "the routing (router top-k, align/sort, moe_sum) runs whole on every rank; with "
                  "--enable-expert-parallel the experts split across the GPUs instead (E/w each, whole): under "
                  "uniform routing each GPU's expected share of the expert work is the same 1/w, but the step waits "
-                 "for the GPU whose experts drew the most tokens, which this projection does not model")
+                 "for the GPU whose experts drew the most tokens (tp --expert-parallel --model M projects that)")
+EP_ASSUMPTION = ("expert parallelism (--enable-expert-parallel): attention and the dense GEMMs TP-sharded, the "
+                 "experts split across the GPUs whole (E/w each); the expert GEMMs at width w take the share of "
+                 "the step's reached experts that the busiest GPU holds, expected under uniform routing (each "
+                 "expert reached independently, q = 1−(1−k/E)^T); the routing runs whole on every rank")
 
 
 def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
