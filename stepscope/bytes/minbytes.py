@@ -33,6 +33,18 @@ plain RMSNorm, every later one a fused add+RMSNorm (vLLM's structure). Assumptio
 * logits are written in the model dtype and sampled as fp32 (the seed's 0.51 MB argmax
   read at one token); the fp32 cast between them is framework glue, not counted.
 
+A mixture-of-experts card (experts, top-k k, expert width I_e; capture/models.py reads each
+family's keys) replaces the MLP of its MoE layers by: gemm:router [H, E], moe_topk (logits in,
+weights and ids out), moe_align (the T·k (token, expert) ids sorted), moe_gemm:gate_up and
+moe_gemm:down (each token's row read once, one row out per (token, expert), the weights of the
+D = E·(1 − (1 − k/E)^T) distinct experts T tokens reach under uniform routing), moe_act, moe_sum,
+and the shared experts' dense MLP (gemm:shared_gate_up, shared_act, gemm:shared_down); dense layers
+keep gate_up/silu_mul/down. An MLA card (kv_lora_rank, qk_rope_head_dim, ...) replaces qkv/rope/
+kv_write/attention/o by gemm:q (or q_a, lora_norm:q_a, q_b), gemm:kv_a, lora_norm:kv_a, mla_rope,
+mla_kv_write (kv_lora_rank + qk_rope_head_dim per token), gemm:kv_b, mla_decode (the latent cache
+read once, absorbed) or mla_prefill (K and V expanded from the latent), gemm:o. docs/BYTES.md,
+"MoE and MLA steps".
+
 Reproducing the seed (000_d6b9801d5be051df): qkv at M=2048 = 92.27 MB ("92.3 MB"); prefill
 attention at 2048 tokens = 41.94 MB ("41.9 MB"); decode attention at batch 64, ctx 2048 =
 537.92 MB ("537.92 MB"); the decode step at **batch 1, context 2048** = 15.2899 GB, the
@@ -257,9 +269,12 @@ def op_min_bytes(
 ) -> dict[str, int]:
     """Minimum read/write bytes of one call of `op` over `tokens` rows.
 
-    op: gemm (with proj qkv|o|gate_up|down|lm_head), lm_head, norm, add_norm, rope, kv_write,
-    silu_mul, embedding, argmax, attn_prefill (tokens = one sequence's length, times `batch`
-    sequences), attn_decode (batch sequences × context cached tokens; tokens ignored).
+    op: gemm (with proj qkv|o|gate_up|down|lm_head, and the MoE/MLA projections of Shape.proj),
+    lm_head, norm, add_norm, rope, kv_write, silu_mul, embedding, argmax, attn_prefill (tokens =
+    one sequence's length, times `batch` sequences), attn_decode (batch sequences × context cached
+    tokens; tokens ignored); MLA: lora_norm (proj q_a|kv_a), mla_rope, mla_kv_write, mla_decode,
+    mla_prefill; MoE: moe_topk, moe_align, moe_gemm (proj gate_up|down), moe_act, moe_sum,
+    shared_act.
     """
     e, t = s.elem, tokens
     if op == "gemm" and proj == "lm_head":
