@@ -439,7 +439,7 @@ def moe_note(card: dict | str | Path, batch: int, context: int, phase: str = "de
     from stepscope.analysis.moe import ROUTING_ASSUMPTION
 
     s = shape_of(card)
-    if not s.experts:
+    if not s.experts or not s.moe_layers:
         return None
     t = batch if phase == "decode" else batch * context
     d = s.expected_experts(t)
