@@ -280,10 +280,12 @@ def _mode(p) -> dict | None:
 def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
-       cache: bool = True, calibration: str | Path | None = None) -> dict:
+       cache: bool = True, calibration: str | Path | None = None, expert_parallel: bool = False,
+       model: str | None = None) -> dict:
     """Equation 1.3 per tensor-parallel width, from a trace (path or Analysis) or from numbers
     alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
-    calibration file for the graph mode (else the user's, else the bundled one)."""
+    calibration file for the graph mode (else the user's, else the bundled one). `expert_parallel`
+    with `model` (an MoE card): the experts split across the GPUs instead of each one sharded."""
     from stepscope.analysis.whatif import calibrated
 
     from stepscope import options as opt
@@ -311,9 +313,10 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
                 "projections": {"eager": _mode(proj), "graph": None}, "notes": [tp_note(n) for n in proj.notes]}
     if any(v is not None for v in numbers):
         raise InputError("give either a trace or --kernels/--launch-us/--device-ms, not both")
+    ep = _expert_parallel(expert_parallel, model)
     with calibrated(calibration):
         d = _diagnosis_of(trace, step_regex, rules, cache, steps)
-    proj = tpm.project_trace(d, ws, collective_us)
+    proj = tpm.project_trace(d, ws, collective_us, expert_parallel=ep)
     doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
            "launch_bound_from_tp": proj.own.launch_bound_from_tp,
            "projections": {"eager": _mode(proj.eager), "graph": _mode(proj.graph)},
@@ -330,6 +333,22 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
         skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]
         doc["rank_skew_ns"] = max(skews) if skews else None
     return doc
+
+
+def _expert_parallel(on: bool, model: str | None) -> dict | None:
+    """{experts, top_k} of `model` for tp's expert-parallel projection (None when off)."""
+    if not on:
+        if model is not None:
+            raise InputError("--model is read by tp with --expert-parallel only (the experts and top-k)")
+        return None
+    if model is None:
+        raise InputError("--expert-parallel needs --model: the MoE card whose experts and top-k it splits")
+    from stepscope.capture.models import load_card
+
+    card = load_card(model)
+    if not card.is_moe:
+        raise InputError(f"--expert-parallel: {card.name} has no experts")
+    return {"experts": card.experts, "top_k": card.experts_per_token}
 
 
 def budget(trace, cells, *, model: str | None = None, batch: int | None = None, context: int | None = None,

@@ -11,7 +11,9 @@ and compare quote) of the projected step with its device floor at width w: the h
 replay (prologue, graph launch) then the device work and the replay's gaps, so that at the trace's
 own width it is analyze's prediction. More GPUs keep shortening a graph step long after an eager
 one has become launch-bound.
-Sharded: projection GEMMs, attention and their split-K reduces. From a trace, U and S come from
+Sharded: projection GEMMs, attention and their split-K reduces, and an MoE step's expert GEMMs
+(each expert's intermediate dimension split, vLLM's TP without expert parallelism: moe.TP_ASSUMPTION
+says it in words, with expert parallelism's difference); its routing stays whole. From a trace, U and S come from
 its class times, scaled so that w = w0 reproduces the device floor of the projected step (its
 device work: GPU busy less the collectives' waiting for a slower rank, collectives.py). The
 projected step is the median step of one rank: the binding rank of a multi-rank trace.
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.collectives import summary_rank
+from stepscope.analysis.moe import MOE_GEMM, MOE_ROUTING
 from stepscope.analysis.representative import representative
 from stepscope.analysis.verdict import LAUNCH_BOUND, verdict_of
 from stepscope.classes import TP_SHARDED
@@ -47,14 +50,18 @@ class Projection:
 def project(
     n_launch: int, t_launch_ns: float, sharded_ns: float, unsharded_ns: float = 0.0,
     widths=(1, 2, 4, 8), base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
-    scale: float = 1.0, fixed_device_ns: float = 0.0,
+    scale: float = 1.0, fixed_device_ns: float = 0.0, ep_ns: float = 0.0, ep_share: dict | None = None,
 ) -> Projection:
     """`fixed_device_ns`: device time that does not shrink with the width (a graph replay's gaps
-    between its kernels)."""
+    between its kernels). `ep_ns`: expert GEMM time under expert parallelism, measured at the
+    trace's width and scaled by `ep_share` (width → the busiest GPU's share of the reached
+    experts, moe.ep_slowest_share) instead of 1/w."""
     cpu = n_launch * t_launch_ns
     rows = []
     for w in widths:
-        device = scale * (unsharded_ns + sharded_ns * base_tp / w + (layers * collective_per_layer_ns if w > 1 else 0))
+        ep = ep_ns * ep_share[w] / ep_share[base_tp] if ep_ns and ep_share else 0.0
+        device = scale * (unsharded_ns + sharded_ns * base_tp / w + ep
+                          + (layers * collective_per_layer_ns if w > 1 else 0))
         device += fixed_device_ns
         rows.append({
             "tp": w,
@@ -69,18 +76,22 @@ def project(
         "n_launch": n_launch, "t_launch_ns": t_launch_ns, "sharded_ns": sharded_ns,
         "unsharded_ns": unsharded_ns, "base_tp": base_tp, "layers": layers,
         "collective_per_layer_ns": collective_per_layer_ns, "scale": scale, "fixed_device_ns": fixed_device_ns,
+        **({"expert_parallel_ns": ep_ns, "ep_share_by_width": {str(w): ep_share[w] for w in sorted(ep_share)}}
+           if ep_ns and ep_share else {}),
     })
 
 
 def project_graph(figures: dict, consts, sharded_ns: float, unsharded_ns: float = 0.0, widths=(1, 2, 4, 8),
                   base_tp: int = 1, layers: int = 0, collective_per_layer_ns: float = 0.0,
-                  scale: float = 1.0, queued: bool = False) -> Projection:
+                  scale: float = 1.0, queued: bool = False, ep_ns: float = 0.0,
+                  ep_share: dict | None = None) -> Projection:
     """Graph mode: per width, whatif.graph_step of a step's `figures` (whatif.FIGURES) with its
     device floor projected as in project(): cpu_floor_ns its host path, device_floor_ns its GPU
     path (whatif.graph_paths; `queued`: behind the previous step's replay), step_time_ns the larger."""
     from stepscope.analysis.whatif import graph_paths, step_figures
 
-    base = project(0, 0.0, sharded_ns, unsharded_ns, widths, base_tp, layers, collective_per_layer_ns, scale)
+    base = project(0, 0.0, sharded_ns, unsharded_ns, widths, base_tp, layers, collective_per_layer_ns, scale,
+                   ep_ns=ep_ns, ep_share=ep_share)
     host = None
     for r in base.rows:
         host, gpu = graph_paths(*step_figures({**figures, "device_floor_ns": r["device_floor_ns"]}), consts, queued)
@@ -111,10 +122,13 @@ class TraceProjection:
         return self.graph if self.mode == "graph" else self.eager
 
 
-def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) -> TraceProjection:
+def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None,
+                  expert_parallel: dict | None = None) -> TraceProjection:
     """Project the trace's representative step (the median by step time of the most common kind
     of its summary rank's steps: the step compare and report quote), in eager and graph mode.
-    `d`: the trace's Diagnosis."""
+    `d`: the trace's Diagnosis. `expert_parallel`: {"experts": E, "top_k": k} of an MoE model run
+    with expert parallelism: its expert GEMMs scale with the busiest GPU's share of the experts the
+    step's tokens reach (moe.ep_slowest_share), not with 1/w."""
     from stepscope.analysis.whatif import FIGURES, is_graph_trace, point_of, with_memsets
 
     inv = d.inv
@@ -134,14 +148,29 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
 
         raise InputError(f"step {step}'s name says tp={base_tp}, outside 1..{MAX_WIDTH:,}: not a width stepscope "
                          "can project from (fix the range name, or give --kernels/--launch-us/--device-ms)")
-    c = inv.classes.filter(pl.col("step") == step)
-    t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
+    t = _class_times(inv, step)
     sharded = float(sum(t.get(k, 0) for k in SHARDED))
     comm = float(t.get("comm", 0))
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))
+    ep_ns, ep_share = 0.0, None
+    if expert_parallel and t.get(MOE_GEMM):
+        from stepscope.analysis.moe import ep_slowest_share
+
+        ep_ns = float(t[MOE_GEMM])
+        sharded -= ep_ns
+        tokens = int(med.get("tokens") or 1)
+        ep_share = {w: ep_slowest_share(expert_parallel["experts"], expert_parallel["top_k"], tokens, w)
+                    for w in {*widths, base_tp}}
     layers = med["layers"] or 0
     tp = d.tp.filter(pl.col("step") == step).row(0, named=True) if d.tp is not None and d.tp.height else None
     notes: list[tuple[str, dict]] = []
+    if t.get(MOE_GEMM):
+        notes.append(("moe_sharding", {"moe_gemm_ns": int(t[MOE_GEMM]), "moe_routing_ns": int(t.get(MOE_ROUTING, 0)),
+                                       "by_name": MOE_GEMM not in _classes_of(inv, step),
+                                       "expert_parallel": ({**expert_parallel, "tokens": int(med.get("tokens") or 1)}
+                                                           if ep_share else None)}))
+    elif expert_parallel:
+        notes.append(("moe_none", {}))
     if rank["ranks"] > 1:
         notes.append(("projected_step", {"step": step, "pid": rank["pid"], "device": rank["device"], "why": rep["why"]}))
     elif mine.height > 1:
@@ -159,7 +188,7 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
                                              "allreduce_ns": DEFAULT_ALLREDUCE_NS, "unsplit": unsplit,
                                              "split_note": tp["split_note"] if unsplit else None}))
     f = d.floors.filter(pl.col("step") == step).row(0, named=True)
-    work_base = unsharded + sharded + (layers * c_layer if base_tp > 1 else 0)
+    work_base = unsharded + sharded + ep_ns + (layers * c_layer if base_tp > 1 else 0)
     device_base = f["device_floor_ns"]
     scale = device_base / work_base if work_base else 1.0
     graph_trace = is_graph_trace(inv)
@@ -167,7 +196,7 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
     eager = None
     if not graph_trace:
         eager = project(med["n_launch_calls"], f["t_launch_ns"], sharded, unsharded, widths, base_tp, layers,
-                        c_layer, scale)
+                        c_layer, scale, ep_ns=ep_ns, ep_share=ep_share)
     else:
         notes.append(("eager_not_projected", {}))
     # graph mode: the what-if graph step of this step; a graph trace's own constants (its device
@@ -183,12 +212,18 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
 
         g_consts = replace(d.replay.constants(point_of(inv, d.calibration, memsets=memsets)), device_ratio=1.0,
                            prologue_host_ns=None, prologue_always=False)
-        notes.append(("graph_own", {"node_gap_ns": g_consts.node_gap_ns, "lead_ns": g_consts.lead_ns}))
+        # an async run's replay launched while the GPU still ran the previous step: its measured
+        # "lead" is that wait (10.4 ms of the Qwen3-MoE run's 14.7 ms decode steps), not a cost the
+        # step pays; its GPU path is the replay alone
+        queued = queued or _replay_queued(inv, step)
+        notes.append(("graph_own", {"node_gap_ns": g_consts.node_gap_ns, "lead_ns": g_consts.lead_ns,
+                                    "queued": queued}))
     else:
         g_consts = point_of(inv, d.calibration, memsets=memsets)
         notes.append(("graph_whatif", {"launch_ns": g_consts.lead_ns, "node_gap_ns": g_consts.node_gap_ns,
                                        "source": g_consts.source, "queued": queued}))
-    graph = project_graph(figs, g_consts, sharded, unsharded, widths, base_tp, layers, c_layer, scale, queued)
+    graph = project_graph(figs, g_consts, sharded, unsharded, widths, base_tp, layers, c_layer, scale, queued,
+                          ep_ns=ep_ns, ep_share=ep_share)
     own_rows = (graph if graph_trace else eager).rows
     for r in own_rows:
         if r["tp"] == base_tp:
@@ -199,7 +234,45 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None) ->
               "device": med["device"], "measured_step_time_ns": med["step_time_ns"],
               "gpu_busy_ns": med["gpu_busy_ns"], "device_floor_ns": device_base,
               "collective_wait_ns": (tp or {}).get("collective_wait_ns") or 0, "mode": mode}
+    if t.get(MOE_GEMM):  # an MoE step: its expert GEMMs (in sharded_ns) and routing (in unsharded_ns)
+        inputs.update(moe_gemm_ns=int(t[MOE_GEMM]), moe_routing_ns=int(t.get(MOE_ROUTING, 0)))
     return TraceProjection(mode, eager, graph, inputs, notes)
+
+
+def _replay_queued(inv, step: int) -> bool:
+    """Whether the step's graph launch was called before the previous step's GPU work ended on
+    its device (the replay queued behind it)."""
+    st = inv.steps.sort("step").with_columns(
+        prev_end=pl.col("last_end").shift(1).over("pid", "device", order_by="step_begin"))
+    prev = st.filter(pl.col("step") == step)["prev_end"]
+    names = inv.launch_calls["api_name"].cast(pl.String)
+    gl = inv.launch_calls.filter((pl.col("step") == step) & (names.str.starts_with("cudaGraphLaunch")
+                                                             | names.str.starts_with("cuGraphLaunch")))["start"]
+    return bool(prev.len() and prev[0] is not None and gl.len() and gl.min() < prev[0])
+
+
+def _classes_of(inv, step: int) -> set[str]:
+    return set(inv.classes.filter(pl.col("step") == step)["class"].to_list())
+
+
+def _class_times(inv, step: int) -> dict[str, float]:
+    """The step's time per class. A trace whose classes have no MOE_GEMM (classified before the
+    MoE classes) has its expert GEMMs found by name (moe.EXPERT_GEMM_NAMES) and their time moved
+    to MOE_GEMM from the class they were given: sharded like a GEMM, not whole on every rank; its
+    routing kernels likewise to MOE_ROUTING (whole on every rank, as `other` and `sampling` were)."""
+    from stepscope.analysis.moe import EXPERT_GEMM_NAMES, ROUTING_NAMES
+
+    c = inv.classes.filter(pl.col("step") == step)
+    t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
+    for moe_class, names in ((MOE_GEMM, EXPERT_GEMM_NAMES), (MOE_ROUTING, ROUTING_NAMES)):
+        if moe_class in t:
+            continue
+        k = inv.kernels.filter((pl.col("step") == step) & (pl.col("class") != "gemm")
+                               & pl.col("name").str.contains(f"^(?:{names})"))
+        for cls, ns in k.group_by("class").agg(pl.col("time_ns").sum()).iter_rows():
+            t[cls] = t.get(cls, 0) - ns
+            t[moe_class] = t.get(moe_class, 0) + ns
+    return t
 
 
 def _step_tp(name: str | None) -> int | None:

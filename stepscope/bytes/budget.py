@@ -40,11 +40,13 @@ time. The step row sums the rows (self-checked).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
+from stepscope.analysis.moe import MOE_GEMM, MOE_ROUTING
 from stepscope.bytes.cells import check_gpu
 from stepscope.bytes.hbm import peak_hbm_bps
 from stepscope.bytes.minbytes import step_rows
@@ -126,6 +128,7 @@ class BudgetResult:
     peak_bps: float | None
     gpu: str | None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the minimum assumes (an MoE step's routing)
 
     def self_check(self) -> None:
         m = self.rows["measured_bytes"].fill_null(0).sum()
@@ -138,7 +141,7 @@ class BudgetResult:
         return {"gpu": self.gpu, "peak_hbm_bps": self.peak_bps,
                 "rows": self.rows.to_dicts(), "classes": self.classes.to_dicts(),
                 "step": self.step, "kernels": self.kernels.to_dicts(),
-                "warnings": self.warnings}
+                "warnings": self.warnings, **({"notes": self.notes} if self.notes else {})}
 
 
 def _usable_cells(cells: pl.DataFrame) -> pl.DataFrame:
@@ -332,6 +335,7 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
                     reason=f"cell {near.get('cell')} ({len(launches)} launch(es)) is joined to "
                            f"this class's longer kernel(s); no cell for this one"))
     res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    res.notes.extend(_notes(card, batch, context, phase))
     if inferred:
         res.warnings.append(f"{len(inferred)} kernel(s) joined to cells that name no op (cells import of a plain ncu "
                             "run): each is set against the minimum of its class's op (a GEMM's: the projection "
@@ -450,6 +454,13 @@ def _summarize(out: list[dict], plan_rows: list[dict], peak_bps: float | None, g
     return res
 
 
+def _notes(card: Any, batch: int, context: int, phase: str) -> list[str]:
+    from stepscope.bytes.minbytes import moe_note
+
+    note = moe_note(card, batch, context, phase)
+    return [note] if note else []
+
+
 
 def _floor(col: str, peak_bps: float | None) -> pl.Expr:
     if not peak_bps:
@@ -484,6 +495,11 @@ def step_kernels_from_inventory(inv, step: int, memops: bool = False) -> pl.Data
 # --- the step's own kernels, measured in launch order (stepcells.py) ----------------------------
 
 GEMM_ORDER = ("gemm:qkv", "gemm:o", "gemm:gate_up", "gemm:down")
+# the activation op after a gate_up GEMM of an MoE layer
+_ACT_AFTER = {"moe_gemm:gate_up": "moe_act", "gemm:shared_gate_up": "shared_act", "gemm:gate_up": "silu_mul"}
+# an MoE routing kernel's op, by its name (vLLM's Triton backend: topkGating, moe_align_block_size,
+# count_and_sort_expert_tokens, moe_sum_vec)
+ROUTING_OPS = (("moe_topk", r"topk|gating"), ("moe_align", r"align|sort|permute"), ("moe_sum", r"moe_sum|reduce"))
 
 
 def step_sequence_from_inventory(inv, step: int) -> pl.DataFrame:
@@ -519,6 +535,13 @@ def _order_op(cls: str, name: str, gemm_ordinal: int | None, n_gemm: int, layers
         # another GEMM layout: the projection whose minimum is nearest the bytes it moved
         gemms = [o for o in plan_by_op if o.startswith("gemm:")]
         return min(gemms, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
+    if cls == MOE_ROUTING:  # top-k, align/sort or moe_sum, by the kernel's name
+        return next((op for op, rx in ROUTING_OPS if re.search(rx, name or "", re.I) and op in plan_by_op), None)
+    if cls == MOE_GEMM:  # gate_up or down: the one whose minimum is nearest the bytes it moved
+        moe = [o for o in plan_by_op if o.startswith("moe_gemm:")]
+        if bytes_per_call is None or not moe:
+            return None
+        return min(moe, key=lambda o: abs(plan_by_op[o]["min_bytes_per_call"] - bytes_per_call))
     op = CLASS_TO_OP.get(cls)
     if op == "add_norm" and "fused_add" not in (name or ""):
         op = "norm"
@@ -560,10 +583,14 @@ def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, 
         bpc = int(hit["bytes_per_call"]) if hit else None
         op = _order_op(k["class"], k.get("name") or "", gemm_ord.get(i), len(gemm_pos), layers, bpc,
                        plan_by_op)
-        if k["class"] == "gemm":
+        if k["class"] in ("gemm", MOE_GEMM):
             last_gemm_op = op
         elif k["class"] == "splitk_reduce":
             op = last_gemm_op  # the split-K reduce finishes the GEMM launched before it
+        elif k["class"] == "activation" and (last_gemm_op in _ACT_AFTER or op not in plan_by_op):
+            # the activation of the gate_up GEMM before it: an MoE layer's experts' or shared
+            # experts' (a model without a dense layer has no silu_mul in its plan)
+            op = _ACT_AFTER.get(last_gemm_op or "", "moe_act" if "moe_act" in plan_by_op else op)
         cls = k["class"]
         if op in plan_by_op and cls in ("framework", "other"):
             cls = plan_by_op[op]["class"]
@@ -588,6 +615,7 @@ def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, 
                         "join": "trace", "op": nm or "memop", "bytes_per_call": round(tb / max(1, int(k["count"]))),
                         "measured_bytes": tb, "shared": 1})
     res = _summarize(out, plan_rows, peak_bps, gpu_name, batch, context, phase, tp)
+    res.notes.extend(_notes(card, batch, context, phase))
     n_step, n_ncu, n_join = len(ks), len(cell_rows), len(pos)
     res.step["order"] = {"step_kernels": n_step, "profiled_kernels": n_ncu, "joined": n_join}
     if n_join < max(n_step, n_ncu):

@@ -41,6 +41,7 @@ def run_sweep_cells(model: str | None, *, sweep: Path | None, out: Path, cells_p
     opt.number(timeout, "--timeout", 1, 7 * 86_400)
     opt.number(deadline, "--deadline", 1, 30 * 86_400)
     s = sw.load_sweep(sweep)
+    _dense_only(model or s.model)
     names = list(cell or []) or (s.smoke if smoke else None)
     specs = s.select(names)
     if print_commands:
@@ -76,6 +77,18 @@ def check_step_options(phase: str, cache_control: str, batch: int, context: int,
     opt.number(kv_cache_gib, "--kv-cache-gib", 0.01, 4096)
 
 
+def _dense_only(model: str) -> None:
+    """A sweep's cells are a dense decoder layer's ops (GQA attention, one MLP): an MoE or MLA
+    model's kernels are measured on its own step instead."""
+    from stepscope.bytes.minbytes import shape_of
+
+    s = shape_of(model)
+    if s.experts or s.kv_lora:
+        kind = "a mixture of experts" if s.experts else "MLA"
+        raise InputError(f"{model} is {kind}: the sweep measures a dense layer's ops; measure the model's own "
+                         "step with `stepscope cells run --engine vllm --model …`")
+
+
 def run_step(engine: str, model: str, *, phase: str, batch: int, context: int, mode: str, layers: int | None,
              out: Path, ncu: str | None, timeout: float, cache_control: str, print_commands: bool,
              stall: float | None = None, kv_cache_gib: float | None = None, replay_mode: str | None = None,
@@ -86,6 +99,9 @@ def run_step(engine: str, model: str, *, phase: str, batch: int, context: int, m
 
     check_step_options(phase, cache_control, batch, context, stall, kv_cache_gib)
     card = load_card(model)
+    if engine == "torch" and (card.is_moe or card.is_mla):
+        raise InputError(f"the torch engine runs Llama-like dense models; {card.name} is "
+                         f"{'a mixture of experts' if card.is_moe else 'MLA'}: use --engine vllm")
     if print_commands:
         app = stepcells.engine_command(engine, model, phase=phase, batch=batch, context=context,
                                        mode=mode, layers=layers, kv_cache_gib=kv_cache_gib)

@@ -313,7 +313,10 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
     if req.untraced_steps is not None and req.untraced_steps < 0:
         raise InputError(f"--untraced-steps must be 0 or more (got {req.untraced_steps})")
     card = load_card(req.model)
-    engine = "vllm" if req.requests else pick_engine(req.engine)
+    # a model the torch engine cannot run (MoE, MLA, any non-Llama layer) goes to vLLM unless the
+    # user named the torch engine: `trace --model qwen3-30b-a3b` needs no --engine
+    other = card.architecture not in LLAMA_LIKE or card.is_moe or card.is_mla
+    engine = "vllm" if req.requests or (req.engine is None and other) else pick_engine(req.engine)
     if engine == "vllm":
         torch_only = [name for name, on in (
             ("--mode compiled", req.mode == "compiled"), ("--steps", req.steps != 1),
@@ -331,12 +334,24 @@ def validate(req: TraceRequest) -> tuple[Card, str]:
         raise InputError(f"--quantization takes one of vLLM's method names (fp8, ...), got "
                          f"{req.quantization!r}")
     if engine == "vllm" and not vllm_available():
+        if other:
+            raise EnvironmentProblem(f"{card.name} ({card.architecture}) runs on vLLM's engine only, and vLLM is "
+                                     "not installed here (pip install vllm)")
         raise EnvironmentProblem("--engine vllm needs vLLM, which is not installed here "
                                  "(pip install vllm), or use --engine torch")
+    if engine == "vllm" and req.tp > 1:
+        # vLLM's own checks, before a GPU is taken: heads split across the ranks, and (TP without
+        # --enable-expert-parallel, what the engine starts) every expert's intermediate width too
+        if card.num_attention_heads % req.tp:
+            raise InputError(f"--tp {req.tp} does not divide {card.name}'s {card.num_attention_heads} heads")
+        if card.is_moe and card.expert_intermediate_size % req.tp:
+            raise InputError(f"--tp {req.tp} does not divide {card.name}'s expert intermediate size "
+                             f"{card.expert_intermediate_size} (vLLM shards every expert across the ranks)")
     if engine == "torch":
-        if card.architecture not in LLAMA_LIKE:
-            raise InputError(f"the torch engine runs Llama-like models; {card.name} is "
-                             f"{card.architecture}")
+        if other:
+            kind = "a mixture of experts" if card.is_moe else "MLA" if card.is_mla else card.architecture
+            raise InputError(f"the torch engine runs Llama-like dense models; {card.name} is {kind}: "
+                             "use --engine vllm")
         if card.num_attention_heads % req.tp or card.intermediate_size % req.tp:
             raise InputError(f"--tp {req.tp} does not divide {card.name}'s "
                              f"{card.num_attention_heads} heads / {card.intermediate_size} "

@@ -16,7 +16,7 @@ def trace(
     model: str = typer.Option("llama-3.1-8b", "--model", "-m",
                               help="bundled model card (see `stepscope models`) or a config.json"),
     engine: Optional[str] = typer.Option(None, "--engine",
-                                         help="vllm or torch (default: vllm when installed)"),
+                                         help="vllm or torch (default: vllm when installed, and always for MoE/MLA models)"),
     mode: str = typer.Option("eager", "--mode",
                              help="eager, graph, both, or compiled (torch.compile; torch engine)"),
     phase: str = typer.Option("decode", "--phase", help="decode or prefill"),
@@ -127,14 +127,34 @@ def models(as_json: AsJson = False) -> None:
     from rich.table import Table
 
     t = Table(title="model cards (or --model path/to/config.json)", box=None)
-    t.add_column("name", no_wrap=True)
-    for col in ("layers", "hidden", "heads/kv", "head dim", "inter", "vocab", "params"):
+    t.add_column("name", no_wrap=True, min_width=max(len(c["name"]) for c in cards))
+    for col in ("layers", "hidden", "attention", "MLP", "params"):
         t.add_column(col, justify="right", no_wrap=True)
     for c in cards:
-        t.add_row(c["name"], str(c["num_hidden_layers"]), str(c["hidden_size"]),
-                  f"{c['num_attention_heads']}/{c['num_key_value_heads']}", str(c["head_dim"]),
-                  str(c["intermediate_size"]), str(c["vocab_size"]), f"{c['params'] / 1e9:.2f}B")
-    Console().print(t)
+        active = f"/{c['active_params'] / 1e9:.1f}B" if c["experts"] else ""
+        layers = (f"{c['dense_layers']}+{c['moe_layers']}" if c["experts"] and c["dense_layers"]
+                  else str(c["num_hidden_layers"]))
+        t.add_row(c["name"], layers, str(c["hidden_size"]), _attention_cell(c), _mlp_cell(c),
+                  f"{c['params'] / 1e9:.1f}B{active}")
+    console = Console()
+    console.print(t)
+    console.print("layers: dense+MoE where both; attention: heads/KV heads×head dim, or MLA's KV cache per token "
+                  "and layer (kv_lora_rank+qk_rope_head_dim); MLP: intermediate size, or routed(+shared) "
+                  "experts×expert width and top-k; params: total/active per token (--json: every field)",
+                  highlight=False)
+
+
+def _attention_cell(c: dict) -> str:
+    if c["kv_lora_rank"]:
+        return f"MLA kv {c['kv_lora_rank']}+{c['qk_rope_head_dim']}"
+    return f"{c['num_attention_heads']}/{c['num_key_value_heads']}×{c['head_dim']}"
+
+
+def _mlp_cell(c: dict) -> str:
+    if not c["experts"]:
+        return str(c["intermediate_size"])
+    shared = f"+{c['shared_experts']}" if c["shared_experts"] else ""
+    return f"{c['experts']}{shared}×{c['expert_intermediate_size']} top{c['experts_per_token']}"
 
 
 @app.command()

@@ -65,6 +65,10 @@ def tp(
     as_json: AsJson = False, step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, no_cache: NoCache = False,
     steps: Annotated[str, steps_option(": the steps projected")] = "all",
     calibration: CalibrationFile = None,
+    expert_parallel: Annotated[bool, typer.Option(
+        "--expert-parallel", help="MoE: the experts split across the GPUs (vLLM's --enable-expert-parallel) "
+        "instead of each expert sharded; needs --model")] = False,
+    model: Annotated[Optional[str], typer.Option(help="with --expert-parallel: the MoE model card")] = None,
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
     from stepscope import library
@@ -73,7 +77,7 @@ def tp(
     with progress.shown(not as_json and trace is not None):
         doc = library.tp(trace, widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
                          collective_us=collective_us, steps=steps, step_regex=step_regex, rules=rules,
-                         cache=not no_cache, calibration=calibration)
+                         cache=not no_cache, calibration=calibration, expert_parallel=expert_parallel, model=model)
     if as_json:
         _echo_json(doc)
         return

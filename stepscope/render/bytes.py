@@ -69,6 +69,8 @@ def render_budget(doc) -> None:
     for u in st["unjoined_kernels"][:15]:
         con.print(f"  [yellow]no cell[/] {term(u['class']):<16} {u['count']:>4}× {term(u['name'])}"
                   + (f" [dim]({term(u['reason'])})[/]" if u.get("reason") else ""))
+    for n in doc.get("notes", []):
+        con.print(term(n, 2000), highlight=False)
     for w in doc.get("warnings", []):
         con.print(f"[yellow]warning:[/] {term(w, 2000)}")
 

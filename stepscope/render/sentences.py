@@ -124,6 +124,11 @@ def tp_note(note: tuple[str, dict]) -> str:
                 f"per layer, {f['layers']} layers assumed")
     if kind == "eager_not_projected":
         return "eager mode not projected: a graph trace has no per-kernel launch cost"
+    if kind == "graph_own" and f.get("queued"):
+        return ("graph mode: the what-if graph step with this trace's own constants: this step's replay was "
+                "launched while the GPU still ran the previous step (async scheduling), so its prologue and "
+                f"graph launch overlap that step: device work + its measured {node_gap(f['node_gap_ns'])} per "
+                "kernel between graph nodes, or the host's own work when longer")
     if kind == "graph_own":
         return ("graph mode: the what-if graph step with this trace's own constants: host before the replay "
                 f"(prologue + {ms(f['lead_ns'])} graph launch) + device work + its measured "
@@ -137,6 +142,17 @@ def tp_note(note: tuple[str, dict]) -> str:
         return (f"graph mode: the what-if graph step analyze reports: host before the replay (prologue + "
                 f"{ms(f['launch_ns'])} graph launch) + device work + {node_gap(f['node_gap_ns'])} per "
                 f"kernel between graph nodes ({f['source']})")
+    if kind == "moe_sharding":
+        from stepscope.analysis.moe import EP_ASSUMPTION, TP_ASSUMPTION
+
+        found = " (found by name: this trace's classes have no expert-GEMM class)" if f.get("by_name") else ""
+        ep = f.get("expert_parallel")
+        assumed = TP_ASSUMPTION if not ep else (
+            f"{EP_ASSUMPTION}; {ep['experts']} experts, top-{ep['top_k']}, {ep['tokens']:,} token(s) in the step")
+        return (f"MoE step: expert GEMMs {ms(f['moe_gemm_ns'])}{found}, routing {ms(f['moe_routing_ns'])}; "
+                f"assumed: {assumed}")
+    if kind == "moe_none":
+        return "--expert-parallel: the projected step has no expert GEMMs; projected as a dense step"
     if kind == "measured_width_missing":
         return f"the measured width TP={f['tp']} is not among the widths: no measured step beside the model"
     raise ValueError(f"unknown TP note {kind!r}")
