@@ -222,7 +222,7 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
 # a few Triton kernels of its own before the forward, and ends by copying the sampled tokens to
 # the host and updating its state after them
 VLLM_INPUT_PREP = ours(r"^_(prepare_pos_seq_lens|prepare_prefill_inputs|prepare_inputs|"
-                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings)_kernel$")
+                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings?)_kernel$")
 VLLM_OUTPUT = ours(r"^_(post_update|get_num_sampled_and_rejected)_kernel$")
 
 
@@ -294,7 +294,13 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
         cand = w_start[np.minimum(nxt, w_start.size - 1)]
         begin = np.where((nxt < w_start.size) & (cand <= t), cand, t)
         starts = begin.tolist()
-        for i in np.flatnonzero(~has_out[1:]) + 1:
+        lonely = np.flatnonzero(~has_out[1:]) + 1
+        if not has_out[0] and cap.len() and not opened.len():
+            # no output between the last graph capture and the first preparation (no sampler
+            # warm-up after the capture): the first step, too, begins after the longest host
+            # pause since the capture (a JIT compilation, a KV-cache set-up), not at the capture
+            lonely = np.concatenate(([0], lonely))
+        for i in lonely:
             # no output between two preparations: before the longest host pause between them
             inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
             pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else prev[i]],
@@ -685,11 +691,42 @@ def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tup
     return steps, assign
 
 
+# vLLM names the threads of its engine processes (`VLLM::EngineCore`, `VLLM::Worker_TP0`, ...);
+# nsys keeps 15 characters of a thread's name
+VLLM_THREAD_PREFIX = "VLLM::"
+
+
+def vllm_engine_pids(trace) -> set[int]:
+    """The processes with GPU work that are vLLM engine processes (a thread named VLLM::…).
+    nsys lists the threads of every process it saw on the host, other sessions' included: only
+    those with kernels or memops of this trace count."""
+    threads = trace.threads
+    if threads.is_empty():
+        return set()
+    named = set(threads.filter(pl.col("name").str.starts_with(VLLM_THREAD_PREFIX))["pid"].unique().to_list())
+    if not named:
+        return set()
+    gpu = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
+    return named & gpu
+
+
+def engine_pids_without_steps(trace, windows: pl.DataFrame) -> set[int]:
+    """The vLLM engine processes none of whose work is an engine step: no step range, no
+    scheduler range, no capture range and no iteration of the engine loop after the start-up
+    (a trace that holds the engine's start-up only). They get no step: neither the repeat
+    period of their start-up's kernels (thousands of two-kernel "steps") nor the whole process
+    as one step is an engine step (analysis/capture_check.py says why there is none)."""
+    return vllm_engine_pids(trace) - set(windows["pid"].unique().to_list())
+
+
 def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
     """The host windows of the steps of every process that has delimiters (nvtx, then capture,
-    then graph, the first kind found per process), indexed by `window` in start order."""
+    then graph, the first kind found per process), indexed by `window` in start order. A vLLM
+    engine process is delimited by vLLM's ranges, a capture range or its engine loop only: a
+    graph replay of vLLM is a piece of a step (piecewise graphs) or one of its start-up's runs."""
     step_regex = step_regex or None  # "" means the default, as before
     pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
+    vllm = vllm_engine_pids(trace)
     windows = []
     covered: set[int] = set()
     for make in (
@@ -697,7 +734,7 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
         lambda: _windows_schedule(trace.nvtx, api),
         lambda: _windows_engine(trace, api, pids_all - covered),
         lambda: _windows_capture(api),
-        lambda: _windows_graph(api),
+        lambda: _windows_graph(api).filter(~pl.col("pid").is_in(list(vllm))),
     ):
         w = make()
         w = w.filter(~pl.col("pid").is_in(list(covered)) & pl.col("pid").is_in(list(pids_all)))
@@ -724,13 +761,19 @@ def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.D
     ).drop("_last")
 
 
-def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame | None = None) -> Segmentation:
+class NoStep(InputError):
+    """No step in the whole trace (the CLI's one line, exit 2)."""
+
+
+def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame | None = None,
+            without_steps: set[int] | frozenset = frozenset()) -> Segmentation:
     """Steps and each activity's step. `acts` carry the window their launching call started in
     (activities() over an api with window_of()); processes without windows are split by period
     (into whole steps at the host synchronizations `sync` (pid, start) when the period is a
-    layer's)."""
+    layer's), but for those in `without_steps` (engine_pids_without_steps), whose activities
+    are in no step."""
     warnings: list[str] = []
-    covered = set(windows["pid"].unique().to_list())
+    covered = set(windows["pid"].unique().to_list()) | set(without_steps)
     step_rows: list[tuple] = []
     assigned = []
     window_steps = None
@@ -777,7 +820,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
                 "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"
             )
     if step_rows_frame.is_empty():
-        raise InputError(
+        raise NoStep(
             f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
             "check --step-regex or capture with an NVTX range per step"
         )
