@@ -339,3 +339,102 @@ def test_plain_capture_without_scopes_or_node_tracing(serving):
     # every kernel is in a step or in the start-up, but for what ran after the last step's launches
     total = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     assert row["kernels"] + s["n_kernels"].sum() == total
+
+
+# --- plain whole-run captures of MoE, FP8 and MLA models (fixtures/models/README.md) -----------
+
+MODELS = FIXTURES / "models"
+MODEL_RUNS = ("qwen3-30b-a3b_r32_graph_plain", "llama-3.1-8b-fp8_r32_graph_plain", "deepseek-v2-lite_r32_graph_plain")
+
+
+@pytest.mark.parametrize("name", MODEL_RUNS)
+def test_models_without_any_range_find_the_scheduler_iterations(name, tmp_path):
+    """MoE (Qwen3-30B-A3B, vLLM's V1 model runner), FP8 and MLA+MoE (DeepSeek-V2-Lite, V2 runner)
+    plain captures, node-level graph rows: each is its own twin. With vLLM's scheduler ranges the
+    steps are the iterations that launched work, each with the kernels SQL finds after its
+    scheduling; with every NVTX row deleted the engine loop alone finds the same steps, kernel
+    for kernel, and the start-up ends where the first one begins."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / f"{name}.sqlite.gz"))
+    con = ro(src)
+    calls = con.execute(f"SELECT count(*) FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'").fetchone()[0]
+    assert calls == 67  # the README's 67 scheduler calls
+    expected = _iterations_sql(src)
+    assert 0.95 * calls <= len(expected) <= calls  # a scheduler call or two with nothing to launch
+    with_ranges = open_trace(src, cache=False).table
+    assert (with_ranges["delimiter"] == "schedule").all()
+    assert with_ranges["n_kernels"].to_list() == expected
+    path = _copy(src, tmp_path)
+    assert _delete(path, "DELETE FROM NVTX_EVENTS") > 0
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert abs(s.height - with_ranges.height) <= 0.02 * with_ranges.height
+    assert s["n_kernels"].to_list() == expected
+    # every kernel launched before the first iteration's scheduling is start-up, in no step
+    (row,) = a.inventory.startup.to_dicts()
+    first = _first_schedule(src)
+    assert row["kernels"] == _kernels_launched(con, 0, first)
+    assert first < row["end_ns"] < first + 200_000_000
+    assert row["graph_captures"] == _calls_before(src, "cudaStreamEndCapture%", first) > 0
+
+
+SERVE = FIXTURES / "vllm_serve"
+
+
+def test_serve_hooks_without_nvtx_finds_its_execute_context_steps(tmp_path):
+    """The `vllm serve` capture with the profiler hooks (node-level rows, a capture range): its
+    227 execute_context ranges, 225 with GPU work. With its NVTX deleted the engine loop finds
+    the 225 steps, each with the kernels SQL finds from its range's start to the next one's."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_hooks.sqlite.gz"))
+    con = ro(src)
+    starts = [s for (s,) in con.execute(f"SELECT e.start FROM {NVTX} WHERE {NAME} LIKE 'execute_context%' "
+                                        "ORDER BY e.start")]
+    assert len(starts) == 227
+    counts = [_kernels_launched(con, lo, hi) for lo, hi in zip(starts, starts[1:] + [1 << 62])]
+    expected = [n for n in counts if n]
+    assert len(expected) == 225
+    path = _copy(src, tmp_path)
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    assert s["n_kernels"].sum() == con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+
+
+def _driver_marks(log) -> dict:
+    """The serve driver's summary line (fixtures/capture_serve.py) in the capture's .log."""
+    import json
+
+    (line,) = [x for x in log.read_text(encoding="utf-8").splitlines() if x.startswith("capture_serve: {")]
+    return json.loads(line[len("capture_serve: "):])
+
+
+def test_serve_flush_graph_level_rows_steps_are_the_traffic_iterations():
+    """The plain `vllm serve` capture with --cuda-flush-interval=1000: graph-level CUDA-graph rows
+    and no range at all. Its engine steps are the iterations of the traffic: one per input
+    preparation (`_prepare_pos_seq_lens_kernel`, once per iteration of vLLM's V2 model runner)
+    launched after the driver began sending requests, on the session's clock (the driver's own
+    marks in the .log, UTC, against TARGET_INFO_SESSION_START_TIME): none of the start-up's
+    iterations, and every CUDA-graph replay of the traffic in a step."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_flush.sqlite.gz"))
+    con = ro(src)
+    d = _driver_marks(SERVE / "llama-3.1-8b_serve_flush.log")
+    epoch = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    traffic = int((d["t0_unix"] + d["marks"]["traffic_start"]) * 1e9) - epoch
+    expected = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                              WHERE s.value = '_prepare_pos_seq_lens_kernel' AND k.start > ?""", (traffic,)).fetchone()[0]
+    replays = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                             WHERE s.value LIKE 'cudaGraphLaunch%' AND r.start > ?""", (traffic,)).fetchone()[0]
+    assert expected > 100 and replays > 0
+    a = open_trace(src, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == expected
+    assert s["w_start"].min() > traffic
+    assert s["n_graph_launches"].sum() == replays
