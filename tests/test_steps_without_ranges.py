@@ -380,6 +380,47 @@ def test_models_without_any_range_find_the_scheduler_iterations(name, tmp_path):
     assert row["graph_captures"] == _calls_before(src, "cudaStreamEndCapture%", first) > 0
 
 
+def _graph_level(path) -> int:
+    """What nsys's default --cuda-graph-trace=graph writes, made from node-level rows: every CUDA
+    graph replay one CUPTI_ACTIVITY_KIND_GRAPH_TRACE row (its nodes' first start to last end)
+    and its kernels' rows gone. Returns the replays."""
+    con = sqlite3.connect(path)
+    con.execute("""CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start INTEGER NOT NULL, end INTEGER NOT NULL,
+                   deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER,
+                   streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, graphId INTEGER NOT NULL,
+                   graphExecId INTEGER NOT NULL)""")
+    n = con.execute("""INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE SELECT min(start), max(end), deviceId, contextId,
+                       0, streamId, correlationId, globalPid, 0, 0 FROM CUPTI_ACTIVITY_KIND_KERNEL
+                       WHERE graphNodeId IS NOT NULL GROUP BY globalPid, correlationId""").rowcount
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL")
+    con.commit()
+    con.close()
+    return n
+
+
+@pytest.mark.parametrize("name", MODEL_RUNS)
+def test_models_with_graph_level_rows_without_any_range(name, tmp_path):
+    """The same runs as nsys's default graph-level rows would have recorded them (each replay one
+    row, its kernels none): with the scheduler ranges and without any range, the same steps, each
+    with the kernels SQL finds after its scheduling in that copy."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / f"{name}.sqlite.gz"))
+    graph = _copy(src, tmp_path, "graph.sqlite")
+    assert _graph_level(graph) > 0
+    expected = _iterations_counted(graph)
+    with_ranges = open_trace(graph, cache=False).table
+    assert (with_ranges["delimiter"] == "schedule").all()
+    assert with_ranges["n_kernels"].to_list() == expected
+    bare = _copy(graph, tmp_path, "bare.sqlite")
+    _delete(bare, "DELETE FROM NVTX_EVENTS")
+    s = open_trace(bare, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    assert s["n_graph_launches"].to_list() == with_ranges["n_graph_launches"].to_list()
+    assert s["n_graph_launches"].sum() > 0
+
+
 SERVE = FIXTURES / "vllm_serve"
 
 
