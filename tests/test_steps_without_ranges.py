@@ -479,3 +479,54 @@ def test_serve_flush_graph_level_rows_steps_are_the_traffic_iterations():
     assert s.height == expected
     assert s["w_start"].min() > traffic
     assert s["n_graph_launches"].sum() == replays
+
+
+def test_an_idle_server_between_two_bursts_is_between_steps(tmp_path):
+    """The flush capture with 30 s of idleness put between two of its traffic's iterations (every
+    CUDA call from the first one after an iteration's last device-to-host copy on, and the GPU
+    work they launched, moved 30 s later, in SQL): the same steps with the same kernels, and the
+    idle time in none of them (no step of 30 s: the step before it ends with its last call)."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_flush.sqlite.gz"))
+    con = ro(src)
+    d = _driver_marks(SERVE / "llama-3.1-8b_serve_flush.log")
+    traffic = int((d["t0_unix"] + d["marks"]["traffic_start"]) * 1e9) - con.execute(
+        "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    preps = [s for (s,) in con.execute("""SELECT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                                          ON s.id = k.shortName JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                                          ON r.correlationId = k.correlationId
+                                          WHERE s.value = '_prepare_pos_seq_lens_kernel' AND k.start > ?
+                                          ORDER BY r.start""", (traffic,))]
+    # the iteration's output side: its sampled tokens' copy to the host and the state update after it
+    copy_out = con.execute("""SELECT max(r.end) FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.start < ? AND (
+                                  r.correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY
+                                                      WHERE copyKind = 2)
+                                  OR r.correlationId IN (SELECT k.correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                                         JOIN StringIds s ON s.id = k.shortName
+                                                         WHERE s.value IN ('_post_update_kernel',
+                                                                           '_get_num_sampled_and_rejected_kernel')))""",
+                           (preps[50],)).fetchone()[0]
+    cut = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > ?", (copy_out,)).fetchone()[0]
+    assert preps[49] < cut <= preps[50]
+    idle = 30_000_000_000
+    path = _copy(src, tmp_path)
+    c = sqlite3.connect(path)
+    # GPU work by its launching call (work launched before the cut ran before it, as it would)
+    launched = f"SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start >= {cut}"
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+              "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
+        c.execute(f"UPDATE {t} SET start = start + {idle}, end = end + {idle} WHERE correlationId IN ({launched})")
+    for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+        c.execute(f"UPDATE {t} SET start = start + {idle}, end = end + {idle} WHERE start >= {cut}")
+    c.execute(f"UPDATE ANALYSIS_DETAILS SET duration = duration + {idle}")
+    c.commit()
+    c.close()
+    before = open_trace(src, cache=False).table
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == before.height == len(preps)
+    assert s["n_kernels"].to_list() == before["n_kernels"].to_list()
+    assert s["step_time_ns"].max() < 1e9
+    (i,) = [j for j in range(s.height - 1) if s["step_begin"][j + 1] - s["step_end"][j] > idle - 100_000_000]
+    assert s["w_end"][i] < cut and s["step_begin"][i + 1] >= cut + idle  # the host side: its calls end before

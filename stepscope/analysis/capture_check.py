@@ -180,7 +180,10 @@ CUT_BY = {"engine": "vLLM's engine loop (delimiter engine)", "period": "the repe
 
 
 def _no_nvtx(trace, steps: pl.DataFrame, vllm_pids: set[int]) -> dict | None:
-    """No NVTX at all, or a vLLM engine whose steps none of vLLM's ranges delimit."""
+    """No NVTX at all, or a vLLM engine whose steps none of vLLM's ranges delimit (nsys exports
+    only: a PyTorch-profiler trace has no NVTX to ask for)."""
+    if not str(trace.format).startswith("nsys"):
+        return None
     by_range = steps.filter(pl.col("delimiter").is_in(["nvtx", "schedule"])) if steps.height else steps
     cut = ", ".join(CUT_BY.get(d, d) for d in steps["delimiter"].unique(maintain_order=True).to_list()) \
         if steps.height else ""

@@ -746,7 +746,48 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
     windows = pl.concat(windows, how="vertical_relaxed") if windows else _no_windows()
     if windows.height and (windows["w_end"] == OPEN_END).any():
         windows = _close_open_windows(trace, api, windows)
+    windows = _trim_idle_tails(api, windows)
     return windows.sort("w_start").with_row_index("window")
+
+
+# the delimiters whose window runs to the next iteration's start rather than to a range's end
+TO_THE_NEXT = ("engine", "schedule")
+
+
+def _trim_idle_tails(api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """An engine or scheduler window runs to the next iteration's start. When the engine sat idle
+    before that (a pause of COMPILE_PAUSE_NS or more between two CUDA calls of its process, after
+    which the window holds no launch or copy: a server with no request to serve), the step ends
+    with the end of its last call before the pause, and the pause (with the few queries after it)
+    lies between steps, in none. A pause with launches after it is the step's own (a compilation)."""
+    if windows.is_empty() or not windows["delimiter"].is_in(TO_THE_NEXT).any() or api.is_empty():
+        return windows
+    ends = windows["w_end"].to_numpy().copy()
+    changed = False
+    pids = windows["pid"].cast(pl.Int64).to_numpy()
+    delim = windows["delimiter"].is_in(TO_THE_NEXT).to_numpy()
+    for pid in np.unique(pids[delim]).tolist():
+        mine = api.filter(pl.col("pid") == pid).sort("start")
+        if mine.height == 0:
+            continue
+        st, en = mine["start"].to_numpy(), mine["end"].to_numpy()
+        work = (mine["is_launch"] | mine["is_copy"]).to_numpy()
+        for i in np.flatnonzero(delim & (pids == pid)).tolist():
+            lo, hi = np.searchsorted(st, windows["w_start"][i], "left"), np.searchsorted(st, ends[i], "right")
+            if hi - lo < 1:
+                continue
+            s_, e_ = st[lo:hi], np.maximum.accumulate(en[lo:hi])
+            # the pause before each call, and the one after the last call to the window's end
+            pause = np.concatenate(([0], s_[1:] - e_[:-1], [ends[i] - e_[-1]]))
+            w = work[lo:hi]
+            last_work = int(np.flatnonzero(w)[-1]) if w.any() else -1
+            tail = np.flatnonzero(pause[last_work + 1:] >= COMPILE_PAUSE_NS) + last_work + 1
+            if tail.size and tail[0] > 0:
+                ends[i] = int(e_[tail[0] - 1])  # the end of the last call before the first idle pause
+                changed = True
+    if not changed:
+        return windows
+    return windows.with_columns(pl.Series("w_end", ends, dtype=windows.schema["w_end"]))
 
 
 def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
