@@ -70,7 +70,7 @@ def session_span(path: str | Path, last_event_ns: int | None = None) -> SessionS
 
     path = Path(path)
     try:
-        if not is_sqlite(path):
+        if not path.is_file() or not is_sqlite(path):
             return None
         con = connect_readonly(path)
     except (OSError, sqlite3.Error):
@@ -98,7 +98,8 @@ def cuda_processes(path: str | Path) -> list[tuple[int, str | None, int]] | None
 
     path = Path(path)
     try:
-        if not is_sqlite(path):
+        # a FIFO, socket or device is never opened (a read of one blocks): the reader refused it
+        if not path.is_file() or not is_sqlite(path):
             return None
         con = connect_readonly(path)
     except (OSError, sqlite3.Error):
