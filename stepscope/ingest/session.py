@@ -77,7 +77,7 @@ def session_span(path: str | Path, last_event_ns: int | None = None) -> SessionS
         return None
     try:
         row = con.execute("SELECT duration, stopTime FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
-    except sqlite3.Error:  # the table or a column is absent (an old or trimmed export)
+    except (sqlite3.Error, UnicodeError, ValueError):  # the table or a column absent, a damaged schema
         row = None
     finally:
         con.close()
@@ -116,7 +116,7 @@ def cuda_processes(path: str | Path) -> list[tuple[int, str | None, int]] | None
         names = {}
         if "PROCESSES" in tables:
             names = dict(con.execute("SELECT pid, name FROM PROCESSES").fetchall())
-    except sqlite3.Error:  # a damaged export: the reader's own line stands
+    except (sqlite3.Error, UnicodeError, ValueError):  # a damaged export: the reader's own line stands
         return None
     finally:
         con.close()
