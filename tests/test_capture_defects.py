@@ -156,6 +156,10 @@ def test_flush_capture_is_whole_and_graph_level_rows_are_one_defect(tmp_path):
     assert f"the {graphs:,} graph launches have no kernel rows" in defects["text"][0]
     assert "--cuda-graph-trace=node" in defects["remedy"][0]
     assert f"pid {pid}" in defects["text"][1] and "vLLM's engine loop" in defects["text"][1]
+    assert a.capture.equals(defects)  # the notebook's Analysis has them, and shows them before its steps
+    html = a._repr_html_()
+    assert html.index(f"the {graphs:,} graph launches") < html.index("<table>")
+    assert "per-kernel inventory unavailable" not in html
     r = run("analyze", src, "--no-cache")
     assert r.exit_code == 0, r.output
     out = r.output.replace("\n", " ")
