@@ -763,6 +763,7 @@ def _trim_idle_tails(api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     if windows.is_empty() or not windows["delimiter"].is_in(TO_THE_NEXT).any() or api.is_empty():
         return windows
     ends = windows["w_end"].to_numpy().copy()
+    begins = windows["w_start"].to_numpy()
     changed = False
     pids = windows["pid"].cast(pl.Int64).to_numpy()
     delim = windows["delimiter"].is_in(TO_THE_NEXT).to_numpy()
@@ -773,7 +774,7 @@ def _trim_idle_tails(api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
         st, en = mine["start"].to_numpy(), mine["end"].to_numpy()
         work = (mine["is_launch"] | mine["is_copy"]).to_numpy()
         for i in np.flatnonzero(delim & (pids == pid)).tolist():
-            lo, hi = np.searchsorted(st, windows["w_start"][i], "left"), np.searchsorted(st, ends[i], "right")
+            lo, hi = np.searchsorted(st, begins[i], "left"), np.searchsorted(st, ends[i], "right")
             if hi - lo < 1:
                 continue
             s_, e_ = st[lo:hi], np.maximum.accumulate(en[lo:hi])
