@@ -221,3 +221,33 @@ def test_engine_not_traced_names_the_processes_that_were(tmp_path):
         assert "no kernels recorded — was `--trace=cuda` on?" in line
         assert "the engine process was not traced" in line.lower()
         assert f"pid {pid} (python3, {calls:,} CUDA calls)" in line
+
+
+def test_a_capture_that_ends_before_the_traffic_has_no_engine_step(tmp_path):
+    """The flush capture with every CUDA record after the start-up's last warm-up deleted (the
+    traffic not recorded; the session as it was): its two iterations after the graph capture are
+    vLLM's warm-up runs, not steps. No step, one line naming the start-up it holds, with the
+    graph captures SQL counts."""
+    path = _copy(_serve("flush"), tmp_path)
+    con = ro(path)
+    d = json.loads([x for x in (SERVE / "llama-3.1-8b_serve_flush.log").read_text(encoding="utf-8").splitlines()
+                    if x.startswith("capture_serve: {")][0][len("capture_serve: "):])
+    traffic = int((d["t0_unix"] + d["marks"]["traffic_start"]) * 1e9) - con.execute(
+        "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    con.close()
+    _sql(path, *[f"DELETE FROM {t} WHERE start > {traffic}" for t in TABLES + ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE",)])
+    con = ro(path)
+    captures = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                              WHERE s.value LIKE 'cudaStreamEndCapture%'""").fetchone()[0]
+    after = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                           WHERE s.value = '_prepare_pos_seq_lens_kernel' AND k.start > (
+                             SELECT max(r.end) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                             WHERE s.value LIKE 'cudaStreamEndCapture%')""").fetchone()[0]
+    assert captures > 0 and after == 2  # the warm-up runs after the capture
+    end, session = _records_end(con, _engine_pid(con)), _session(con)
+    r = run("analyze", path, "--no-cache")
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "no engine step found" in line
+    assert f"CUDA-graph capture: {captures:,} graphs" in line and "start-up only" in line
+    assert f"its CUDA records end {(session - end) / 1e9:.1f} s before the session" in line

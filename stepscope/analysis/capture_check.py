@@ -70,7 +70,7 @@ def record_defects(trace, api: pl.DataFrame, session_end_ns: int | None, vllm_pi
     truncated = _truncated(trace, api, session_end_ns, vllm_pids)
     rows += truncated
     lost = {r["pid"] for r in truncated}
-    rows += [_startup_only(trace, api, pid, pid in lost) for pid in sorted(without_steps)]
+    rows += [_startup_only(trace, api, pid, pid in lost, session_end_ns) for pid in sorted(without_steps)]
     if trace.kernels.is_empty() and trace.memops.is_empty():
         rows.append(_row("untraced", None, "no process of the trace did GPU work: the engine process was not "
                          "traced", REMEDY_UNTRACED))
@@ -139,7 +139,7 @@ def _truncated(trace, api: pl.DataFrame, session_end_ns: int | None, vllm_pids: 
     return out
 
 
-def _startup_only(trace, api: pl.DataFrame, pid: int, lost: bool) -> dict:
+def _startup_only(trace, api: pl.DataFrame, pid: int, lost: bool, session_end_ns: int | None = None) -> dict:
     """A vLLM engine process with no engine step: what its trace holds instead."""
     k = trace.kernels.filter(pl.col("pid") == pid)
     calls = api.filter(pl.col("pid") == pid)
@@ -167,6 +167,8 @@ def _startup_only(trace, api: pl.DataFrame, pid: int, lost: bool) -> dict:
     held = f" ({'; '.join(what)})" if what else ""
     tail = ("the traffic after it is missing (its records were cut short)" if lost else
             "no request reached the engine while nsys recorded, or vLLM's engine loop was not recognized")
+    if not lost and session_end_ns is not None and session_end_ns > end:
+        tail += f" (its CUDA records end {s1(session_end_ns - end)} before the session, at {s1(session_end_ns)})"
     return _row("startup_only", pid,
                 f"the engine (pid {pid}) ran no engine step in the trace: its {k.height:,} kernels from "
                 f"{s1(begin)} to {s1(end)} are its start-up only{held}; {tail}",

@@ -308,6 +308,11 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
             starts[i] = int(w_start[inside[np.argmax(pause)]])
         ends = [s - 1 for s in starts[1:]] + [OPEN_END]
         lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
+        if lead is None:
+            # every iteration is a warm-up run: after a graph capture, outside any capture range,
+            # that is the start-up's end with no engine step after it (the traffic not recorded);
+            # otherwise keep them all rather than call the run start-up
+            lead = len(starts) if cap.len() and not opened.len() else 0
         for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
             rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
     return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
@@ -324,12 +329,12 @@ DEVICE_SYNC = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 
 
 def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int], w_start: np.ndarray,
-                 w_end: np.ndarray) -> int:
+                 w_end: np.ndarray) -> int | None:
     """How many of the leading engine iterations are the start-up's warm-up runs (vLLM's dummy
     and sampler warm-up runs after graph capture): each one that compiles (a host pause of at
     least COMPILE_PAUSE_NS between its CUDA calls), synchronizes the whole device, or runs no
     forward (no graph replay and no kernel launched FORWARD_REPEATS times), up to the first that
-    does none of these."""
+    does none of these; None when every one does."""
     pid = calls["pid"][0] if calls.height else None
     for i, (lo, hi) in enumerate(zip(starts, ends)):
         inside = (w_start >= lo) & (w_start <= hi)
@@ -345,7 +350,7 @@ def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int],
         k = trace.kernels.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
         if k.height and int(k["demangled_id"].value_counts()["count"].max()) >= FORWARD_REPEATS:
             return i
-    return 0  # no iteration looks like a step: keep them all rather than call the run start-up
+    return None  # no iteration looks like a step: the caller decides
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
