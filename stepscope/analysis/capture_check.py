@@ -102,7 +102,9 @@ def _row(kind: str, pid: int | None, text: str, remedy: str, end=None, session=N
 
 def _records_end(trace, api: pl.DataFrame) -> pl.DataFrame:
     """pid, the end of its last CUDA record (API call, kernel or memop)."""
-    parts = [f.select(pl.col("pid").cast(pl.Int64), pl.col("end").cast(pl.Int64))
+    # per frame first: a million-row frame is reduced to one row per process, never copied
+    parts = [f.lazy().group_by("pid").agg(pl.col("end").max()).select(pl.col("pid").cast(pl.Int64),
+                                                                     pl.col("end").cast(pl.Int64)).collect()
              for f in (api, trace.kernels, trace.memops) if f.height]
     if not parts:
         return pl.DataFrame(schema={"pid": pl.Int64, "end": pl.Int64})
