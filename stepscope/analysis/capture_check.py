@@ -43,6 +43,7 @@ REMEDY_UNTRACED = ("trace the engine process: nsys profile follows the processes
 REMEDY_GRAPH = "capture with nsys profile --cuda-graph-trace=node"
 REMEDY_NVTX = ("capture with -t cuda,nvtx and vLLM's ranges: its profiler hooks (execute_context step ranges) "
                "or VLLM_NVTX_SCOPES_FOR_PROFILING=1 (scheduler ranges)")
+REMEDY_RANGES = "capture with -t cuda,nvtx and an NVTX range around each step (--step-regex names yours)"
 # the reader's warning that the graph_level defect stands for (ingest/nsys_sqlite.py)
 GRAPH_LEVEL_WARNING = "per-kernel inventory unavailable for "
 
@@ -193,7 +194,7 @@ def _no_nvtx(trace, steps: pl.DataFrame, vllm_pids: set[int]) -> dict | None:
         if steps.height else ""
     how = f": its steps were cut by {cut}" if cut else ""
     if trace.nvtx.is_empty():
-        return _row("no_nvtx", None, f"the trace has no NVTX range{how}", REMEDY_NVTX)
+        return _row("no_nvtx", None, f"the trace has no NVTX range{how}", REMEDY_NVTX if vllm_pids else REMEDY_RANGES)
     ranged = set(by_range["pid"].unique().to_list()) if by_range.height else set()
     bare = sorted(p for p in vllm_pids if p not in ranged)
     if not bare:
