@@ -17,6 +17,8 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.lazy_numpy import np
+from stepscope.analysis.startup import COMPILED  # Inductor's kernels
+from stepscope.analysis.steps import COMPILE_PAUSE_NS  # a host pause this long is compilation
 
 DEFECT_SCHEMA = {"kind": pl.String, "pid": pl.Int64, "text": pl.String, "remedy": pl.String,
                  "records_end_ns": pl.Int64, "session_end_ns": pl.Int64, "missing_ns": pl.Int64}
@@ -28,9 +30,6 @@ TRUNCATED_MIN_NS = 10_000_000_000
 TRUNCATED_SHARE = 0.1
 # NVTX records outliving the CUDA records by this much: the process ran on, its CUDA buffers lost
 NVTX_BEYOND_NS = 1_000_000_000
-# a host pause this long between two CUDA calls is compilation (steps.COMPILE_PAUSE_NS)
-COMPILE_PAUSE_NS = 500_000_000
-COMPILED = r"^triton_(poi|red|per|tem)_"  # Inductor's kernels (startup.COMPILED)
 
 REMEDY_RECORDS = ("capture the traffic with vLLM's profiler hooks (start the server with --profiler-config "
                   "'{\"profiler\": \"cuda\"}', POST /start_profile before the requests and /stop_profile after) "
