@@ -73,6 +73,8 @@ class Analysis:
         self.inventory = inventory
         self.trace = inventory.trace
         self.warnings = inventory.warnings
+        # the capture's own defects (analysis/capture_check.py): one row per defect, before any step
+        self.capture = inventory.capture
         if diagnosis is not None:
             self.__dict__["diagnosis"] = diagnosis
 
@@ -126,7 +128,10 @@ class Analysis:
     def _repr_html_(self) -> str:
         from stepscope.render.notebook import analysis_html
 
-        return analysis_html(Path(self.trace.path).name, self.table, self.warnings)
+        from stepscope.render.capture import defect_line, defect_rows, shown_warnings
+
+        return analysis_html(Path(self.trace.path).name, self.table, shown_warnings(self.inventory),
+                             [defect_line(r) for r in defect_rows(self.inventory)])
 
     def to_pandas(self):
         """Analysis.table as a pandas DataFrame."""

@@ -49,8 +49,12 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
     path = Path(trace or bundled_trace())
     progress.stage(f"reading {path.name}")
     # a one-shot analysis kept with the frames needs none of the event frames: read on a miss
-    t = read_trace(path, launch_config=launch_config, cache=None if cache else False,
-                   events=not (memory.one_shot and cache and not launch_config))
+    try:
+        t = read_trace(path, launch_config=launch_config, cache=None if cache else False,
+                       events=not (memory.one_shot and cache and not launch_config))
+    except InputError:
+        _untraced_engine(path)  # an export without GPU work: say which processes it traced
+        raise
     if t.cache_entry is not None:
         progress.notice(f"cached {path.name}'s frames in {t.cache_entry} (the next read of this export "
                         "skips SQLite; --no-cache reads without it)")
@@ -85,6 +89,17 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
     if key is not None and not _keep_analysis(t, inv, key):
         key = None
     return inv, key
+
+
+def _untraced_engine(path: Path) -> None:
+    """Raise the capture's defect for an nsys export that recorded no kernel at all (the engine
+    process not traced: analysis/capture_check.py); return when the file is anything else."""
+    from stepscope.analysis.capture_check import untraced_line
+    from stepscope.ingest.session import cuda_processes
+
+    procs = cuda_processes(path)
+    if procs is not None:
+        raise InputError(untraced_line(path, procs)) from None
 
 
 # The one-shot analysis of a cached export is a pure function of the export's frames, the

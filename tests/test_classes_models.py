@@ -24,12 +24,40 @@ KEY = ["start", "device", "stream"]
 _CACHE: dict[str, tuple] = {}
 
 
+# the capture stopped with SIGINT holds start-up only: stepscope finds no engine step in it and
+# refuses to analyze it (tests/test_capture_defects.py); its kernels are classed by name here
+NO_STEP = {"serve_sigint"}
+
+
 def analyzed(case: str):
     """(inventory, path of the unpacked export) of a fixture, once per test process."""
     if case not in _CACHE:
         path = gunzipped(FIXTURES / f"{ALL[case]}.sqlite.gz")
         _CACHE[case] = (open_trace(path).inventory, path)
     return _CACHE[case]
+
+
+def by_name(case: str) -> pl.DataFrame:
+    """Every kernel of the file in SQL with the class its names get from the rules alone."""
+    from stepscope.analysis.classify import classify_names, load_rules
+
+    sql = sql_kernels(gunzipped(FIXTURES / f"{ALL[case]}.sqlite.gz"))
+    names = sql.select(pl.col("short").alias("name"), pl.col("dem").alias("demangled")).unique()
+    return sql.join(classify_names(names, load_rules()), left_on=["short", "dem"],
+                    right_on=["name", "demangled"], how="left", nulls_equal=True)
+
+
+def test_the_sigint_capture_is_refused_and_its_kernels_classed_by_name():
+    from stepscope.errors import InputError
+
+    with pytest.raises(InputError, match="no engine step found"):
+        analyzed("serve_sigint")
+    k = by_name("serve_sigint")
+    assert k.height == sql_kernels(gunzipped(FIXTURES / f"{ALL['serve_sigint']}.sqlite.gz")).height
+    assert k.filter(pl.col("class") == "other")["dur"].sum() <= 0.01 * k["dur"].sum()
+    topk = k.filter(pl.col("short").is_in(["gatherTopK", "bitonicSortKVInPlace"]))
+    assert (topk["class"] == "sampling").all()
+    assert (k.filter(pl.col("dem").str.contains("ArgMaxOps"))["class"] == "sampling").all()
 
 
 def sql_kernels(path: Path) -> pl.DataFrame:
@@ -60,7 +88,7 @@ def joined(case: str, steps_only: bool = True) -> pl.DataFrame:
     return out
 
 
-@pytest.mark.parametrize("case", sorted(ALL))
+@pytest.mark.parametrize("case", sorted(set(ALL) - NO_STEP))
 def test_other_holds_at_most_one_percent(case):
     inv, path = analyzed(case)
     sql = sql_kernels(path)
@@ -145,7 +173,7 @@ def test_the_routers_top_k_is_routing_and_the_samplers_is_sampling():
     assert by.height and by["class_by"].str.contains("not after the LM head").all()
 
 
-@pytest.mark.parametrize("case", ["serve_flush", "serve_sigint"])
+@pytest.mark.parametrize("case", ["serve_flush"])
 def test_a_dense_models_top_k_stays_sampling(case):
     inv, path = analyzed(case)
     topk = classed(inv, False).join(sql_kernels(path), on=KEY).filter(
@@ -157,14 +185,14 @@ def test_a_dense_models_top_k_stays_sampling(case):
     assert (topk["class"] == "sampling").all()
 
 
-@pytest.mark.parametrize("case", sorted(ALL))
+@pytest.mark.parametrize("case", sorted(set(ALL) - NO_STEP))
 def test_the_final_argmax_is_sampling(case):
     j = joined(case)
     argmax = j.filter(pl.col("dem").str.contains("ArgMaxOps"))
     assert (argmax["class"] == "sampling").all()
     # one per step at most (the sampled token of each sequence), in the steps of traffic
     assert argmax.height == argmax["step"].n_unique()
-    assert argmax.height > 60 or case == "serve_sigint"
+    assert argmax.height > 60
 
 
 def test_inductors_fused_quantization_is_not_gemm():

@@ -339,3 +339,194 @@ def test_plain_capture_without_scopes_or_node_tracing(serving):
     # every kernel is in a step or in the start-up, but for what ran after the last step's launches
     total = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     assert row["kernels"] + s["n_kernels"].sum() == total
+
+
+# --- plain whole-run captures of MoE, FP8 and MLA models (fixtures/models/README.md) -----------
+
+MODELS = FIXTURES / "models"
+MODEL_RUNS = ("qwen3-30b-a3b_r32_graph_plain", "llama-3.1-8b-fp8_r32_graph_plain", "deepseek-v2-lite_r32_graph_plain")
+
+
+@pytest.mark.parametrize("name", MODEL_RUNS)
+def test_models_without_any_range_find_the_scheduler_iterations(name, tmp_path):
+    """MoE (Qwen3-30B-A3B, vLLM's V1 model runner), FP8 and MLA+MoE (DeepSeek-V2-Lite, V2 runner)
+    plain captures, node-level graph rows: each is its own twin. With vLLM's scheduler ranges the
+    steps are the iterations that launched work, each with the kernels SQL finds after its
+    scheduling; with every NVTX row deleted the engine loop alone finds the same steps, kernel
+    for kernel, and the start-up ends where the first one begins."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / f"{name}.sqlite.gz"))
+    con = ro(src)
+    calls = con.execute(f"SELECT count(*) FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'").fetchone()[0]
+    assert calls == 67  # the README's 67 scheduler calls
+    expected = _iterations_sql(src)
+    assert 0.95 * calls <= len(expected) <= calls  # a scheduler call or two with nothing to launch
+    with_ranges = open_trace(src, cache=False).table
+    assert (with_ranges["delimiter"] == "schedule").all()
+    assert with_ranges["n_kernels"].to_list() == expected
+    path = _copy(src, tmp_path)
+    assert _delete(path, "DELETE FROM NVTX_EVENTS") > 0
+    a = open_trace(path, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert abs(s.height - with_ranges.height) <= 0.02 * with_ranges.height
+    assert s["n_kernels"].to_list() == expected
+    # every kernel launched before the first iteration's scheduling is start-up, in no step
+    (row,) = a.inventory.startup.to_dicts()
+    first = _first_schedule(src)
+    assert row["kernels"] == _kernels_launched(con, 0, first)
+    assert first < row["end_ns"] < first + 200_000_000
+    assert row["graph_captures"] == _calls_before(src, "cudaStreamEndCapture%", first) > 0
+
+
+def _graph_level(path) -> int:
+    """What nsys's default --cuda-graph-trace=graph writes, made from node-level rows: every CUDA
+    graph replay one CUPTI_ACTIVITY_KIND_GRAPH_TRACE row (its nodes' first start to last end)
+    and its kernels' rows gone. Returns the replays."""
+    con = sqlite3.connect(path)
+    con.execute("""CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start INTEGER NOT NULL, end INTEGER NOT NULL,
+                   deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER,
+                   streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, graphId INTEGER NOT NULL,
+                   graphExecId INTEGER NOT NULL)""")
+    n = con.execute("""INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE SELECT min(start), max(end), deviceId, contextId,
+                       0, streamId, correlationId, globalPid, 0, 0 FROM CUPTI_ACTIVITY_KIND_KERNEL
+                       WHERE graphNodeId IS NOT NULL GROUP BY globalPid, correlationId""").rowcount
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE graphNodeId IS NOT NULL")
+    con.commit()
+    con.close()
+    return n
+
+
+@pytest.mark.parametrize("name", MODEL_RUNS)
+def test_models_with_graph_level_rows_without_any_range(name, tmp_path):
+    """The same runs as nsys's default graph-level rows would have recorded them (each replay one
+    row, its kernels none): with the scheduler ranges and without any range, the same steps, each
+    with the kernels SQL finds after its scheduling in that copy."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / f"{name}.sqlite.gz"))
+    graph = _copy(src, tmp_path, "graph.sqlite")
+    assert _graph_level(graph) > 0
+    expected = _iterations_counted(graph)
+    with_ranges = open_trace(graph, cache=False).table
+    assert (with_ranges["delimiter"] == "schedule").all()
+    assert with_ranges["n_kernels"].to_list() == expected
+    bare = _copy(graph, tmp_path, "bare.sqlite")
+    _delete(bare, "DELETE FROM NVTX_EVENTS")
+    s = open_trace(bare, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    assert s["n_graph_launches"].to_list() == with_ranges["n_graph_launches"].to_list()
+    assert s["n_graph_launches"].sum() > 0
+
+
+SERVE = FIXTURES / "vllm_serve"
+
+
+def test_serve_hooks_without_nvtx_finds_its_execute_context_steps(tmp_path):
+    """The `vllm serve` capture with the profiler hooks (node-level rows, a capture range): its
+    227 execute_context ranges, 225 with GPU work. With its NVTX deleted the engine loop finds
+    the 225 steps, each with the kernels SQL finds from its range's start to the next one's."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_hooks.sqlite.gz"))
+    con = ro(src)
+    starts = [s for (s,) in con.execute(f"SELECT e.start FROM {NVTX} WHERE {NAME} LIKE 'execute_context%' "
+                                        "ORDER BY e.start")]
+    assert len(starts) == 227
+    counts = [_kernels_launched(con, lo, hi) for lo, hi in zip(starts, starts[1:] + [1 << 62])]
+    expected = [n for n in counts if n]
+    assert len(expected) == 225
+    path = _copy(src, tmp_path)
+    _delete(path, "DELETE FROM NVTX_EVENTS")
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    assert s["n_kernels"].sum() == con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+
+
+def _driver_marks(log) -> dict:
+    """The serve driver's summary line (fixtures/capture_serve.py) in the capture's .log."""
+    import json
+
+    (line,) = [x for x in log.read_text(encoding="utf-8").splitlines() if x.startswith("capture_serve: {")]
+    return json.loads(line[len("capture_serve: "):])
+
+
+def test_serve_flush_graph_level_rows_steps_are_the_traffic_iterations():
+    """The plain `vllm serve` capture with --cuda-flush-interval=1000: graph-level CUDA-graph rows
+    and no range at all. Its engine steps are the iterations of the traffic: one per input
+    preparation (`_prepare_pos_seq_lens_kernel`, once per iteration of vLLM's V2 model runner)
+    launched after the driver began sending requests, on the session's clock (the driver's own
+    marks in the .log, UTC, against TARGET_INFO_SESSION_START_TIME): none of the start-up's
+    iterations, and every CUDA-graph replay of the traffic in a step."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_flush.sqlite.gz"))
+    con = ro(src)
+    d = _driver_marks(SERVE / "llama-3.1-8b_serve_flush.log")
+    epoch = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    traffic = int((d["t0_unix"] + d["marks"]["traffic_start"]) * 1e9) - epoch
+    expected = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+                              WHERE s.value = '_prepare_pos_seq_lens_kernel' AND k.start > ?""", (traffic,)).fetchone()[0]
+    replays = con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+                             WHERE s.value LIKE 'cudaGraphLaunch%' AND r.start > ?""", (traffic,)).fetchone()[0]
+    assert expected > 100 and replays > 0
+    a = open_trace(src, cache=False)
+    s = a.table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == expected
+    assert s["w_start"].min() > traffic
+    assert s["n_graph_launches"].sum() == replays
+
+
+def test_an_idle_server_between_two_bursts_is_between_steps(tmp_path):
+    """The flush capture with 30 s of idleness put between two of its traffic's iterations (every
+    CUDA call from the first one after an iteration's last device-to-host copy on, and the GPU
+    work they launched, moved 30 s later, in SQL): the same steps with the same kernels, and the
+    idle time in none of them (no step of 30 s: the step before it ends with its last call)."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(SERVE / "llama-3.1-8b_serve_flush.sqlite.gz"))
+    con = ro(src)
+    d = _driver_marks(SERVE / "llama-3.1-8b_serve_flush.log")
+    traffic = int((d["t0_unix"] + d["marks"]["traffic_start"]) * 1e9) - con.execute(
+        "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    preps = [s for (s,) in con.execute("""SELECT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s
+                                          ON s.id = k.shortName JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                                          ON r.correlationId = k.correlationId
+                                          WHERE s.value = '_prepare_pos_seq_lens_kernel' AND k.start > ?
+                                          ORDER BY r.start""", (traffic,))]
+    # the iteration's output side: its sampled tokens' copy to the host and the state update after it
+    copy_out = con.execute("""SELECT max(r.end) FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.start < ? AND (
+                                  r.correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY
+                                                      WHERE copyKind = 2)
+                                  OR r.correlationId IN (SELECT k.correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                                                         JOIN StringIds s ON s.id = k.shortName
+                                                         WHERE s.value IN ('_post_update_kernel',
+                                                                           '_get_num_sampled_and_rejected_kernel')))""",
+                           (preps[50],)).fetchone()[0]
+    cut = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start > ?", (copy_out,)).fetchone()[0]
+    assert preps[49] < cut <= preps[50]
+    idle = 30_000_000_000
+    path = _copy(src, tmp_path)
+    c = sqlite3.connect(path)
+    # GPU work by its launching call (work launched before the cut ran before it, as it would)
+    launched = f"SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start >= {cut}"
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+              "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
+        c.execute(f"UPDATE {t} SET start = start + {idle}, end = end + {idle} WHERE correlationId IN ({launched})")
+    for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+        c.execute(f"UPDATE {t} SET start = start + {idle}, end = end + {idle} WHERE start >= {cut}")
+    c.execute(f"UPDATE ANALYSIS_DETAILS SET duration = duration + {idle}")
+    c.commit()
+    c.close()
+    before = open_trace(src, cache=False).table
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s.height == before.height == len(preps)
+    assert s["n_kernels"].to_list() == before["n_kernels"].to_list()
+    assert s["step_time_ns"].max() < 1e9
+    (i,) = [j for j in range(s.height - 1) if s["step_begin"][j + 1] - s["step_end"][j] > idle - 100_000_000]
+    assert s["w_end"][i] < cut and s["step_begin"][i + 1] >= cut + idle  # the host side: its calls end before

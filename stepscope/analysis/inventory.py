@@ -21,8 +21,10 @@ from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
-from stepscope.analysis.steps import (activities, api_flags, find_windows, segment, split_capture_windows,
-                                      step_shape, window_of)
+from stepscope.analysis.steps import (NoStep, activities, api_flags, engine_pids_without_steps, find_windows,
+                                      segment, split_capture_windows, step_shape, vllm_engine_pids, window_of)
+from stepscope.analysis import capture_check
+from stepscope.errors import InputError
 from stepscope.classes import ATTENTION_OF_PHASE
 from stepscope.launch_config import DIMS, LaunchConfigReader
 from stepscope.model import Trace
@@ -63,6 +65,8 @@ class Inventory:
     launch_config: LaunchConfigReader | None = None
     # what a serving process ran before its first engine step (analysis/startup.py): one row per process
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
+    # the capture's own defects (analysis/capture_check.py): one row per defect, shown before any step
+    capture: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=capture_check.DEFECT_SCHEMA))
     # the key under which this one-shot analysis is kept beside its export's cached frames
     # (library.load), None when it is not: its diagnosis is kept under the same key
     kept: str | None = field(default=None, repr=False, compare=False)
@@ -177,7 +181,7 @@ class Inventory:
 
 
 FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
-                "framework", "framework_ops", "graph_steps", "startup")
+                "framework", "framework_ops", "graph_steps", "startup", "capture")
 LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored may read only when asked for
 
 
@@ -227,6 +231,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     api_strings = trace.strings.filter(pl.col("id").is_in(api_ids.implode()))
     api = api_flags(trace.api, dict(zip(api_strings["id"].to_list(), api_strings["value"].to_list())))
     windows = find_windows(trace, api, step_regex)
+    vllm, without_steps = vllm_engine_pids(trace), engine_pids_without_steps(trace, windows)
+    # what the capture lacks, read from the event frames before they may go (memory policy)
+    recorded = capture_check.record_defects(trace, api, _session_end(trace, api), vllm, without_steps)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
     split = split_capture_windows(windows, acts, api)
@@ -238,7 +245,15 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         acts = acts.with_columns(window_of(acts.select(
             pl.col("pid"), pl.col("tid").fill_null(-1), pl.col("launch_start").fill_null(-1).alias("start")), windows))
     memory.activities_built(trace)
-    seg = segment(trace, acts, windows, api.select("pid", "start", "is_sync").filter(pl.col("is_sync")))
+    try:
+        seg = segment(trace, acts, windows, api.select("pid", "start", "is_sync").filter(pl.col("is_sync")),
+                      without_steps)
+    except NoStep:
+        if not without_steps:
+            raise
+        # a vLLM engine whose trace holds no engine step: say what it holds and why, not "no step"
+        raise InputError(capture_check.no_step_line(trace.path, capture_check.defect_frame(recorded))) from None
+    defects = capture_check.defect_frame(recorded + capture_check.step_defects(trace, seg.steps, vllm))
     # the segmentation hands its frame over: when the sort below has to copy it (a TP trace's
     # steps interleave across devices), the unsorted frame must not stay alive beside the copy
     acts, seg.acts = seg.acts, None
@@ -274,8 +289,6 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         from stepscope.options import STRICT
 
         if STRICT.get():
-            from stepscope.errors import InputError
-
             raise InputError(f"--step-regex {step_regex!r} matched no NVTX range with GPU work (--strict): check "
                              "the pattern against the trace's range names, or leave --strict out")
         warnings.append(msg)
@@ -295,9 +308,21 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "they count only in steps delimited by the kernel sequence"
         )
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                    class_by, families, ops, graph_steps, launch_config, started)
+                    class_by, families, ops, graph_steps, launch_config, started, defects)
     memory.inventory_built(inv)
     return inv
+
+
+def _session_end(trace: Trace, api: pl.DataFrame) -> int | None:
+    """Where the trace's session ends on its events' clock (ingest/session.py); None when the
+    export does not say (not an nsys SQLite export, no ANALYSIS_DETAILS)."""
+    if not str(trace.format).startswith("nsys"):
+        return None
+    from stepscope.ingest.session import session_span
+
+    last = api["end"].max() if api.height else None
+    span = session_span(trace.path, last)
+    return None if span is None else span.end_ns
 
 
 def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list[str]:

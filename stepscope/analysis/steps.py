@@ -222,7 +222,7 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
 # a few Triton kernels of its own before the forward, and ends by copying the sampled tokens to
 # the host and updating its state after them
 VLLM_INPUT_PREP = ours(r"^_(prepare_pos_seq_lens|prepare_prefill_inputs|prepare_inputs|"
-                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings)_kernel$")
+                       r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings?)_kernel$")
 VLLM_OUTPUT = ours(r"^_(post_update|get_num_sampled_and_rejected)_kernel$")
 
 
@@ -294,7 +294,13 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
         cand = w_start[np.minimum(nxt, w_start.size - 1)]
         begin = np.where((nxt < w_start.size) & (cand <= t), cand, t)
         starts = begin.tolist()
-        for i in np.flatnonzero(~has_out[1:]) + 1:
+        lonely = np.flatnonzero(~has_out[1:]) + 1
+        if not has_out[0] and cap.len() and not opened.len():
+            # no output between the last graph capture and the first preparation (no sampler
+            # warm-up after the capture): the first step, too, begins after the longest host
+            # pause since the capture (a JIT compilation, a KV-cache set-up), not at the capture
+            lonely = np.concatenate(([0], lonely))
+        for i in lonely:
             # no output between two preparations: before the longest host pause between them
             inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
             pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else prev[i]],
@@ -302,6 +308,11 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
             starts[i] = int(w_start[inside[np.argmax(pause)]])
         ends = [s - 1 for s in starts[1:]] + [OPEN_END]
         lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
+        if lead is None:
+            # every iteration is a warm-up run: after a graph capture, outside any capture range,
+            # that is the start-up's end with no engine step after it (the traffic not recorded);
+            # otherwise keep them all rather than call the run start-up
+            lead = len(starts) if cap.len() and not opened.len() else 0
         for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
             rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
     return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
@@ -318,12 +329,12 @@ DEVICE_SYNC = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 
 
 def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int], w_start: np.ndarray,
-                 w_end: np.ndarray) -> int:
+                 w_end: np.ndarray) -> int | None:
     """How many of the leading engine iterations are the start-up's warm-up runs (vLLM's dummy
     and sampler warm-up runs after graph capture): each one that compiles (a host pause of at
     least COMPILE_PAUSE_NS between its CUDA calls), synchronizes the whole device, or runs no
     forward (no graph replay and no kernel launched FORWARD_REPEATS times), up to the first that
-    does none of these."""
+    does none of these; None when every one does."""
     pid = calls["pid"][0] if calls.height else None
     for i, (lo, hi) in enumerate(zip(starts, ends)):
         inside = (w_start >= lo) & (w_start <= hi)
@@ -339,7 +350,7 @@ def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int],
         k = trace.kernels.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
         if k.height and int(k["demangled_id"].value_counts()["count"].max()) >= FORWARD_REPEATS:
             return i
-    return 0  # no iteration looks like a step: keep them all rather than call the run start-up
+    return None  # no iteration looks like a step: the caller decides
 
 
 def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
@@ -685,11 +696,42 @@ def _periodic_steps(acts: pl.DataFrame, sync: pl.DataFrame | None = None) -> tup
     return steps, assign
 
 
+# vLLM names the threads of its engine processes (`VLLM::EngineCore`, `VLLM::Worker_TP0`, ...);
+# nsys keeps 15 characters of a thread's name
+VLLM_THREAD_PREFIX = "VLLM::"
+
+
+def vllm_engine_pids(trace) -> set[int]:
+    """The processes with GPU work that are vLLM engine processes (a thread named VLLM::…).
+    nsys lists the threads of every process it saw on the host, other sessions' included: only
+    those with kernels or memops of this trace count."""
+    threads = trace.threads
+    if threads.is_empty():
+        return set()
+    named = set(threads.filter(pl.col("name").str.starts_with(VLLM_THREAD_PREFIX))["pid"].unique().to_list())
+    if not named:
+        return set()
+    gpu = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
+    return named & gpu
+
+
+def engine_pids_without_steps(trace, windows: pl.DataFrame) -> set[int]:
+    """The vLLM engine processes none of whose work is an engine step: no step range, no
+    scheduler range, no capture range and no iteration of the engine loop after the start-up
+    (a trace that holds the engine's start-up only). They get no step: neither the repeat
+    period of their start-up's kernels (thousands of two-kernel "steps") nor the whole process
+    as one step is an engine step (analysis/capture_check.py says why there is none)."""
+    return vllm_engine_pids(trace) - set(windows["pid"].unique().to_list())
+
+
 def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
     """The host windows of the steps of every process that has delimiters (nvtx, then capture,
-    then graph, the first kind found per process), indexed by `window` in start order."""
+    then graph, the first kind found per process), indexed by `window` in start order. A vLLM
+    engine process is delimited by vLLM's ranges, a capture range or its engine loop only: a
+    graph replay of vLLM is a piece of a step (piecewise graphs) or one of its start-up's runs."""
     step_regex = step_regex or None  # "" means the default, as before
     pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
+    vllm = vllm_engine_pids(trace)
     windows = []
     covered: set[int] = set()
     for make in (
@@ -697,7 +739,7 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
         lambda: _windows_schedule(trace.nvtx, api),
         lambda: _windows_engine(trace, api, pids_all - covered),
         lambda: _windows_capture(api),
-        lambda: _windows_graph(api),
+        lambda: _windows_graph(api).filter(~pl.col("pid").is_in(list(vllm))),
     ):
         w = make()
         w = w.filter(~pl.col("pid").is_in(list(covered)) & pl.col("pid").is_in(list(pids_all)))
@@ -709,7 +751,49 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.
     windows = pl.concat(windows, how="vertical_relaxed") if windows else _no_windows()
     if windows.height and (windows["w_end"] == OPEN_END).any():
         windows = _close_open_windows(trace, api, windows)
+    windows = _trim_idle_tails(api, windows)
     return windows.sort("w_start").with_row_index("window")
+
+
+# the delimiters whose window runs to the next iteration's start rather than to a range's end
+TO_THE_NEXT = ("engine", "schedule")
+
+
+def _trim_idle_tails(api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """An engine or scheduler window runs to the next iteration's start. When the engine sat idle
+    before that (a pause of COMPILE_PAUSE_NS or more between two CUDA calls of its process, after
+    which the window holds no launch or copy: a server with no request to serve), the step ends
+    with the end of its last call before the pause, and the pause (with the few queries after it)
+    lies between steps, in none. A pause with launches after it is the step's own (a compilation)."""
+    if windows.is_empty() or not windows["delimiter"].is_in(TO_THE_NEXT).any() or api.is_empty():
+        return windows
+    ends = windows["w_end"].to_numpy().copy()
+    begins = windows["w_start"].to_numpy()
+    changed = False
+    pids = windows["pid"].cast(pl.Int64).to_numpy()
+    delim = windows["delimiter"].is_in(TO_THE_NEXT).to_numpy()
+    for pid in np.unique(pids[delim]).tolist():
+        mine = api.filter(pl.col("pid") == pid).sort("start")
+        if mine.height == 0:
+            continue
+        st, en = mine["start"].to_numpy(), mine["end"].to_numpy()
+        work = (mine["is_launch"] | mine["is_copy"]).to_numpy()
+        for i in np.flatnonzero(delim & (pids == pid)).tolist():
+            lo, hi = np.searchsorted(st, begins[i], "left"), np.searchsorted(st, ends[i], "right")
+            if hi - lo < 1:
+                continue
+            s_, e_ = st[lo:hi], np.maximum.accumulate(en[lo:hi])
+            # the pause before each call, and the one after the last call to the window's end
+            pause = np.concatenate(([0], s_[1:] - e_[:-1], [ends[i] - e_[-1]]))
+            w = work[lo:hi]
+            last_work = int(np.flatnonzero(w)[-1]) if w.any() else -1
+            tail = np.flatnonzero(pause[last_work + 1:] >= COMPILE_PAUSE_NS) + last_work + 1
+            if tail.size and tail[0] > 0:
+                ends[i] = int(e_[tail[0] - 1])  # the end of the last call before the first idle pause
+                changed = True
+    if not changed:
+        return windows
+    return windows.with_columns(pl.Series("w_end", ends, dtype=windows.schema["w_end"]))
 
 
 def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
@@ -724,13 +808,19 @@ def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.D
     ).drop("_last")
 
 
-def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame | None = None) -> Segmentation:
+class NoStep(InputError):
+    """No step in the whole trace (the CLI's one line, exit 2)."""
+
+
+def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame | None = None,
+            without_steps: set[int] | frozenset = frozenset()) -> Segmentation:
     """Steps and each activity's step. `acts` carry the window their launching call started in
     (activities() over an api with window_of()); processes without windows are split by period
     (into whole steps at the host synchronizations `sync` (pid, start) when the period is a
-    layer's)."""
+    layer's), but for those in `without_steps` (engine_pids_without_steps), whose activities
+    are in no step."""
     warnings: list[str] = []
-    covered = set(windows["pid"].unique().to_list())
+    covered = set(windows["pid"].unique().to_list()) | set(without_steps)
     step_rows: list[tuple] = []
     assigned = []
     window_steps = None
@@ -777,7 +867,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
                 "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"
             )
     if step_rows_frame.is_empty():
-        raise InputError(
+        raise NoStep(
             f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
             "check --step-regex or capture with an NVTX range per step"
         )

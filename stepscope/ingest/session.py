@@ -50,3 +50,75 @@ def _one(con: sqlite3.Connection, sql: str):
     except sqlite3.Error:  # the table is absent (an old or trimmed export)
         return None
     return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class SessionSpan:
+    """How long an nsys session recorded (ANALYSIS_DETAILS), on the export's event clock."""
+
+    duration_ns: int          # ANALYSIS_DETAILS.duration: the session's length
+    end_ns: int               # where the session ends on the clock of the export's events
+
+
+def session_span(path: str | Path, last_event_ns: int | None = None) -> SessionSpan | None:
+    """The session's length and end of an nsys SQLite export (read-only); None for any other
+    file, or an export without ANALYSIS_DETAILS. nsys 2025's exports time their events from the
+    collection's start, so the session ends at `duration`; an export whose events lie past that
+    (events timed from the session's start, as some exports are) ends at stopTime instead:
+    `last_event_ns`, the latest event, tells which."""
+    from stepscope.ingest.nsys_sqlite import connect_readonly, is_sqlite
+
+    path = Path(path)
+    try:
+        if not path.is_file() or not is_sqlite(path):
+            return None
+        con = connect_readonly(path)
+    except (OSError, sqlite3.Error):
+        return None
+    try:
+        row = con.execute("SELECT duration, stopTime FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
+    except (sqlite3.Error, UnicodeError, ValueError):  # the table or a column absent, a damaged schema
+        row = None
+    finally:
+        con.close()
+    if not row or not isinstance(row[0], int) or row[0] <= 0:
+        return None
+    duration, stop = row
+    end = duration
+    if last_event_ns is not None and last_event_ns > duration and isinstance(stop, int) and stop >= last_event_ns:
+        end = stop
+    return SessionSpan(duration, end)
+
+
+def cuda_processes(path: str | Path) -> list[tuple[int, str | None, int]] | None:
+    """For an nsys SQLite export that recorded no kernel (its kernel table absent or empty, and
+    no CUDA-graph replay either): the processes that made CUDA calls, (pid, name, calls), most
+    calls first. None for any other file (one with kernels included)."""
+    from stepscope.ingest.nsys_sqlite import connect_readonly, is_sqlite
+
+    path = Path(path)
+    try:
+        # a FIFO, socket or device is never opened (a read of one blocks): the reader refused it
+        if not path.is_file() or not is_sqlite(path):
+            return None
+        con = connect_readonly(path)
+    except (OSError, sqlite3.Error):
+        return None
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
+            if t in tables and con.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone():
+                return None
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
+            return []
+        rows = con.execute("SELECT globalTid / 16777216 % 16777216 AS pid, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                           "GROUP BY pid ORDER BY count(*) DESC, pid").fetchall()
+        names = {}
+        if "PROCESSES" in tables:
+            names = dict(con.execute("SELECT pid, name FROM PROCESSES").fetchall())
+    except (sqlite3.Error, UnicodeError, ValueError):  # a damaged export: the reader's own line stands
+        return None
+    finally:
+        con.close()
+    return [(int(p), names.get(p) if isinstance(names.get(p), str) else None, int(n)) for p, n in rows
+            if isinstance(p, int)]

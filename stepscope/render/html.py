@@ -34,7 +34,7 @@ FONT = "font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif"
 CSS = """
 body{%s;margin:24px;color:#222;max-width:1400px}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.sub{color:#666;font-size:13px} .note{color:#8a6d00;font-size:13px}
+.sub{color:#666;font-size:13px} .note{color:#8a6d00;font-size:13px} .defect{color:#a40000}
 table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left} th{background:#f6f6f6}
 .verdict{display:inline-block;padding:4px 10px;border-radius:4px;font-weight:600;margin:4px 12px 4px 0}
@@ -633,6 +633,13 @@ def _budget(budget: tuple | None, note: str | None) -> str:
 # ---------------------------------------------------------------- page
 
 
+def capture_html(views) -> str:
+    """The capture's own defects (StepView.capture), before the verdict: each figure below is only
+    as complete as the capture."""
+    lines = list(dict.fromkeys(line for v in views for line in v.capture))
+    return "".join(f'<div class="note defect"><b>capture:</b> {escape(line)}</div>' for line in lines)
+
+
 def verdict_block(blocks) -> str:
     """The verdict block (ReportView.verdict_block: render/headline.py's rows), at the top of the page."""
     rows = "".join(f'<p><b>{escape(label if whose is None else f"{whose}: {label}")}:</b> {escape(text)}</p>'
@@ -655,6 +662,7 @@ def render_html(view: StepView, other: StepView | None = None, budget: tuple | N
                   + "".join(f"<br>{escape(_panel_name(v, i, len(views)))}: {escape(line)}"
                             for line in [phase_line(v.figures)] + class_by_lines(v.kernels) if line)
                   for i, v in enumerate(views)) + "</div>",
+        capture_html(views),
         verdict_block(blocks),
         "".join(f'<div class="note">note: {escape(n)}</div>' for n in notes),
         *(["<h2 id=\"run\">The run</h2>", run_html(run, list(run_steps), view.tracer)] if run is not None else []),

@@ -149,7 +149,11 @@ def analyze_json_bytes(inv: Inventory, which=None, diag=None, run=_NO_RUN, texts
 def _document(inv: Inventory, which, diag, run, texts: pl.DataFrame | None = None) -> tuple[bytes, int]:
     """The compact document as UTF-8 and how many steps it holds."""
     ids = list(which) if isinstance(which, list) else parse_steps(which, inv.steps)
-    head = {"trace": trace_dict(inv), "gpus": gpus_list(inv), "warnings": inv.warnings}
+    head = {"trace": trace_dict(inv), "gpus": gpus_list(inv)}
+    if getattr(inv, "capture", None) is not None and inv.capture.height:
+        # the capture's own defects (analysis/capture_check.py), only when there are: before the warnings
+        head["capture"] = inv.capture.to_dicts()
+    head["warnings"] = inv.warnings
     if inv.startup.height:
         # a serving run's start-up, left out of its steps (analysis/startup.py)
         head["startup"] = inv.startup.to_dicts()

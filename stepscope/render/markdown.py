@@ -27,6 +27,12 @@ def _tag(i: int, n: int) -> str:
     return ("A" if i == 0 else "B") if n > 1 else "this step"
 
 
+def capture_lines(views) -> list[str]:
+    """The capture's own defects (StepView.capture) as Markdown lines, before the verdict."""
+    lines = list(dict.fromkeys(line for v in views for line in v.capture))
+    return [f"- **capture**: {md_text(line)}" for line in lines] + ([""] if lines else [])
+
+
 def verdict_block(blocks) -> list[str]:
     """The verdict block (ReportView.verdict_block: render/headline.py's rows) as Markdown lines."""
     out = []
@@ -44,6 +50,7 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
     # every string from a trace (names of files, GPUs, steps, kernels, APIs, ops) goes through
     # md_text or md_code: a report rendered with raw HTML allowed must not run what a name holds
     out = [f"## stepscope: {md_text(view.label)}" + (f" vs {md_text(other.label)}" if other else ""), ""]
+    out += capture_lines(views)
     out += verdict_block(blocks)
     if run is not None:
         from stepscope.render.run import run_markdown

@@ -42,14 +42,16 @@ COLUMNS = (("step", "index", str), ("phase", "phase", lambda v: v or "–"), ("s
            ("untraced", "untraced_step_time_ns", ms))
 
 
-def analysis_html(name: str, table: pl.DataFrame, warnings: list[str]) -> str:
+def analysis_html(name: str, table: pl.DataFrame, warnings: list[str], defects: list[str] = ()) -> str:
     head = "".join(f"<th>{escape(label)}</th>" for label, _, _ in COLUMNS)
     rows = "".join("<tr>" + "".join(f"<td>{escape(fmt(r.get(col)))}</td>" for _, col, fmt in COLUMNS) + "</tr>"
                    for r in table.head(SHOWN_STEPS).iter_rows(named=True))
     more = (f"<p>… and {table.height - SHOWN_STEPS} more steps (Analysis.table has them all)</p>"
             if table.height > SHOWN_STEPS else "")
     warn = "".join(f"<p>warning: {escape(w)}</p>" for w in warnings)
-    return (f"<div><b>stepscope</b> · {escape(name)} · {plural(table.height, 'step')}"
+    # the capture's own defects come before the steps read from it
+    capture = "".join(f"<p><b>capture:</b> {escape(d)}</p>" for d in defects)
+    return (f"<div><b>stepscope</b> · {escape(name)} · {plural(table.height, 'step')}{capture}"
             f"<table><tr>{head}</tr>{rows}</table>{more}{warn}</div>")
 
 

@@ -13,6 +13,7 @@ from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.representative import representative
 from stepscope.errors import InputError
 from stepscope.paths import shown
+from stepscope.render.capture import defect_line, defect_rows, shown_warnings
 from stepscope.render.names import cut
 from stepscope.render.sentences import tp_sentence
 from stepscope.render.views import _plain, step_diagnosis
@@ -151,7 +152,8 @@ class StepView:
     nsys_version: str | None = None
     gpu_name: str | None = None    # the trace's first GPU, when it names one
     n_steps: int = 0               # steps in the trace
-    warnings: tuple = ()           # the inventory's warnings (str)
+    warnings: tuple = ()           # the inventory's warnings (str), but those a capture defect stands for
+    capture: tuple = ()            # the capture's own defects (analysis/capture_check.py): one sentence each
     profiler_overhead_count: int = 0  # nsys's own overhead rows in the trace, and their time
     profiler_overhead_ns: int = 0
     framework: tuple = ()          # the step's framework class by op family: {family, count, time_ns}
@@ -368,7 +370,8 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
         acts=tuple(acts.to_dicts()), launches=launches, gaps=tuple(g.to_dicts()), floors=f,
         trace_name=shown(trace.path.name), trace_format=trace.format, nsys_version=trace.nsys_version,
         gpu_name=trace.gpus["name"][0] if trace.gpus.height else None,
-        n_steps=len(inv.step_ids()), warnings=tuple(inv.warnings),
+        n_steps=len(inv.step_ids()), warnings=tuple(shown_warnings(inv)),
+        capture=tuple(defect_line(r) for r in defect_rows(inv)),
         profiler_overhead_count=trace.profiler_overhead_count, profiler_overhead_ns=trace.profiler_overhead_ns,
         framework=tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts()),
         framework_ops=ops, framework_advice=framework_lines(inv, step)[-1] if ops else "",

@@ -70,7 +70,11 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
                   f" · {plural(int(inv.acts['is_kernel'].sum()), 'kernel')} · {plural(n, 'step')}")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
-    for w in inv.warnings:
+    from stepscope.render.capture import defect_line, defect_rows, shown_warnings
+
+    for row in defect_rows(inv):  # the capture's own defects come before anything read from it
+        console.print(f"[bold red]capture:[/] {term(defect_line(row), 2000)}")
+    for w in shown_warnings(inv):
         console.print(f"[yellow]warning:[/] {term(w, 2000)}")
     for row in inv.startup.iter_rows(named=True):
         console.print(term(startup_line(row), 2000))

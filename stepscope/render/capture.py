@@ -1,0 +1,24 @@
+"""The capture's own defects in words (analysis/capture_check.py), for every renderer: shown
+before any step, since every figure after them is only as complete as the capture."""
+
+from __future__ import annotations
+
+
+def defect_line(row: dict) -> str:
+    """One defect (a DEFECT_SCHEMA row) as one sentence with what to do."""
+    return f"{row['text']}; to fix: {row['remedy']}"
+
+
+def defect_rows(inv) -> list[dict]:
+    """The inventory's defects as rows (none for an inventory without the field)."""
+    frame = getattr(inv, "capture", None)
+    return [] if frame is None or frame.is_empty() else frame.to_dicts()
+
+
+def shown_warnings(inv) -> list[str]:
+    """The inventory's warnings but those a defect stands for (shown once, as the defect)."""
+    from stepscope.analysis.capture_check import replaced_warnings
+
+    frame = getattr(inv, "capture", None)
+    gone = replaced_warnings(frame, inv.warnings) if frame is not None else set()
+    return [w for w in inv.warnings if w not in gone]
