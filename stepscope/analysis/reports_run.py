@@ -24,7 +24,7 @@ from stepscope.analysis.collectives import (
     Collectives, declared_tp, group_verdicts, match_collectives, step_collectives, work_of,
 )
 from stepscope.analysis.verdict import verdict_expr
-from stepscope.analysis.whatif import active, engine_of_names, predicted_expr
+from stepscope.analysis.whatif import chosen, engine_of_names, predicted_expr
 
 KEYS = ["report", "pid", "device"]
 
@@ -55,8 +55,9 @@ def _clock_offsets(results) -> tuple[list[int], list[str]]:
     return [0 if s is None else s - origin for s in starts], warnings
 
 
-def combine(results: list) -> RunView:
-    """The run view of several reports' results (see the module doc)."""
+def combine(results: list, calibration=None) -> RunView:
+    """The run view of several reports' results (see the module doc); `calibration`: the
+    what-if's (whatif.chosen: None is the default one)."""
     offsets, warnings = _clock_offsets(results)
     n = len(results)
     idx = pl.DataFrame({"report": list(range(n)), "_off": offsets, "host": [r.host for r in results]},
@@ -104,7 +105,7 @@ def combine(results: list) -> RunView:
                   margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                           / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
                   predicted_graph_step_time_ns=pl.when(pl.col("replayed").fill_null(False)).then(None)
-                  .otherwise(predicted_expr(active(), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
+                  .otherwise(predicted_expr(chosen(calibration), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
               .select("step", "cpu_floor_ns", "device_floor_ns", "verdict", "margin", "predicted_graph_step_time_ns"))
     coll = Collectives(ranks.select(*KEYS, "rank"), matched, coll_steps, work)
     groups = group_verdicts(coll, run.select("step", "step_time_ns"), floors)

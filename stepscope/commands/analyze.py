@@ -37,10 +37,10 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
     check_steps(steps)  # a bad --steps fails before the trace is read
     traces = list(trace or [])
     if len(traces) > 1 or (traces and _is_many(traces[0])):
-        return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers)
+        return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict)
     with progress.shown(not as_json):
         d = library.diagnosis(traces[0] if traces else None, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
-                              calibration=calibration)
+                              calibration=calibration, strict=strict)
         ids = parse_steps(steps, d.inv.steps)
     if as_json:
         return _echo_json(d, ids)
@@ -73,14 +73,14 @@ def _is_many(p: Path) -> bool:
         return False
 
 
-def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers) -> None:
+def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict) -> None:
     from stepscope import library
     from stepscope.render import progress
     from stepscope.render.reports_run import render_run, run_dict
 
     with progress.shown(not as_json):
         doc = run_dict(library.run(traces, step_regex=step_regex, rules=rules, steps=steps, cache=not no_cache,
-                                   scheduler=scheduler, workers=workers))
+                                   scheduler=scheduler, workers=workers, strict=strict))
     if as_json:
         from stepscope.render.json import dumps
 

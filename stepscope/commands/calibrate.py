@@ -31,7 +31,7 @@ def calibrate(
     out = output if output is not None else user_calibration_path()
     refuse_overwrite(out, list(traces))
     with progress.shown(not as_json):
-        cal = library.calibrate(traces, out, step_regex=step_regex, rules=rules, cache=not no_cache)
+        cal = library.calibrate(traces, out, step_regex=step_regex, rules=rules, cache=not no_cache, strict=strict)
     if as_json:
         import json
 

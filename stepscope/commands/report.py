@@ -44,7 +44,8 @@ def report(
     with progress.shown():
         done = library.report(trace, output, format=format, compare=compare, cells=cells, steps=steps,
                               compare_steps=compare_steps, step_regex=step_regex, rules=rules, model=model,
-                              batch=batch, context=context, phase=phase, calibration=calibration, force=force)
+                              batch=batch, context=context, phase=phase, calibration=calibration, force=force,
+                              strict=strict)
     if is_stdout(output):  # stdout holds the report alone
         return
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
@@ -64,7 +65,8 @@ def export(trace: TraceArg,
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force)
+        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force,
+                              strict=strict)
     if is_stdout(output):  # stdout holds the export alone
         return
     from stepscope.render.units import plural

@@ -39,7 +39,7 @@ def compare(
     with progress.shown(not as_json):
         doc = library.compare(a, b, steps=steps, steps_b=steps_b, step_regex=step_regex, rules=rules,
                               graph_gap_ns=graph_gap_ns, graph_launch_ns=graph_launch_ns, cache=not no_cache,
-                              calibration=calibration)
+                              calibration=calibration, strict=strict)
     if as_json:
         _echo_json(doc)
     else:
@@ -73,7 +73,7 @@ def tp(
     with progress.shown(not as_json and trace is not None):
         doc = library.tp(trace, widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
                          collective_us=collective_us, steps=steps, step_regex=step_regex, rules=rules,
-                         cache=not no_cache, calibration=calibration)
+                         cache=not no_cache, calibration=calibration, strict=strict)
     if as_json:
         _echo_json(doc)
         return
