@@ -199,6 +199,29 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     return _diagnosed(inv, inv.kept, chosen(calibration)).only_steps(steps)
 
 
+def analyze(trace: str | Path | None = None, options=None, *, steps: str | None = "all", cache: bool = True,
+            views: bool = False, events: bool = True):
+    """`stepscope analyze TRACE`: the pipeline's chain (read, analyze) with the caches around it
+    — the Parquet cache of the frames, the kept analysis and its per-step texts — into the
+    pipeline's Result for the steps `steps` selects. `options`: pipeline.Options (None: its
+    defaults). `views`: also each kind's StepDiagnosis (what the terminal prints); `events=False`:
+    the per-event frames go once the Result is built, under a one-shot memory policy (the JSON
+    document reads only the per-step results)."""
+    from stepscope.pipeline import Options, result_of
+
+    o = Options() if options is None else options
+    check_steps(steps)  # a bad --steps fails before the trace is read
+    d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
+                  strict=o.strict)
+    result = result_of(d, steps, views=views)
+    if events:
+        return result
+    from dataclasses import replace
+
+    o.memory.results_ready(d)  # the document needs only the per-step results
+    return replace(result, texts=step_texts(d.inv))
+
+
 def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS,
                   calibration=None, strict: bool = False):
     """A trace given as a path, or as the Analysis open_trace returned. ONE_SHOT: only the

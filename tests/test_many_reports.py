@@ -52,9 +52,10 @@ def _joint(path: Path) -> tuple[dict, dict]:
     """tp --json and analyze --json of the export that holds every rank."""
     doc = library.tp(path, cache=False)
     d = library.diagnosis(path, cache=False)
+    from stepscope.pipeline import result_of
     from stepscope.render.json import analyze_document
 
-    return doc, analyze_document(d.inv, None, d)
+    return doc, analyze_document(result_of(d, None))
 
 
 def _comm_kernels_per_pid(path: Path) -> dict[int, int]:
@@ -250,9 +251,10 @@ def test_one_path_keeps_todays_document(tmp_path):
     doc = json.loads(res.stdout)
     assert "steps" in doc and "run_ranks" not in doc
     d = library.diagnosis(TP2, cache=False)
+    from stepscope.pipeline import result_of
     from stepscope.render.json import analyze_json
 
-    assert res.stdout == analyze_json(d.inv, None, d) + "\n"
+    assert res.stdout == analyze_json(result_of(d, None)) + "\n"
 
 
 def test_the_run_on_the_terminal(run_dir):

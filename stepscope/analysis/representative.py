@@ -29,6 +29,16 @@ def kinds(steps: pl.DataFrame) -> list[pl.DataFrame]:
     return [g.drop("_kind") for _, g in s.group_by("_kind", maintain_order=True)]
 
 
+def step_kinds(inv, ids: list[int]) -> list[tuple[dict, list[int]]]:
+    """Steps `ids` grouped by kind (same process, device, delimiter, phase and kernel count), each
+    with the row of its representative step: the median by step time."""
+    out = []
+    for grp in kinds(inv.steps.filter(pl.col("step").is_in(ids))):
+        rep = median_step(grp)
+        out.append((grp.filter(pl.col("step") == rep).row(0, named=True), grp["step"].to_list()))
+    return out
+
+
 def representative(inv, diag=None) -> dict:
     """{step, why, candidates}: the step that stands for the whole trace. `diag` (its
     Diagnosis) tells the summary rank of a multi-rank trace (computed when not given)."""
