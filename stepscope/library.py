@@ -398,9 +398,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     if isinstance(shape.get("tp"), int) and not 1 <= shape["tp"] <= opt.MAX_WIDTH:
         raise InputError(f"the step's name says tp={shape['tp']}, outside 1..{opt.MAX_WIDTH:,}: not a width "
                          "stepscope can budget")
-    gpus = inv.trace.gpus
-    gpu_name = gpus["name"][0] if gpus.height else None
-    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    gpu_name, peak = _gpu_peak(inv)
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.render.headline import step_rows
     from stepscope.render.views import step_diagnosis
@@ -420,6 +418,35 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     doc["step"] = {**res.step, "model": model}
     doc["verdict_block"] = block
     return doc
+
+
+def _gpu_peak(inv) -> tuple[str | None, float | None]:
+    """The trace's first GPU's name and memory bandwidth (bytes/s): the budget's bandwidth floor."""
+    gpus = inv.trace.gpus
+    gpu_name = gpus["name"][0] if gpus.height else None
+    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    return gpu_name, peak
+
+
+def _report_budget(inv, sid: int, figures: dict, cells, given: dict | None) -> tuple:
+    """The report's byte budget of step `sid` (its kernels joined to the cells of `cells` by
+    class): (BudgetResult, ()), (None, the shape figures lacking), or (None, ()) without cells.
+    Model, phase, batch and context: `given` (report's --model etc.), else the step's recorded
+    name (`figures`), else the capture's sidecar, as `budget` reads them (steps.budget_shape)."""
+    if cells is None:
+        return None, ()
+    from stepscope.analysis.steps import budget_shape
+    from stepscope.bytes.budget import budget as budgeted
+    from stepscope.bytes.budget import step_kernels_from_inventory
+    from stepscope.bytes.cells import read_cells
+
+    table = read_cells(cells)
+    shape, lacking = budget_shape(figures, inv.trace.sidecar, given)
+    if lacking:
+        return None, tuple(lacking)
+    gpu_name, peak = _gpu_peak(inv)
+    return budgeted(step_kernels_from_inventory(inv, sid), table, shape["model"], int(shape["batch"]),
+                    int(shape["context"]), str(shape["phase"]), gpu_name, peak, tp=shape["tp"]), ()
 
 
 @dataclass(frozen=True)
@@ -516,7 +543,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
         ga = is_graph_trace(inv)
         runs = compare_runs(d, db, ga, is_graph_trace(inv_b), None if ga else d.graph_prediction)
-    budget_rows, note = budget_for(inv, first, cells, shape)
+    budget_rows, note = budget_for(*_report_budget(inv, first.step, first.figures, cells, shape))
     from stepscope.analysis.run import run_view
 
     run = run_view(d)

@@ -107,7 +107,7 @@ def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
     if s.select("pid", "device").unique().height > 1:
         from stepscope.analysis.collectives import summary_rank
 
-        d = diag if diag is not None else _diagnose(inv)
+        d = diag
         r = summary_rank(d.collectives.ranks, d.tp)
         mine = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
         s = mine if mine.height else s
@@ -317,17 +317,10 @@ def _why(inv: Inventory, step: int, diag) -> str:
     return rep["why"] if rep["step"] == step else "as asked"
 
 
-def _diagnose(inv: Inventory):
-    """The analyses `analyze` itself uses: gaps, floors, collectives."""
-    from stepscope.analysis.diagnosis import diagnose
-
-    return diagnose(inv)
-
-
-def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, peers: bool = True) -> StepView:
-    """One step's view; `diag`: the trace's Diagnosis (computed when not given). On a
-    multi-rank trace the view holds the other ranks' steps of its TP step as `peers`."""
-    d = diag if diag is not None else _diagnose(inv)
+def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers: bool = True) -> StepView:
+    """One step's view; `diag`: the trace's Diagnosis (library.report's). On a multi-rank
+    trace the view holds the other ranks' steps of its TP step as `peers`."""
+    d = diag
     gaps, floors = d.gaps, d.floors
     fig = inv.steps.filter(pl.col("step") == step).row(0, named=True)
     acts = inv.acts.filter(pl.col("step") == step).sort("start")
@@ -377,31 +370,20 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     )
 
 
-def budget_for(inv: Inventory, view: StepView, cells_path, given: dict | None = None) -> tuple[tuple | None, str | None]:
-    """The step's HBM byte budget per class (`stepscope.bytes.budget`), when available.
+def budget_for(res, lacking=()) -> tuple[tuple | None, str | None]:
+    """The report's rows and note of the step's HBM byte budget per class (`res`, a
+    bytes.budget BudgetResult that library.report computed; None: no --cells, or `lacking` the
+    shape figures that neither the step's name nor the sidecar records).
 
     Returns (rows with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
-    Model, phase, batch and context: `given` (report's --model etc.), else the step's recorded
-    name, else the capture's sidecar, as `stepscope budget` reads them (steps.budget_shape).
     """
-    if cells_path is None:
-        return None, None
-    from stepscope.analysis.steps import budget_shape
-    from stepscope.bytes.budget import budget, step_kernels_from_inventory
-    from stepscope.bytes.cells import read_cells
     from stepscope.render.units import ms, nbytes
 
-    cells = read_cells(cells_path)
-    shape, lacking = budget_shape(view.figures, inv.trace.sidecar, given)
-    model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
     if lacking:
         return None, (f"byte budget skipped: neither the step's name nor the capture's sidecar records "
                       f"{', '.join(lacking)} (give {' '.join('--' + k for k in lacking)})")
-    gpus = inv.trace.gpus
-    gpu_name = gpus["name"][0] if gpus.height else None
-    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
-    res = budget(step_kernels_from_inventory(inv, view.step), cells, model, int(batch), int(context),
-                 str(phase), gpu_name, peak, tp=shape["tp"])
+    if res is None:
+        return None, None
     st = res.step
     note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")
