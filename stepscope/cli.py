@@ -12,14 +12,10 @@ import sys
 
 import typer
 
-# each module registers its commands on `app`, in this order (the order `--help` lists them)
-from stepscope.commands import analyze as _analyze  # noqa: F401  isort: skip
-from stepscope.commands import verdicts as _verdicts  # noqa: F401  isort: skip
-from stepscope.commands import capture as _capture  # noqa: F401  isort: skip
-from stepscope.commands import cells as _cells  # noqa: F401  isort: skip  (and budget)
-from stepscope.commands import report as _report  # noqa: F401  isort: skip
-from stepscope.commands import calibrate as _calibrate  # noqa: F401  isort: skip
+from stepscope.commands import register
 from stepscope.commands.app import app, error_exit
+
+register(app)  # every command, in the order stepscope/commands/__init__.py lists them (--help's)
 
 __all__ = ["app", "main", "run"]
 

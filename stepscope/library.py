@@ -404,7 +404,10 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     from stepscope.render.views import step_diagnosis
 
     # the verdict block analyze opens with, so the budget is read beside the step's verdict
-    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(diagnose(inv), sid))]
+    from stepscope.pipeline import whatif_of
+
+    d = diagnose(inv)
+    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(d, sid, whatif=whatif_of(d)))]
     progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     width = shape["tp"]
@@ -519,6 +522,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         refuse_overwrite(Path(output), [Path(p) for p in (trace, compare, cells, rules) if isinstance(p, (str, Path))])
 
     from stepscope.analysis import whatif
+    from stepscope.pipeline import whatif_of
 
     cal = None
 
@@ -531,7 +535,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
             progress.stage(f"finding gaps, launch overhead and floors of {Path(x).name}")
             cal = whatif.chosen(calibration) if cal is None else cal  # read once, after the first trace
             d = diagnose(inv, cal)  # once: the picked step, its floors and its TP peers all read it
-        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which), whatif=whatif_of(d))
 
     inv, d, first = view(trace, steps)
     other = comparison = runs = None

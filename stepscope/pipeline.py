@@ -99,22 +99,28 @@ def result_of(d, steps: str | None = "all", texts=None, *, views: bool = False) 
     so that no renderer computes them."""
     from stepscope.analysis.representative import step_kinds
     from stepscope.analysis.run import run_view
-    from stepscope.analysis.whatif import describe_for
     from stepscope.selection import parse_steps
 
     inv = d.inv
     ids = steps if isinstance(steps, list) else parse_steps(steps, inv.steps)
     run = run_view(d)
-    cal = getattr(d, "calibration", None)
-    # the constants the median step's predicted_graph_step_* used, and the captures they come from
-    whatif = describe_for(inv, cal, d.prologue) if cal is not None and hasattr(cal, "describe") else None
+    whatif = whatif_of(d)
     kinds = tuple((first, tuple(members)) for first, members in step_kinds(inv, ids))
     shown = {}
     if views:
         from stepscope.render.views import step_diagnosis
 
-        shown = {first["step"]: step_diagnosis(d, first["step"]) for first, _ in kinds}
+        shown = {first["step"]: step_diagnosis(d, first["step"], whatif=whatif) for first, _ in kinds}
     return Result(d, tuple(ids), run, whatif, kinds, shown, texts)
+
+
+def whatif_of(d) -> dict | None:
+    """The constants a Diagnosis' median step's predicted_graph_step_* used, and the captures
+    they come from (None when its calibration is one set of constants, or none)."""
+    from stepscope.analysis.whatif import describe_for
+
+    cal = getattr(d, "calibration", None)
+    return describe_for(d.inv, cal, d.prologue) if cal is not None and hasattr(cal, "describe") else None
 
 
 def render(result, renderer: Renderer) -> bytes:

@@ -8,7 +8,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, Strict, app
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, Strict
 
 DefaultTrace = Annotated[Optional[List[Path]], typer.Argument(
     help="nsys SQLite export (default: a bundled real H200 trace); several, a directory of exports or a glob: "
@@ -20,7 +20,6 @@ Workers = Annotated[Optional[int], typer.Option(
     "--workers", metavar="N", help="several reports: the local dask cluster's workers (default: sized to the machine)")]
 
 
-@app.command()
 def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, as_json: AsJson = False,
             steps: Steps = "all", no_cache: NoCache = False, calibration: CalibrationFile = None,
             kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "

@@ -1,6 +1,7 @@
 """The Typer app, the options the commands share, and how a command reports bad input.
 
-A leaf module: the command modules import it and register on `app`, cli.py imports them all;
+A leaf module: the command modules import their options from it, and
+stepscope/commands/__init__.py's COMMANDS puts them on `app` (cli.py registers them, once);
 nothing here imports a command or cli.py. Heavy imports (polars, the analyses) wait inside the
 commands so `stepscope --help` stays fast.
 

@@ -7,10 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Strict, app
+from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Strict
 
 
-@app.command()
 def calibrate(
     traces: Annotated[list[Path], typer.Argument(
         help="graph captures (nsys exports with --cuda-graph-trace=node); an eager capture named like one "

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option, Strict
+from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, output_option, steps_option, Strict
 
 
 def is_stdout(path) -> bool:
@@ -16,7 +16,6 @@ def is_stdout(path) -> bool:
     return stdout(path)
 
 
-@app.command()
 def report(
     trace: TraceArg,
     output: Annotated[Path, output_option("report.html (self-contained, offline) or report.md")],
@@ -52,7 +51,6 @@ def report(
                + (f" vs step {done.steps[1]} of {compare}" if compare is not None else ""))
 
 
-@app.command()
 def export(trace: TraceArg,
            output: Annotated[Path, output_option("Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz "
                                                  "for gzip)")],

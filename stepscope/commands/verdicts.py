@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, app, steps_option, Strict
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, steps_option, Strict
 
 
 def _echo_json(doc: dict) -> None:
@@ -16,7 +16,6 @@ def _echo_json(doc: dict) -> None:
     typer.echo(dumps(doc))
 
 
-@app.command()
 def compare(
     a: Annotated[Path, typer.Argument(help="trace A (typically eager, or 'before')")],
     b: Annotated[Path, typer.Argument(help="trace B (typically CUDA graph, or 'after')")],
@@ -54,7 +53,6 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command()
 def tp(
     trace: Annotated[Optional[Path], typer.Argument(help="a trace to project (one or more ranks)")] = None,
     widths: Annotated[str, typer.Option(help="TP widths to project")] = "1,2,4,8",

@@ -317,9 +317,11 @@ def _why(inv: Inventory, step: int, diag) -> str:
     return rep["why"] if rep["step"] == step else "as asked"
 
 
-def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers: bool = True) -> StepView:
-    """One step's view; `diag`: the trace's Diagnosis (library.report's). On a multi-rank
-    trace the view holds the other ranks' steps of its TP step as `peers`."""
+def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers: bool = True, *,
+              whatif: dict | None) -> StepView:
+    """One step's view; `diag`: the trace's Diagnosis (library.report's), `whatif` its what-if
+    calibration's description (pipeline.whatif_of). On a multi-rank trace the view holds the
+    other ranks' steps of its TP step as `peers`."""
     d = diag
     gaps, floors = d.gaps, d.floors
     fig = inv.steps.filter(pl.col("step") == step).row(0, named=True)
@@ -338,7 +340,7 @@ def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers:
     if tp is not None:
         tp["tp_verdict"] = tp_sentence(tp)
     waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
-    sd = step_diagnosis(d, step)
+    sd = step_diagnosis(d, step, whatif=whatif)
     launches = tuple(calls.to_dicts())
     left, begin = _first_event(fig, launches), _begin(fig, launches)
     tail = inv.acts.filter(
@@ -351,7 +353,7 @@ def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers:
     others = ()
     if peers and tp is not None and tp["ranks"] > 1:
         ids = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
-        others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in ids)
+        others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False, whatif=whatif) for s in ids)
     trace = inv.trace
     ops = tuple(inv.framework_ops.filter(pl.col("step") == step).drop("step").to_dicts())
     return StepView(
