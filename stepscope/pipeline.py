@@ -78,9 +78,10 @@ def read(path: str | Path, *, cache: bool | None = False, launch_config: bool = 
     return read_trace(Path(path), cache=cache, launch_config=launch_config)
 
 
-def analyze(trace, options: Options = Options(), steps: str | None = "all", *, views: bool = False) -> Result:
+def analyze(trace, options: Options = Options(), steps: str | None = "all", *, views: bool = True) -> Result:
     """A Trace analyzed under `options`, nothing cached: the Inventory, the Diagnosis, the run
-    view and the what-if's calibration, for the steps `steps` selects (stepscope.selection)."""
+    view, the what-if's calibration and (`views`) each kind's step view, for the steps `steps`
+    selects (stepscope.selection)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.analysis.inventory import analyze_trace

@@ -44,6 +44,8 @@ def render_steps(result, console: Console | None = None, kinds: bool = False) ->
     run, n_kinds = result.run, len(result.kinds)
     show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
     views = result.views
+    if show and any(first["step"] not in views for first, _ in result.kinds):
+        raise ValueError("the Result holds no step views for the terminal: analyze it with views=True")
     _render_head(result.inventory, console, run)
     for first, members in (result.kinds if show else ()):
         _render_kind(result.inventory, first, list(members), console, lambda step: verdict_line(views[step]))
