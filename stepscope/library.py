@@ -508,7 +508,8 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic
-    from stepscope.render.report_data import ReportView, budget_for, chosen, pick_step, renderer, step_view
+    from stepscope.analysis.representative import pick_step
+    from stepscope.render.report_data import ReportView, budget_for, chosen, renderer, step_view
 
     suffix = ".html" if output is None or is_stdout(output) else Path(output).suffix
     render = renderer(format or suffix, output)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
-from stepscope.analysis.representative import representative
+from stepscope.analysis.representative import pick_step, representative  # noqa: F401 (pick_step: the report's step)
 from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.names import cut
@@ -84,40 +84,6 @@ def footer() -> str:
     return (f"Written by stepscope {__version__}. Every figure is defined in "
             "docs/DEFINITIONS.md and every kernel class in docs/KERNEL_CLASSES.md of the stepscope "
             "repository.")
-
-
-def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
-    """The step a report shows: the one `which` selects (stepscope.selection's grammar), else a
-    typical one among the steps it selects (all by default).
-
-    Typical = among the steps of the most common kind (same process, device, phase and kernel
-    count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
-    trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
-    candidates, when the selection holds any: the other ranks' steps of the same TP step are
-    drawn beside it (`peers`).
-    """
-    if which in (None, "", "all"):
-        # the trace's representative step (analysis/representative.py: the median by step time
-        # of the most common kind of the summary rank's steps, the step compare and tp quote too)
-        return representative(inv, diag)["step"]
-    ids = parse_steps(which, inv.steps)  # an InputError when it selects none
-    if len(ids) == 1:
-        return ids[0]
-    s = inv.steps.filter(pl.col("step").is_in(ids))
-    if s.select("pid", "device").unique().height > 1:
-        from stepscope.analysis.collectives import summary_rank
-
-        d = diag
-        r = summary_rank(d.collectives.ranks, d.tp)
-        mine = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
-        s = mine if mine.height else s
-    s = s.with_columns(_kind=pl.concat_str(
-        [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
-        separator="|"))
-    common = s.group_by("_kind").agg(pl.len().alias("n"), pl.col("step").min().alias("first")).sort(
-        ["n", "first"], descending=[True, False])["_kind"][0]
-    members = s.filter(pl.col("_kind") == common).sort("step_time_ns", "step")
-    return int(members["step"][(members.height - 1) // 2])
 
 
 def chosen(inv: Inventory, which: str | None) -> str | None:
