@@ -126,6 +126,7 @@ COMPUTATIONS = {
     "stepscope.analysis.diagnosis": {"diagnose"}, "stepscope.analysis.collectives": {"collectives", "summary_rank"},
     "stepscope.bytes.budget": {"budget"}, "stepscope.bytes.cells": {"read_cells"},
     "stepscope.analysis.inventory": {"analyze_trace"},
+    "stepscope.analysis.reports_run": {"combine", "rank_totals", "tp_groups", "run_binding_rank"},
 }
 
 

@@ -37,10 +37,20 @@ class RunView:
     steps: pl.DataFrame     # one row per (report, step): run_step, report, step, rank, group, the report's
                             # figures, the run's collectives split, floors, verdict, what-if, TP figures
     warnings: list[str]
+    # the run's summaries, computed with it (summarized): the renderers only format them
+    totals: pl.DataFrame | None = None   # rank_totals
+    tp: pl.DataFrame | None = None       # tp_groups
+    binding: dict | None = None          # run_binding_rank
 
     @property
     def n_ranks(self) -> int:
         return self.ranks.height
+
+
+def summarized(view: RunView) -> RunView:
+    """`view` with its per-rank totals, TP steps and binding rank computed."""
+    return RunView(view.reports, view.ranks, view.steps, view.warnings, rank_totals(view), tp_groups(view),
+                   run_binding_rank(view))
 
 
 def _clock_offsets(results) -> tuple[list[int], list[str]]:
@@ -122,12 +132,12 @@ def combine(results: list, calibration=None) -> RunView:
                         "clock_offset_ns": offsets[i], "nsys_version": r.nsys_version,
                         "schema_version": r.schema_version, "gpus": r.gpus, "warnings": r.warnings,
                         "steps": r.steps.height, "kernels": r.kernels})
-    return RunView(reports, ranks.select("rank", *KEYS, "host").sort("rank"), out, warnings)
+    return summarized(RunView(reports, ranks.select("rank", *KEYS, "host").sort("rank"), out, warnings))
 
 
 def only_groups(view: RunView, groups: list[int]) -> RunView:
     """The run narrowed to the TP steps `groups` (every rank's step of each)."""
-    return RunView(view.reports, view.ranks, view.steps.filter(pl.col("group").is_in(groups)), view.warnings)
+    return summarized(RunView(view.reports, view.ranks, view.steps.filter(pl.col("group").is_in(groups)), view.warnings))
 
 
 def rank_totals(view: RunView) -> pl.DataFrame:
