@@ -57,15 +57,9 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
                         "skips SQLite; --no-cache reads without it)")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
-    reader = None
-    if t.format == "nsys-sqlite" and not launch_config:
-        from stepscope.launch_config import nsys_reader
+    from stepscope.ingest.readers import launch_config_reader
 
-        reader = nsys_reader(t.path)
-    elif t.format in ("nsys-arrow", "nsys-parquet") and not launch_config:
-        from stepscope.launch_config import ColumnarLaunchConfig
-
-        reader = ColumnarLaunchConfig(t.path, "arrow" if t.format == "nsys-arrow" else "parquetdir")
+    reader = None if launch_config else launch_config_reader(t)  # the format's, by the reader registry
     key = _analysis_key(t, step_regex, rules, memory, reader, strict) if not launch_config else None
     if key is not None:
         from stepscope.analysis.inventory import LATE_FIELDS, Inventory

@@ -26,16 +26,25 @@ class Reader:
     """One input format. `recognises(path, head)`: whether it reads this file (`head`: its first
     16 bytes; None for a folder). `read`: "module:function", called as
     function(path, launch_config, cache, events) -> Trace. `redirect`: the function returns the
-    path of another file to read instead (an .nsys-rep exported to SQLite)."""
+    path of another file to read instead (an .nsys-rep exported to SQLite). `tracer`: what
+    wrote such a trace, as sentences name it ("under nsys"). `launch_config`: "module:function"
+    of function(path) -> the reader of chosen kernels' grid/block when the trace was read
+    without them (stepscope.launch_config; None: the format has none to read)."""
 
     format: str
     recognises: Callable[[Path, bytes | None], bool]
     read: str
     redirect: bool = False
+    tracer: str = "nsys"
+    launch_config: str | None = None
 
     def function(self) -> Callable:
-        module, _, name = self.read.partition(":")
-        return getattr(import_module(module), name)
+        return _named(self.read)
+
+
+def _named(spec: str) -> Callable:
+    module, _, name = spec.partition(":")
+    return getattr(import_module(module), name)
 
 
 def _is_parquetdir(path: Path, head: bytes | None) -> bool:
@@ -76,18 +85,40 @@ def _is_json(path: Path, head: bytes | None) -> bool:
 
 # tried in this order: the first that recognises a file reads it
 READERS: tuple[Reader, ...] = (
-    Reader("nsys-parquet", _is_parquetdir, "stepscope.ingest.readers:read_parquetdir"),  # a folder of .parquet
+    Reader("nsys-parquet", _is_parquetdir, "stepscope.ingest.readers:read_parquetdir",  # a folder of .parquet
+           launch_config="stepscope.launch_config:parquetdir_reader"),
     Reader("nsys-rep", _is_report, "stepscope.ingest.readers:export_report", redirect=True),
-    Reader("nsys-sqlite", _is_sqlite, "stepscope.ingest.readers:read_sqlite"),
+    Reader("nsys-sqlite", _is_sqlite, "stepscope.ingest.readers:read_sqlite",
+           launch_config="stepscope.launch_config:nsys_reader"),
     Reader("gzip-sqlite", _is_gzipped_sqlite, "stepscope.ingest.readers:refuse_gzipped"),
-    Reader("nsys-arrow", _is_arrow, "stepscope.ingest.readers:read_arrow"),
-    Reader("kineto-json", _is_json, "stepscope.ingest.readers:read_kineto"),
+    Reader("nsys-arrow", _is_arrow, "stepscope.ingest.readers:read_arrow",
+           launch_config="stepscope.launch_config:arrow_reader"),
+    Reader("kineto-json", _is_json, "stepscope.ingest.readers:read_kineto", tracer="torch.profiler"),
 )
 
 
 def reader_for(path: Path, head: bytes | None) -> Reader | None:
     """The first entry of READERS that recognises the file (None: none does)."""
     return next((r for r in READERS if r.recognises(path, head)), None)
+
+
+def reader_of(fmt: str) -> Reader | None:
+    """The entry whose reader gives traces of format `fmt` (Trace.format)."""
+    return next((r for r in READERS if r.format == fmt), None)
+
+
+def tracer_of(fmt: str) -> str:
+    """What wrote a trace of format `fmt`, as sentences name it ("nsys", "torch.profiler")."""
+    r = reader_of(fmt)
+    return r.tracer if r is not None else "nsys"
+
+
+def launch_config_reader(trace):
+    """The reader of chosen kernels' grid/block from `trace`'s file (None: its format has none).
+    Named by its entry, imported when asked (stepscope.launch_config reads the file again)."""
+    r = reader_of(trace.format)
+    return None if r is None or r.launch_config is None else _named(r.launch_config)(trace.path)
+
 
 
 def read_parquetdir(path: Path, launch_config: bool, cache, events: bool):

@@ -15,8 +15,10 @@ from stepscope.render.sections import ENGINE_FIELDS, FLOOR_FIELDS, TP_FIELDS, UN
 
 def tracer_name(fmt: str) -> str:
     """What wrote a trace of format `fmt`, as sentences name it: "under nsys", "without
-    torch.profiler" (an engine's word only for that engine's traces)."""
-    return "torch.profiler" if fmt == "kineto-json" else "nsys"
+    torch.profiler" (an engine's word only for that engine's traces): the reader registry's."""
+    from stepscope.ingest.readers import tracer_of
+
+    return tracer_of(fmt)
 
 
 @dataclass(frozen=True)
