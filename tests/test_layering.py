@@ -78,10 +78,11 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("layer, forbidden", [
     ("stepscope.analysis", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
-                            "stepscope.api")),
+                            "stepscope.api", "stepscope.pipeline")),
     ("stepscope.ingest", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
-                          "stepscope.api", "stepscope.analysis")),
-    ("stepscope.render", ("stepscope.commands", "stepscope.cli", "stepscope.library")),
+                          "stepscope.api", "stepscope.analysis", "stepscope.pipeline")),
+    ("stepscope.render", ("stepscope.commands", "stepscope.cli", "stepscope.library", "stepscope.pipeline")),
+    ("stepscope.pipeline", ("stepscope.commands", "stepscope.cli", "stepscope.library", "stepscope.api")),
     ("stepscope.library", ("stepscope.commands", "stepscope.cli")),
     ("stepscope.api", ("stepscope.commands", "stepscope.cli")),
     ("stepscope.commands", ("stepscope.cli",)),
