@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import stepscope
-from stepscope.analysis.whatif import Calibration, bundled, calibrated
+from stepscope.analysis.whatif import Calibration, bundled
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "fixtures"
@@ -63,8 +63,7 @@ def main() -> None:
         pt, lo, hi = (doc[f"predicted_graph_step_{k}_ns"] for k in ("time", "low", "high"))
         wb = doc.get("with_b_constants")
         rest = Calibration(tuple(c for c in full.captures if c.source != src), "held out")
-        with calibrated(rest):
-            loo = (stepscope.compare(e, g)["predicted_graph_step_time_ns"] - ref) / ref
+        loo = (stepscope.compare(e, g, calibration=rest)["predicted_graph_step_time_ns"] - ref) / ref
         wbs = f"{100 * wb['prediction_error']:+.1f} %" if wb else "– (B has no replay)"
         print(f"| {p.replace('@', '')} | {role if wb else 'no replay in B'} | {ref / 1e6:.3f} ms | "
               f"{pt / 1e6:.3f} ms ({100 * (pt - ref) / ref:+.1f} %) | {lo / 1e6:.3f}–{hi / 1e6:.3f} ms | "

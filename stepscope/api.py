@@ -140,9 +140,10 @@ class Analysis:
 
     def to_dict(self, steps="all") -> dict:
         """The `analyze --json` document of the steps `steps` selects (stepscope.selection)."""
+        from stepscope.pipeline import result_of
         from stepscope.render.json import analyze_document
 
-        return analyze_document(self.inventory, steps, self.diagnosis)
+        return analyze_document(result_of(self.diagnosis, steps))
 
 
 def open_trace(path: str | Path, step_regex: str | None = None, rules: str | Path | None = None, *,

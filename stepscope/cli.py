@@ -12,14 +12,10 @@ import sys
 
 import typer
 
-# each module registers its commands on `app`, in this order (the order `--help` lists them)
-from stepscope.commands import analyze as _analyze  # noqa: F401  isort: skip
-from stepscope.commands import verdicts as _verdicts  # noqa: F401  isort: skip
-from stepscope.commands import capture as _capture  # noqa: F401  isort: skip
-from stepscope.commands import cells as _cells  # noqa: F401  isort: skip  (and budget)
-from stepscope.commands import report as _report  # noqa: F401  isort: skip
-from stepscope.commands import calibrate as _calibrate  # noqa: F401  isort: skip
+from stepscope.commands import register
 from stepscope.commands.app import app, error_exit
+
+register(app)  # every command, in the order stepscope/commands/__init__.py lists them (--help's)
 
 __all__ = ["app", "main", "run"]
 
@@ -40,9 +36,7 @@ def run(args=None, prog_name: str | None = None, app=app) -> int:
     error one line and click's code, a bug one line and exit 3 (STEPSCOPE_DEBUG=1: the traceback),
     an interrupt one line and 130. A SystemExit passes through (main() ends on it)."""
     from stepscope.errors import StepscopeError
-    from stepscope.options import STRICT
 
-    token = STRICT.set(False)  # --strict holds for this command line only
     try:
         # standalone_mode=False: click hands a usage error (an option value of the wrong type,
         # an unknown option) back instead of printing a usage block in a box, so it gets one
@@ -73,8 +67,6 @@ def run(args=None, prog_name: str | None = None, app=app) -> int:
         typer.echo(f"stepscope: internal error: {type(e).__name__}: {first} "
                    "(set STEPSCOPE_DEBUG=1 for the traceback and report it)", err=True)
         return 3
-    finally:
-        STRICT.reset(token)
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from stepscope import scheduler_address
 from stepscope.errors import StepscopeError
 from stepscope.paths import shown
 from stepscope.render import progress
-from stepscope.reports import ReportFailure, ReportResult, report_outcome
+from stepscope.reports import ReportFailure, ReportResult
 
 DEFAULT_TIMEOUT_S = 3600.0
 WORKERLESS_S = 60.0
@@ -91,10 +91,12 @@ def _fail(outcome: ReportFailure):
     raise ReportError(f"{outcome.path}: {outcome.message}", outcome.exit_code)
 
 
-def map_reports(paths: list[Path], step_regex: str | None = None, rules: str | None = None, cache: bool = True, *,
-                scheduler: str | None = None, workers: int | None = None, processes: bool = True,
-                timeout: float | None = None, fn: Callable = report_outcome) -> list[ReportResult]:
-    """Each report's ReportResult, in the order of `paths` (see the module doc for where they run)."""
+def map_reports(paths: list[Path], fn: Callable, step_regex: str | None = None, rules: str | None = None,
+                cache: bool = True, strict: bool = False, *, scheduler: str | None = None, workers: int | None = None,
+                processes: bool = True, timeout: float | None = None) -> list[ReportResult]:
+    """Each report's ReportResult, in the order of `paths` (see the module doc for where they run):
+    `fn(path, step_regex, rules, cache, strict)` on each (library.report_outcome: given by the
+    caller, so that this module does not import the library that imports it)."""
     args = [shown(p) for p in paths]
     if scheduler is not None:
         scheduler = scheduler_address.check(scheduler)  # one line for "local", "", "host" ...
@@ -102,26 +104,26 @@ def map_reports(paths: list[Path], step_regex: str | None = None, rules: str | N
         if len(paths) > 1:
             progress.notice(f"dask is not installed: the {len(paths)} reports are analyzed one after another "
                             "(pip install 'stepscope[dask]' to spread them over the machine's cores)")
-        return _serial(args, step_regex, rules, cache, fn)
+        return _serial(args, step_regex, rules, cache, strict, fn)
     if not have_dask():
         raise StepscopeError("--scheduler needs dask.distributed: pip install 'stepscope[dask]'")
-    return _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processes,
+    return _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, processes,
                     timeout or timeout_s(), fn)
 
 
-def _serial(args, step_regex, rules, cache, fn) -> list[ReportResult]:
+def _serial(args, step_regex, rules, cache, strict, fn) -> list[ReportResult]:
     out = []
     for i, a in enumerate(args):
         if len(args) > 1:
             progress.stage(f"report {i + 1} of {len(args)}: {Path(a).name}")
-        o = fn(a, step_regex, rules, cache)
+        o = fn(a, step_regex, rules, cache, strict)
         if isinstance(o, ReportFailure):
             _fail(o)
         out.append(o)
     return out
 
 
-def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processes, timeout, fn):
+def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, processes, timeout, fn):
     import logging
 
     import dask
@@ -133,7 +135,8 @@ def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processe
         except (OSError, TimeoutError, ValueError) as e:
             raise StepscopeError(scheduler_address.unreachable(scheduler, str(e))) from None
         with client:
-            return _gather(client, args, step_regex, rules, cache, timeout, fn, f"the dask cluster at {scheduler}")
+            return _gather(client, args, step_regex, rules, cache, strict, timeout, fn,
+                           f"the dask cluster at {scheduler}")
     n = local_workers(paths, workers)
     cores = os.cpu_count() or 1
     progress.stage(f"starting {n} dask worker(s) for {len(args)} reports")
@@ -148,14 +151,14 @@ def _on_dask(args, paths, step_regex, rules, cache, scheduler, workers, processe
         if processes:
             kw["env"] = {"POLARS_MAX_THREADS": str(max(1, cores // n))}
         with LocalCluster(**kw) as cluster, Client(cluster) as client:
-            return _gather(client, args, step_regex, rules, cache, timeout, fn, "the local dask cluster")
+            return _gather(client, args, step_regex, rules, cache, strict, timeout, fn, "the local dask cluster")
 
 
-def _gather(client, args, step_regex, rules, cache, timeout, fn, where) -> list[ReportResult]:
+def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where) -> list[ReportResult]:
     from distributed import wait
     from distributed.scheduler import KilledWorker
 
-    futures = client.map(fn, args, step_regex=step_regex, rules=rules, cache=cache, pure=False)
+    futures = client.map(fn, args, step_regex=step_regex, rules=rules, cache=cache, strict=strict, pure=False)
     index = {f.key: i for i, f in enumerate(futures)}
     out: list = [None] * len(args)
     pending = set(futures)

@@ -175,6 +175,14 @@ def nsys_reader(path: str | Path) -> NsysLaunchConfig:
     return NsysLaunchConfig(path)
 
 
+def arrow_reader(path: str | Path) -> "ColumnarLaunchConfig":
+    return ColumnarLaunchConfig(path, "arrow")
+
+
+def parquetdir_reader(path: str | Path) -> "ColumnarLaunchConfig":
+    return ColumnarLaunchConfig(path, "parquetdir")
+
+
 class ColumnarLaunchConfig:
     """NsysLaunchConfig's reads from nsys's columnar export (`--type=arrow` or `parquetdir`):
     the kernel table's few columns taken again (Parquet reads only those; the Arrow file is

@@ -29,18 +29,19 @@ def bundled_trace() -> Path:
 
 
 def load(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK):
+         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, strict: bool = False):
     """Read a trace (nsys SQLite export or PyTorch-profiler JSON; None: the bundled one) and
     analyze its steps: the Inventory. `launch_config`: also read every kernel's grid and block
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
-    cache (ingest/cache.py); `memory`: analysis/memory.py."""
-    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory)
+    cache (ingest/cache.py); `memory`: analysis/memory.py; `strict`: a `step_regex` that matches
+    no range is an InputError, not a warning."""
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory, strict)
     inv.kept = key
     return inv
 
 
-def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention):
+def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention, strict: bool = False):
     """load()'s Inventory, and the key of its kept analysis (None: not kept; _analysis_key)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
@@ -60,16 +61,10 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
                         "skips SQLite; --no-cache reads without it)")
     # read without grid/block; the few kernels whose launch configuration is phase evidence
     # are read from the export when a step's name records no phase
-    reader = None
-    if t.format == "nsys-sqlite" and not launch_config:
-        from stepscope.launch_config import nsys_reader
+    from stepscope.ingest.readers import launch_config_reader
 
-        reader = nsys_reader(t.path)
-    elif t.format in ("nsys-arrow", "nsys-parquet") and not launch_config:
-        from stepscope.launch_config import ColumnarLaunchConfig
-
-        reader = ColumnarLaunchConfig(t.path, "arrow" if t.format == "nsys-arrow" else "parquetdir")
-    key = _analysis_key(t, step_regex, rules, memory, reader) if not launch_config else None
+    reader = None if launch_config else launch_config_reader(t)  # the format's, by the reader registry
+    key = _analysis_key(t, step_regex, rules, memory, reader, strict) if not launch_config else None
     if key is not None:
         from stepscope.analysis.inventory import LATE_FIELDS, Inventory
         from stepscope.ingest.cache import load_derived
@@ -85,7 +80,7 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
     # parsed when it was kept), and parsing them is ~20 ms of a 0.7 s warm run
     ruleset = load_rules(rules)
     progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
-    inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader)
+    inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader, strict=strict)
     if key is not None and not _keep_analysis(t, inv, key):
         key = None
     return inv, key
@@ -124,14 +119,13 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader) -> str | None:
+def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader,
+                  strict: bool = False) -> str | None:
     """The key of `t`'s analysis under these options, or None when it is not kept (not a
     one-shot run, or the frames not cached)."""
     import hashlib
 
     import polars as pl
-
-    from stepscope.options import STRICT
 
     if not memory.one_shot or t.cache_dir is None:
         return None
@@ -142,7 +136,7 @@ def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: R
         return None
     rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
     raw = "|".join([str(ANALYSIS_FORMAT), code, pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
-                    rules_part, str(STRICT.get()), repr(memory), type(reader).__name__])
+                    rules_part, str(bool(strict)), repr(memory), type(reader).__name__])
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
@@ -201,61 +195,86 @@ def step_texts(inv):
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
               cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
-              calibration: str | Path | None = None):
+              calibration=None, strict: bool = False):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
-    `calibration`: the what-if's calibration file (else the user's, else the bundled one)."""
-    from stepscope.analysis.whatif import calibrated
+    `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
+    else the bundled one)."""
+    from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
-    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory)
+    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
-    with calibrated(calibration):
-        return _diagnosed(inv, inv.kept, None).only_steps(steps)
+    return _diagnosed(inv, inv.kept, chosen(calibration)).only_steps(steps)
 
 
-def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS):
+def analyze(trace: str | Path | None = None, options=None, *, steps: str | None = "all", cache: bool = True,
+            views: bool = False, events: bool = True):
+    """`stepscope analyze TRACE`: the pipeline's chain (read, analyze) with the caches around it
+    — the Parquet cache of the frames, the kept analysis and its per-step texts — into the
+    pipeline's Result for the steps `steps` selects. `options`: pipeline.Options (None: its
+    defaults). `views`: also each kind's StepDiagnosis (what the terminal prints); `events=False`:
+    the per-event frames go once the Result is built, under a one-shot memory policy (the JSON
+    document reads only the per-step results)."""
+    from stepscope.pipeline import Options, result_of
+
+    o = Options() if options is None else options
+    check_steps(steps)  # a bad --steps fails before the trace is read
+    d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
+                  strict=o.strict)
+    result = result_of(d, steps, views=views)
+    if events:
+        return result
+    from dataclasses import replace
+
+    o.memory.results_ready(d)  # the document needs only the per-step results
+    return replace(result, texts=step_texts(d.inv))
+
+
+def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: Retention = ONE_PASS,
+                  calibration=None, strict: bool = False):
     """A trace given as a path, or as the Analysis open_trace returned. ONE_SHOT: only the
     per-step results are read after (the per-event frames go before the next trace is read)."""
     if hasattr(x, "diagnosis"):
         return x.diagnosis.only_steps(steps)
-    d = diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=memory)
+    d = diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=memory, calibration=calibration,
+                  strict=strict)
     memory.results_ready(d)
     return d
 
 
 def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
             rules: str | Path | None = None, graph_gap_ns: float | None = None,
-            graph_launch_ns: float | None = None, cache: bool = True, calibration: str | Path | None = None) -> dict:
+            graph_launch_ns: float | None = None, cache: bool = True, calibration=None,
+            strict: bool = False) -> dict:
     """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
-    `calibration`: a calibration file for the what-if (else the user's, else the bundled one)."""
+    `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
+    else the bundled one)."""
     from stepscope import options as opt
-    from stepscope.analysis.whatif import calibrated
+    from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
     check_steps(steps_b)
     opt.number(graph_gap_ns, "--graph-gap-ns", 0, opt.MAX_GRAPH_NS)
     opt.number(graph_launch_ns, "--graph-launch-ns", 0, opt.MAX_GRAPH_NS)
-    with calibrated(calibration):
-        return _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache)
+    return _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache,
+                    chosen(calibration), strict)
 
 
-def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache) -> dict:
-    from stepscope.analysis.compare import compare as compared
-    from stepscope.analysis.whatif import GraphConstants, active
-    from stepscope.render.sentences import compare_sentence, untraced_source
+def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch_ns, cache, cal, strict) -> dict:
+    from stepscope.analysis.whatif import GraphConstants
 
     consts = None
     if graph_gap_ns is not None or graph_launch_ns is not None:
         # constants given on the command line replace the point's (no range: one set of constants)
-        p = active().point()
+        p = cal.point()
         consts = GraphConstants(p.graph_launch_prep_ns,
                                 graph_launch_ns if graph_launch_ns is not None else p.graph_launch_lead_ns,
                                 graph_gap_ns if graph_gap_ns is not None else p.node_gap_ns,
                                 p.memop_gap_ns, "given on the command line")
     # compare reads each side's per-step results only: one trace's events are gone before the other's are read
-    da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT)
-    db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT)
+    da = _diagnosis_of(a, step_regex, rules, cache, steps, ONE_SHOT, cal, strict)
+    db = _diagnosis_of(b, step_regex, rules, cache, steps if steps_b is None else steps_b, ONE_SHOT, cal, strict)
     return _compared(da, db, consts)
 
 
@@ -295,14 +314,13 @@ def _mode(p) -> dict | None:
 def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
-       cache: bool = True, calibration: str | Path | None = None, expert_parallel: bool = False,
+       cache: bool = True, calibration=None, strict: bool = False, expert_parallel: bool = False,
        model: str | None = None) -> dict:
     """Equation 1.3 per tensor-parallel width, from a trace (path or Analysis) or from numbers
     alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
-    calibration file for the graph mode (else the user's, else the bundled one). `expert_parallel`
-    with `model` (an MoE card): the experts split across the GPUs instead of each one sharded."""
-    from stepscope.analysis.whatif import calibrated
-
+    calibration for the graph mode (a file or a Calibration; None: the user's file, else the
+    bundled one). `expert_parallel` with `model` (an MoE card): the experts split across the GPUs
+    instead of each one sharded."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
     from stepscope.render.sentences import tp_note, tp_sentence
@@ -329,8 +347,7 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     if any(v is not None for v in numbers):
         raise InputError("give either a trace or --kernels/--launch-us/--device-ms, not both")
     ep = _expert_parallel(expert_parallel, model)
-    with calibrated(calibration):
-        d = _diagnosis_of(trace, step_regex, rules, cache, steps)
+    d = _diagnosis_of(trace, step_regex, rules, cache, steps, calibration=calibration, strict=strict)
     proj = tpm.project_trace(d, ws, collective_us, expert_parallel=ep)
     doc = {"inputs": proj.inputs, "mode": proj.mode, "projection": proj.own.rows,
            "launch_bound_from_tp": proj.own.launch_bound_from_tp,
@@ -409,15 +426,16 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     if isinstance(shape.get("tp"), int) and not 1 <= shape["tp"] <= opt.MAX_WIDTH:
         raise InputError(f"the step's name says tp={shape['tp']}, outside 1..{opt.MAX_WIDTH:,}: not a width "
                          "stepscope can budget")
-    gpus = inv.trace.gpus
-    gpu_name = gpus["name"][0] if gpus.height else None
-    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    gpu_name, peak = _gpu_peak(inv)
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.render.headline import step_rows
     from stepscope.render.views import step_diagnosis
 
     # the verdict block analyze opens with, so the budget is read beside the step's verdict
-    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(diagnose(inv), sid))]
+    from stepscope.pipeline import whatif_of
+
+    d = diagnose(inv)
+    block = [{"label": k, "text": v} for k, v in step_rows(step_diagnosis(d, sid, whatif=whatif_of(d)))]
     progress.stage(f"joining step {sid}'s kernels to {cells_path.name}")
     sk = step_kernels_from_inventory(inv, sid, memops=True)
     width = shape["tp"]
@@ -431,6 +449,35 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     doc["step"] = {**res.step, "model": model}
     doc["verdict_block"] = block
     return doc
+
+
+def _gpu_peak(inv) -> tuple[str | None, float | None]:
+    """The trace's first GPU's name and memory bandwidth (bytes/s): the budget's bandwidth floor."""
+    gpus = inv.trace.gpus
+    gpu_name = gpus["name"][0] if gpus.height else None
+    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
+    return gpu_name, peak
+
+
+def _report_budget(inv, sid: int, figures: dict, cells, given: dict | None) -> tuple:
+    """The report's byte budget of step `sid` (its kernels joined to the cells of `cells` by
+    class): (BudgetResult, ()), (None, the shape figures lacking), or (None, ()) without cells.
+    Model, phase, batch and context: `given` (report's --model etc.), else the step's recorded
+    name (`figures`), else the capture's sidecar, as `budget` reads them (steps.budget_shape)."""
+    if cells is None:
+        return None, ()
+    from stepscope.analysis.steps import budget_shape
+    from stepscope.bytes.budget import budget as budgeted
+    from stepscope.bytes.budget import step_kernels_from_inventory
+    from stepscope.bytes.cells import read_cells
+
+    table = read_cells(cells)
+    shape, lacking = budget_shape(figures, inv.trace.sidecar, given)
+    if lacking:
+        return None, tuple(lacking)
+    gpu_name, peak = _gpu_peak(inv)
+    return budgeted(step_kernels_from_inventory(inv, sid), table, shape["model"], int(shape["batch"]),
+                    int(shape["context"]), str(shape["phase"]), gpu_name, peak, tp=shape["tp"]), ()
 
 
 @dataclass(frozen=True)
@@ -476,7 +523,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
            cells=None, steps: str | None = None, compare_steps: str | None = None,
            step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
            batch: int | None = None, context: int | None = None, phase: str | None = None,
-           calibration: str | Path | None = None, force: bool = False) -> Written:
+           calibration=None, force: bool = False, strict: bool = False) -> Written:
     """One step's report — timeline, classes, gaps, floors, verdict; with `compare`, a second
     trace's step beside it; with `cells`, the byte budget — as HTML or Markdown: `format`, else
     the extension of `output` picks it (render/report_data.RENDERERS; HTML for `-`, stdout).
@@ -489,7 +536,8 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic
-    from stepscope.render.report_data import ReportView, budget_for, chosen, pick_step, renderer, step_view
+    from stepscope.analysis.representative import pick_step
+    from stepscope.render.report_data import ReportView, budget_for, chosen, renderer, step_view
 
     suffix = ".html" if output is None or is_stdout(output) else Path(output).suffix
     render = renderer(format or suffix, output)
@@ -502,29 +550,33 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
         target(output, force)  # a device, FIFO or read-only file fails before the trace is read
         refuse_overwrite(Path(output), [Path(p) for p in (trace, compare, cells, rules) if isinstance(p, (str, Path))])
 
+    from stepscope.analysis import whatif
+    from stepscope.pipeline import whatif_of
+
+    cal = None
+
     def view(x, which):
+        nonlocal cal
         if hasattr(x, "diagnosis"):  # an Analysis
             inv, d = x.inventory, x.diagnosis
         else:
-            inv = load(x, step_regex, rules, memory=ONE_PASS)  # the budget's grid/block: Inventory.step_acts
+            inv = load(x, step_regex, rules, memory=ONE_PASS, strict=strict)  # the budget's grid/block: Inventory.step_acts
             progress.stage(f"finding gaps, launch overhead and floors of {Path(x).name}")
-            d = diagnose(inv)  # once: the picked step, its floors and its TP peers all read it
-        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which))
+            cal = whatif.chosen(calibration) if cal is None else cal  # read once, after the first trace
+            d = diagnose(inv, cal)  # once: the picked step, its floors and its TP peers all read it
+        return inv, d, step_view(inv, pick_step(inv, which, d), d, chosen=chosen(inv, which), whatif=whatif_of(d))
 
-    from stepscope.analysis.whatif import calibrated
+    inv, d, first = view(trace, steps)
+    other = comparison = runs = None
+    if compare is not None:
+        from stepscope.analysis.run_compare import compare_runs
+        from stepscope.analysis.whatif import is_graph_trace
 
-    with calibrated(calibration):
-        inv, d, first = view(trace, steps)
-        other = comparison = runs = None
-        if compare is not None:
-            from stepscope.analysis.run_compare import compare_runs
-            from stepscope.analysis.whatif import is_graph_trace
-
-            inv_b, db, other = view(compare, compare_steps)
-            comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
-            ga = is_graph_trace(inv)
-            runs = compare_runs(d, db, ga, is_graph_trace(inv_b), None if ga else d.graph_prediction)
-    budget_rows, note = budget_for(inv, first, cells, shape)
+        inv_b, db, other = view(compare, compare_steps)
+        comparison = _compared(d.only_steps(steps), db.only_steps(compare_steps))
+        ga = is_graph_trace(inv)
+        runs = compare_runs(d, db, ga, is_graph_trace(inv_b), None if ga else d.graph_prediction)
+    budget_rows, note = budget_for(*_report_budget(inv, first.step, first.figures, cells, shape))
     from stepscope.analysis.run import run_view
 
     run = run_view(d)
@@ -541,7 +593,7 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
 
 
 def export(trace, output: str | Path | None = None, *, steps: str = "all", step_regex: str | None = None,
-           rules: str | Path | None = None, force: bool = False) -> Written:
+           rules: str | Path | None = None, force: bool = False, strict: bool = False) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
     `output` ends in .gz; written to `output` (all or nothing; `-`: stdout; `force`: even over a
     read-only file) when given."""
@@ -556,7 +608,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
         refuse_overwrite(Path(output), [Path(p) for p in (trace, rules) if isinstance(p, (str, Path))])
     check_steps(steps)  # a bad selection fails before the trace is read
     inv = (trace.inventory if hasattr(trace, "inventory")  # an Analysis
-           else load(trace, step_regex, rules, memory=EXPORT))  # grid/block: read while writing (render/perfetto.py)
+           else load(trace, step_regex, rules, memory=EXPORT, strict=strict))  # grid/block: read while writing (render/perfetto.py)
     ids = parse_steps(steps, inv.steps)
     progress.stage(f"writing {len(ids)} step(s)" + (f" to {Path(output).name}" if output is not None else ""))
     n = inv.acts.select(pl.col("step").is_in([int(i) for i in ids]).sum()).item()
@@ -569,7 +621,7 @@ def export(trace, output: str | Path | None = None, *, steps: str = "all", step_
 
 
 def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *, step_regex: str | None = None,
-              rules: str | Path | None = None, cache: bool = True):
+              rules: str | Path | None = None, cache: bool = True, strict: bool = False):
     """The what-if constants measured on graph captures (analysis/whatif.measure), one capture per
     trace that replays a CUDA graph: a Calibration, written as JSON to `output` when given. An
     eager trace whose file name is a graph capture's with `graph` replaced by `eager` is its twin
@@ -589,7 +641,7 @@ def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *,
     for t in paths:
         progress.stage(f"measuring {t.name}")
         # the floors and prologues the constants are measured on need no calibration
-        d = diagnose(load(t, step_regex, rules, cache=cache, memory=ONE_PASS), GraphConstants(0, 0, 0, 0))
+        d = diagnose(load(t, step_regex, rules, cache=cache, memory=ONE_PASS, strict=strict), GraphConstants(0, 0, 0, 0))
         c = measure(d.inv, shown(t), d.prologue, d.floors)
         if c is None:
             eager[t.resolve()] = (t, d)
@@ -616,9 +668,60 @@ def calibrate(traces: Sequence[str | Path], output: str | Path | None = None, *,
     return cal
 
 
+def report_result(path: str | Path, step_regex: str | None = None, rules: str | Path | None = None,
+                  cache: bool = True, strict: bool = False):
+    """Analyze one report of a run (what `stepscope analyze PATH` computes) and keep what the
+    run needs: a reports.ReportResult."""
+    import polars as pl
+
+    from stepscope.analysis.collectives import other_activities, touching_steps
+    from stepscope.analysis.whatif import scheduling
+    from stepscope.ingest.session import session_clock
+    from stepscope.paths import shown
+    from stepscope.reports import FLOOR_COLUMNS, STEP_COLUMNS, ReportResult
+
+    d = diagnosis(path, step_regex, rules, cache=cache, memory=ONE_SHOT, strict=strict)
+    inv = d.inv
+    clock = session_clock(path)
+    replayed = d.graph_prediction.select("step", replayed=pl.col("predicted_graph_step_time_ns").is_null())
+    steps = (inv.steps.select(*STEP_COLUMNS)
+             .join(d.floors.select("step", *FLOOR_COLUMNS), on="step", how="left")
+             .join(d.prologue.select("step", "prologue_launches", "prologue_host_ns", "prologue_busy_ns",
+                                     "forward_kernels", "forward_memops"), on="step", how="left")
+             .join(replayed, on="step", how="left").sort("step"))
+    acts = inv.in_steps("step", "start", "end", "prev_end", "class", "is_kernel")
+    touching = touching_steps(acts)
+    other = other_activities(acts, touching)
+    n_kernels = int(inv.steps["n_kernels"].sum() or 0)
+    t = inv.trace
+    out = ReportResult(shown(path), clock.start_utc_ns, clock.host, t.nsys_version, t.schema_version,
+                       t.gpus.to_dicts(), list(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
+                       touching, other, n_kernels, scheduling(inv))
+    ONE_SHOT.results_ready(d)
+    return out
+
+
+def report_outcome(path: str, step_regex: str | None = None, rules: str | None = None,
+                   cache: bool = True, strict: bool = False):
+    """report_result, with any failure turned into a reports.ReportFailure naming the report:
+    what a worker returns (an exception of polars' or ADBC's Rust code may not travel back whole)."""
+    from stepscope.errors import StepscopeError
+    from stepscope.paths import shown
+    from stepscope.reports import ReportFailure
+
+    try:
+        return report_result(path, step_regex, rules, cache, strict)
+    except StepscopeError as e:
+        return ReportFailure(shown(path), str(e), e.exit_code)
+    except MemoryError:
+        return ReportFailure(shown(path), "ran out of memory analyzing it: give the worker more memory", 2)
+    except Exception as e:  # noqa: BLE001 - a bug: one line, exit 3, as the CLI says of any other
+        return ReportFailure(shown(path), f"internal error ({type(e).__name__}: {e})", 3)
+
+
 def run(reports: Sequence[str | Path], *, step_regex: str | None = None, rules: str | Path | None = None,
         steps: str = "all", cache: bool = True, scheduler: str | None = None, workers: int | None = None,
-        processes: bool = True, timeout: float | None = None):
+        processes: bool = True, timeout: float | None = None, strict: bool = False, calibration=None):
     """Several reports of one run (files, directories of exports, glob patterns): each analyzed
     alone (stepscope/reports.py, on dask when it is installed: stepscope/distribute.py), then one
     run view (analysis/reports_run.py): the RunView, narrowed to the TP steps `steps` selects."""
@@ -630,10 +733,10 @@ def run(reports: Sequence[str | Path], *, step_regex: str | None = None, rules: 
     check_steps(steps)
     opt.integer(workers, "--workers", 1, opt.MAX_WORKERS)
     paths = expand_reports(list(reports))
-    results = map_reports(paths, step_regex, None if rules is None else str(rules), cache, scheduler=scheduler,
-                          workers=workers, processes=processes, timeout=timeout)
+    results = map_reports(paths, report_outcome, step_regex, None if rules is None else str(rules), cache,
+                          strict, scheduler=scheduler, workers=workers, processes=processes, timeout=timeout)
     progress.stage(f"matching the collectives of {len(results)} reports")
-    view = combine(results)
+    view = combine(results, calibration)
     if steps not in (None, "", "all"):
         groups = sorted(set(view.steps["group"].drop_nulls().to_list()))
         view = only_groups(view, parse_steps(steps, groups))

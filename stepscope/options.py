@@ -5,7 +5,6 @@ comparison the analyses make, so each numeric option is checked where a command 
 
 from __future__ import annotations
 
-import contextvars
 import math
 
 from stepscope.errors import InputError
@@ -50,12 +49,3 @@ MAX_BATCH = 100_000
 MAX_CONTEXT = 10_000_000
 MAX_WORKERS = 4_096        # dask workers of a local cluster
 
-
-# --strict: what only warns by default fails (a --step-regex that matches no range); set by the
-# option's callback on every command that takes --step-regex, read where the warning is made
-STRICT: contextvars.ContextVar[bool] = contextvars.ContextVar("stepscope_strict", default=False)
-
-
-def strict(value: bool) -> bool:
-    STRICT.set(bool(value))
-    return value

@@ -1,12 +1,14 @@
-"""The reports of one run: which files a command line names, and the per-report work.
+"""The reports of one run: which files a command line names, and what each report's work sends
+back.
 
 One run past one GPU is many exports (one per rank, `nsys profile -o report_%q{RANK}`, or one
-per node). Each report is analyzed alone by `report_result` — the same diagnosis as
-`stepscope analyze REPORT` — into a few small frames: per step the figures that do not depend
-on the other ranks, and the collective kernels' intervals, which analysis/reports_run.py matches
-across the reports. That function is what a dask worker runs (stepscope/distribute.py, the nsys
-recipe's `--mode dask-futures`): it reads its report from a path the worker can see, and only
-the small frames travel back.
+per node). Each report is analyzed alone by `library.report_result` — the same diagnosis as
+`stepscope analyze REPORT` — into a few small frames (ReportResult): per step the figures that
+do not depend on the other ranks, and the collective kernels' intervals, which
+analysis/reports_run.py matches across the reports. That function is what a dask worker runs
+(stepscope/distribute.py, the nsys recipe's `--mode dask-futures`): it reads its report from a
+path the worker can see, and only the small frames travel back. This module imports neither
+the library nor the scheduler (no import circle through it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from stepscope.errors import InputError, StepscopeError
+from stepscope.errors import InputError
 from stepscope.paths import shown
 
 # what a directory given on the command line contributes: nsys SQLite exports
@@ -60,50 +62,6 @@ class ReportFailure:
     message: str
     exit_code: int = 2
     extra: dict = field(default_factory=dict)
-
-
-def report_result(path: str | Path, step_regex: str | None = None, rules: str | Path | None = None,
-                  cache: bool = True) -> ReportResult:
-    """Analyze one report (what `stepscope analyze PATH` computes) and keep what the run needs."""
-    from stepscope import library
-    from stepscope.analysis.collectives import other_activities, touching_steps
-    from stepscope.analysis.memory import ONE_SHOT
-    from stepscope.analysis.whatif import scheduling
-    from stepscope.ingest.session import session_clock
-
-    d = library.diagnosis(path, step_regex, rules, cache=cache, memory=ONE_SHOT)
-    inv = d.inv
-    clock = session_clock(path)
-    replayed = d.graph_prediction.select("step", replayed=pl.col("predicted_graph_step_time_ns").is_null())
-    steps = (inv.steps.select(*STEP_COLUMNS)
-             .join(d.floors.select("step", *FLOOR_COLUMNS), on="step", how="left")
-             .join(d.prologue.select("step", "prologue_launches", "prologue_host_ns", "prologue_busy_ns",
-                                     "forward_kernels", "forward_memops"), on="step", how="left")
-             .join(replayed, on="step", how="left").sort("step"))
-    acts = inv.in_steps("step", "start", "end", "prev_end", "class", "is_kernel")
-    touching = touching_steps(acts)
-    other = other_activities(acts, touching)
-    n_kernels = int(inv.steps["n_kernels"].sum() or 0)
-    t = inv.trace
-    out = ReportResult(shown(path), clock.start_utc_ns, clock.host, t.nsys_version, t.schema_version,
-                       t.gpus.to_dicts(), list(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
-                       touching, other, n_kernels, scheduling(inv))
-    ONE_SHOT.results_ready(d)
-    return out
-
-
-def report_outcome(path: str, step_regex: str | None = None, rules: str | None = None,
-                   cache: bool = True) -> ReportResult | ReportFailure:
-    """report_result, with any failure turned into a ReportFailure naming the report: what a
-    worker returns (an exception of polars' or ADBC's Rust code may not travel back whole)."""
-    try:
-        return report_result(path, step_regex, rules, cache)
-    except StepscopeError as e:
-        return ReportFailure(shown(path), str(e), e.exit_code)
-    except MemoryError:
-        return ReportFailure(shown(path), "ran out of memory analyzing it: give the worker more memory", 2)
-    except Exception as e:  # noqa: BLE001 - a bug: one line, exit 3, as the CLI says of any other
-        return ReportFailure(shown(path), f"internal error ({type(e).__name__}: {e})", 3)
 
 
 def _natural(p: str) -> list:

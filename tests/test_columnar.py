@@ -47,7 +47,7 @@ REAL = _Real()
 
 @pytest.fixture
 def cli():
-    from stepscope.commands.app import app
+    from stepscope.cli import app
     from tests.conftest import CliRunner
 
     runner = CliRunner()

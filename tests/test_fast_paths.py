@@ -85,13 +85,16 @@ def test_the_documents_bytes_are_its_text(monkeypatch):
     from stepscope import library
     from stepscope.render import json as rj
 
+    from stepscope.pipeline import result_of
+
     d = library.diagnosis(need(FIXTURES / "round5" / "llama8b_decode_b1_bare.sqlite"), cache=False)
-    text = rj.analyze_json(d.inv, "all", d)
-    assert rj.analyze_json_bytes(d.inv, "all", d) == text.encode()
+    r = result_of(d, "all")
+    text = rj.analyze_json(r)
+    assert rj.analyze_json_bytes(r) == text.encode()
     monkeypatch.setattr(rj, "INDENT_MAX_STEPS", 0)
-    compact = rj.analyze_json(d.inv, "all", d)
+    compact = rj.analyze_json(r)
     assert "\n" not in compact and any(ord(c) > 127 for c in compact)
-    assert rj.analyze_json_bytes(d.inv, "all", d) == compact.encode()
+    assert rj.analyze_json_bytes(r) == compact.encode()
     import json
 
     assert json.loads(compact) == json.loads(text)

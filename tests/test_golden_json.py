@@ -1,9 +1,12 @@
-"""Golden JSON: `stepscope analyze FILE --json --steps all` on every committed trace equals the
-stored document in tests/golden/<stem>.json — no figure changes when the data path changes.
+"""Golden JSON: `stepscope analyze FILE --json --steps all` on every committed export (every
+`.sqlite` and `.sqlite.gz` under fixtures/) and every foreign export present equals the stored
+document in tests/golden/<name>.json — no figure changes when the data path changes.
 
 Compared after `tests/golden/regen.py`'s `canonical`: `trace.path` (machine-specific) dropped
 and the order among tied entries of ranked lists normalized; every number, float included, must
-be exactly as stored.  When a figure is meant to change, regenerate with
+be exactly as stored. A document over 64 KiB (a whole-run capture's thousands of steps) is
+compared in regen.py's `stored` form: its long lists by length, first entries and a SHA-256 of
+each sixteenth of their JSON text, so every byte still counts.  When a figure is meant to change, regenerate with
 `python tests/golden/regen.py [NAME ...]` and say why in the commit.
 """
 
@@ -13,7 +16,7 @@ import json
 
 import pytest
 
-from tests.golden.regen import EXTERNAL, GOLDEN, analyze, canonical, golden_path, traces
+from tests.golden.regen import EXTERNAL, GOLDEN, analyze, canonical, golden_path, name, stored, traces
 
 TRACES = traces()
 MAX_GOLDEN_BYTES = 3 * 2**20
@@ -44,12 +47,12 @@ def _diff(want, got, path="$", out=None, limit=20):
     return out[:limit]
 
 
-@pytest.mark.parametrize("trace", TRACES, ids=[t.stem for t in TRACES])
+@pytest.mark.parametrize("trace", TRACES, ids=[name(t) for t in TRACES])
 def test_analyze_json_matches_golden(trace):
     gold = golden_path(trace)
-    assert gold.exists(), f"no golden for {trace.name}: run python tests/golden/regen.py {trace.stem}"
+    assert gold.exists(), f"no golden for {trace.name}: run python tests/golden/regen.py {name(trace)}"
     want = json.loads(gold.read_text(encoding="utf-8"))
-    got = canonical(analyze(trace))
+    got = stored(canonical(analyze(trace)))
     if got != want:
         lines = _diff(want, got)
         pytest.fail(f"{trace.name}: analyze --json differs from {gold.name} (stored != now):\n  "
@@ -72,10 +75,23 @@ def test_canonical_keeps_order_between_different_figures():
     assert canonical(doc(k1, k2, dict(k3, time_ns=4))) != c
 
 
+def test_stored_form_digests_every_entry_of_a_long_list():
+    steps = [{"step": i, "time_ns": 100 + i} for i in range(200)]
+    doc = {"trace": {}, "steps": steps, "pad": "x" * (70 * 1024)}
+    s = stored(doc)
+    assert s["steps"]["digest_of_list"]["len"] == 200 and s["steps"]["digest_of_list"]["head"] == steps[:2]
+    assert stored({"steps": steps[:10]}) == {"steps": steps[:10]}  # a small document is kept whole
+    for i in (0, 77, 199):  # one figure changed anywhere changes one slice's digest
+        other = [dict(x) for x in steps]
+        other[i]["time_ns"] += 1
+        a, b = s["steps"]["digest_of_list"]["slices"], stored(dict(doc, steps=other))["steps"]["digest_of_list"]["slices"]
+        assert sum(x != y for x, y in zip(a, b)) == 1
+
+
 def test_golden_files_small_and_not_stale():
     files = sorted(GOLDEN.glob("*.json"))
     assert sum(p.stat().st_size for p in files) <= MAX_GOLDEN_BYTES
     if not EXTERNAL.is_dir():
         pytest.skip(f"{EXTERNAL} not present: cannot tell stale golden files")
-    stale = {p.stem for p in files} - {t.stem for t in TRACES}
+    stale = {p.stem for p in files} - {name(t) for t in TRACES}
     assert not stale, f"golden files without a trace: {sorted(stale)}"

@@ -78,10 +78,11 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("layer, forbidden", [
     ("stepscope.analysis", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
-                            "stepscope.api")),
+                            "stepscope.api", "stepscope.pipeline")),
     ("stepscope.ingest", ("stepscope.render", "stepscope.commands", "stepscope.cli", "stepscope.library",
-                          "stepscope.api", "stepscope.analysis")),
-    ("stepscope.render", ("stepscope.commands", "stepscope.cli", "stepscope.library")),
+                          "stepscope.api", "stepscope.analysis", "stepscope.pipeline")),
+    ("stepscope.render", ("stepscope.commands", "stepscope.cli", "stepscope.library", "stepscope.pipeline")),
+    ("stepscope.pipeline", ("stepscope.commands", "stepscope.cli", "stepscope.library", "stepscope.api")),
     ("stepscope.library", ("stepscope.commands", "stepscope.cli")),
     ("stepscope.api", ("stepscope.commands", "stepscope.cli")),
     ("stepscope.commands", ("stepscope.cli",)),
@@ -93,12 +94,89 @@ def test_a_layer_imports_nothing_above_it(layer, forbidden):
 
 
 def test_the_app_module_is_a_leaf():
-    """commands/app.py holds the app and the shared options; the command modules register on it
-    and cli.py imports them: app imports no command module."""
+    """commands/app.py holds the app and the shared options; commands/__init__.py lists every
+    command (COMMANDS, GROUPS) and cli.py registers them: app imports no command module, and no
+    command module registers itself (no `@app.command`, no `app.add_typer`)."""
     assert not {i for i in _imports(MODULES["stepscope.commands.app"], False) if i.startswith("stepscope.commands")}
     cli = _imports(MODULES["stepscope.cli"], True)
-    assert {"stepscope.commands.analyze", "stepscope.commands.verdicts", "stepscope.commands.report",
-            "stepscope.commands.app"} <= cli
+    assert {"stepscope.commands", "stepscope.commands.app"} <= cli
+    for m, p in MODULES.items():
+        if m.startswith("stepscope.commands.") and m != "stepscope.commands.app":
+            text = p.read_text()
+            assert "@app." not in text and "app.add_typer" not in text, m
+
+
+def test_every_command_is_listed_once_in_help_order():
+    """The commands `stepscope --help` lists are COMMANDS then GROUPS, in that order: each a
+    function of a command module."""
+    from typer.main import get_command
+
+    from stepscope.cli import app
+    from stepscope.commands import COMMANDS, GROUPS
+
+    names = [n for n, _ in COMMANDS] + [n for n, _ in GROUPS]
+    assert len(set(names)) == len(names)
+    assert list(get_command(app).commands) == names
+
+
+# the analyses a renderer must not run: it formats the Result (stepscope/pipeline.py) it is
+# given. Types, constants and pure lookups of these layers (Inventory, KINDS, FAMILY_LABELS, the
+# representative step's grouping) stay importable.
+COMPUTATIONS = {
+    "stepscope.analysis.run": {"run_view"}, "stepscope.analysis.whatif": {"describe_for"},
+    "stepscope.analysis.diagnosis": {"diagnose"}, "stepscope.analysis.collectives": {"collectives", "summary_rank"},
+    "stepscope.bytes.budget": {"budget"}, "stepscope.bytes.cells": {"read_cells"},
+    "stepscope.analysis.inventory": {"analyze_trace"},
+    "stepscope.analysis.reports_run": {"combine", "rank_totals", "tp_groups", "run_binding_rank"},
+}
+
+
+def test_renderers_run_no_analysis():
+    """render/ formats what the Result holds (issue 43): no renderer imports the run view, the
+    what-if calibration's description, the diagnosis, the collectives, the byte budget or the
+    cells reader, at module level or inside a function."""
+    bad = []
+    for m, p in MODULES.items():
+        if not m.startswith("stepscope.render"):
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module in COMPUTATIONS:
+                names = {a.name for a in n.names}
+                if COMPUTATIONS[n.module] & names:
+                    bad.append((m, n.module, n.lineno))
+    assert not bad
+
+
+def test_no_module_state_of_the_analysis_options():
+    """The calibration and --strict travel as arguments (pipeline.Options): no module-global
+    calibration in whatif.py, no context variable anywhere in the package."""
+    import stepscope.analysis.whatif as whatif
+
+    assert not hasattr(whatif, "_CHOSEN") and not hasattr(whatif, "calibrated")
+    for m, p in MODULES.items():
+        assert "contextvars" not in p.read_text(), m
+
+
+def test_no_import_cycle_anywhere_even_through_lazy_imports():
+    """No circle through imports inside functions either, in the whole package (the two that
+    were: library -> distribute -> reports -> library, capture/engines/vllm_engine <->
+    vllm_serving). A package's `__init__` imports its modules lazily where it must; a module
+    importing its own package (`from stepscope.ingest import x`) counts as importing it."""
+    graph = {m: _imports(p, False) for m, p in MODULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
 
 
 def test_analyses_write_no_json_or_text_documents():

@@ -52,9 +52,10 @@ def _joint(path: Path) -> tuple[dict, dict]:
     """tp --json and analyze --json of the export that holds every rank."""
     doc = library.tp(path, cache=False)
     d = library.diagnosis(path, cache=False)
+    from stepscope.pipeline import result_of
     from stepscope.render.json import analyze_document
 
-    return doc, analyze_document(d.inv, None, d)
+    return doc, analyze_document(result_of(d, None))
 
 
 def _comm_kernels_per_pid(path: Path) -> dict[int, int]:
@@ -156,10 +157,10 @@ def test_without_dask_the_reports_run_one_after_another(run_dir, monkeypatch, ca
     notices = []
     monkeypatch.setattr(distribute, "have_dask", lambda: False)
     monkeypatch.setattr(progress, "notice", notices.append)
-    distribute.map_reports(run_dir[:2], cache=False)
+    distribute.map_reports(run_dir[:2], library.report_outcome, cache=False)
     assert notices and "one after another" in notices[0] and "stepscope[dask]" in notices[0]
     with pytest.raises(StepscopeError, match="--scheduler needs dask"):
-        distribute.map_reports(run_dir[:2], scheduler="tcp://127.0.0.1:1")
+        distribute.map_reports(run_dir[:2], library.report_outcome, scheduler="tcp://127.0.0.1:1")
 
 
 def _damaged(run_dir, tmp_path) -> list[Path]:
@@ -188,20 +189,20 @@ def test_a_damaged_report_ends_in_one_line_naming_it(run_dir, tmp_path, monkeypa
     assert sha256(reports[3]) == before
 
 
-def _dies_on_rank1_of_node1(path, step_regex=None, rules=None, cache=True):
-    from stepscope.reports import report_outcome
+def _dies_on_rank1_of_node1(path, step_regex=None, rules=None, cache=True, strict=False):
+    from stepscope.library import report_outcome
 
     if "node1_" in path and "rank1" in path:
         os._exit(13)  # the worker process dies, as when the kernel kills it for memory
-    return report_outcome(path, step_regex, rules, cache)
+    return report_outcome(path, step_regex, rules, cache, strict)
 
 
-def _hangs_on_node2(path, step_regex=None, rules=None, cache=True):
-    from stepscope.reports import report_outcome
+def _hangs_on_node2(path, step_regex=None, rules=None, cache=True, strict=False):
+    from stepscope.library import report_outcome
 
     if "node2_" in path:
         time.sleep(600)
-    return report_outcome(path, step_regex, rules, cache)
+    return report_outcome(path, step_regex, rules, cache, strict)
 
 
 @pytest.mark.parametrize("fn, order, timeout, match", [
@@ -218,7 +219,7 @@ def test_a_worker_that_dies_or_hangs_ends_in_one_line_naming_the_report(run_dir,
     cloudpickle.register_pickle_by_value(__import__(__name__))  # the worker processes cannot import tests/
     t0 = time.monotonic()
     with pytest.raises(distribute.ReportError) as e:
-        distribute.map_reports([run_dir[i] for i in order], cache=False, workers=2, processes=True, timeout=timeout, fn=fn)
+        distribute.map_reports([run_dir[i] for i in order], fn, cache=False, workers=2, processes=True, timeout=timeout)
     assert re.search(match, str(e.value)), str(e.value)
     assert "\n" not in str(e.value)
     assert time.monotonic() - t0 < 120
@@ -250,9 +251,10 @@ def test_one_path_keeps_todays_document(tmp_path):
     doc = json.loads(res.stdout)
     assert "steps" in doc and "run_ranks" not in doc
     d = library.diagnosis(TP2, cache=False)
+    from stepscope.pipeline import result_of
     from stepscope.render.json import analyze_json
 
-    assert res.stdout == analyze_json(d.inv, None, d) + "\n"
+    assert res.stdout == analyze_json(result_of(d, None)) + "\n"
 
 
 def test_the_run_on_the_terminal(run_dir):
@@ -275,7 +277,7 @@ def test_a_serving_report_keeps_its_queued_replays_in_the_run_view():
     import polars as pl
 
     from stepscope.analysis.reports_run import combine
-    from stepscope.reports import report_result
+    from stepscope.library import report_result
     from tests.conftest import serving_diagnosis, serving_export
 
     path = serving_export("eager")

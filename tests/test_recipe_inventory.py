@@ -148,7 +148,7 @@ class DaskFuturesContext:
 
 
 def test_recipe_in_dask_futures_mode_gives_the_run_view(tmp_path, monkeypatch):
-    """The recipe's mapper on dask workers runs stepscope.reports.report_result, and its reducer
+    """The recipe's mapper on dask workers runs stepscope.library.report_result, and its reducer
     adds the run's tables: the same figures as `stepscope analyze R1 R2 --json`."""
     pytest.importorskip("distributed")
     import cloudpickle

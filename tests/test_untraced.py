@@ -131,10 +131,12 @@ def test_compare_in_both_currencies(name):
 
 def test_verdict_line_gives_the_untraced_figure_first():
     from stepscope.render.terminal import verdict_line
+    from stepscope.pipeline import whatif_of
     from stepscope.render.views import step_diagnosis
 
     path = FIX / "vllm" / "llama8b_decode_b1_eager.sqlite"
-    line = verdict_line(step_diagnosis(diagnose(open_trace(path).inventory), 0))
+    d = diagnose(open_trace(path).inventory)
+    line = verdict_line(step_diagnosis(d, 0, whatif=whatif_of(d)))
     assert line.startswith("decode step ≈ 25.714 ms untraced (27.649 ms under nsys): launch-bound; "
                            "CUDA graphs would cut it to about 5.132 ms (8.103 ms under nsys)")
     assert os.path.exists(sidecar_path(path))

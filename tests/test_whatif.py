@@ -15,7 +15,7 @@ from tests.conftest import CliRunner
 import stepscope
 from stepscope import library
 from stepscope.analysis import tp as tpm
-from stepscope.analysis.whatif import (FIGURES, Calibration, bundled, calibrated, graph_step, point_of,
+from stepscope.analysis.whatif import (FIGURES, Calibration, bundled, graph_step, point_of,
                                        step_figures)
 from stepscope.cli import app
 from tests.conftest import FIXTURES, gunzipped, need, ro
@@ -81,7 +81,7 @@ def compared(eager: str, graph: str) -> dict:
     if (eager, graph) not in _COMPARED:
         from stepscope.calibration import default_calibration
 
-        assert default_calibration() is bundled()  # no user file, no calibrated() block around it
+        assert default_calibration() is bundled()  # no user file, no calibration given
         _COMPARED[eager, graph] = json.dumps(stepscope.compare(fx(eager), fx(graph)))
     return json.loads(_COMPARED[eager, graph])
 
@@ -179,8 +179,7 @@ def test_leave_one_out_point_error(eager, graph):
     full = bundled()
     held_out = Calibration(tuple(c for c in full.captures if c.source != f"fixtures/{graph}.sqlite"), "held out")
     assert len(held_out.captures) == len(full.captures) - 1
-    with calibrated(held_out):
-        doc = stepscope.compare(fx(eager), fx(graph))
+    doc = stepscope.compare(fx(eager), fx(graph), calibration=held_out)
     err = 100 * (doc["predicted_graph_step_time_ns"] - doc["prediction_reference_ns"]) / doc["prediction_reference_ns"]
     assert err == pytest.approx(LEAVE_ONE_OUT[eager], abs=0.1)
 

@@ -3,7 +3,7 @@
     NSYS_RECIPE_PATH=/path/to/stepscope/recipes nsys recipe stepscope_inventory --input rank0.nsys-rep rank1.nsys-rep
     NSYS_RECIPE_PATH=/path/to/stepscope/recipes nsys recipe stepscope_inventory --input reports_dir/ --csv
 
-Each report is analyzed by stepscope itself (stepscope.reports.report_result, the per-report
+Each report is analyzed by stepscope itself (stepscope.library.report_result, the per-report
 function of `stepscope analyze R1 R2 …`) on its SQLite
 export: `<report>.sqlite` next to the report when it exists, else exported once with
 `nsys export --type sqlite`. The map step runs per report (in parallel, or on a dask cluster
@@ -77,9 +77,9 @@ def _nsys_next_to_recipe_package() -> str | None:
 
 def inventory_of(report: str | Path, step_regex: str | None = None) -> tuple:
     """(report name, steps frame, class inventory frame, the report's ReportResult) of one
-    report: stepscope.reports.report_result, the per-report function `stepscope analyze R1 R2 …`
+    report: stepscope.library.report_result, the per-report function `stepscope analyze R1 R2 …`
     runs on its dask workers, here on nsys recipe's (`--mode dask-futures`) or in its processes."""
-    from stepscope.reports import report_result
+    from stepscope.library import report_result
 
     res = report_result(sqlite_for(report), step_regex)
     name = Path(report).name

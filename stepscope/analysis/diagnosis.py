@@ -136,16 +136,17 @@ def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
 
 
 def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | None = None) -> Diagnosis:
-    """`calibration`: the what-if's (whatif.Calibration; None: whatif.active()).
+    """`calibration`: the what-if's (a whatif.Calibration, one GraphConstants or a file; None:
+    the default, whatif.chosen).
     `known`: calibration_free(inv), when already known."""
     m = calibration_free(inv) if known is None else known
     from stepscope.analysis.untraced import untraced
-    from stepscope.analysis.whatif import active, measure
+    from stepscope.analysis.whatif import chosen, measure
     from stepscope.paths import shown
 
     coll = Collectives(m["collective_ranks"], m["collective_kernels"], m["collective_steps"], m["collective_work"])
     launch, f, pro = m["launch"], m["floors"], m["prologue"]
-    calibration = active() if calibration is None else calibration
+    calibration = chosen(calibration)
     graph = predict_graph_step(inv, calibration, work=f, pro=pro)
     untr = untraced(inv, launch, f, pro, calibration, m["untraced_replay"])
     return Diagnosis(

@@ -220,11 +220,13 @@ def collective_kernels(acts: pl.DataFrame) -> pl.DataFrame:
 
 
 def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | None = None,
-                  memory: Retention = KEEP, launch_config: LaunchConfigReader | None = None) -> Inventory:
+                  memory: Retention = KEEP, launch_config: LaunchConfigReader | None = None,
+                  strict: bool = False) -> Inventory:
     """The per-step inventory of a trace. `memory`: what it may let go of on the way
     (analysis/memory.py; ONE_SHOT for a one-shot caller such as `analyze`). `launch_config` reads
     the grid/block of chosen kernel names when the trace was read without them
-    (stepscope.launch_config): phase evidence needs a few."""
+    (stepscope.launch_config): phase evidence needs a few. `strict` (--strict): a `step_regex`
+    that matches no range with GPU work is an InputError, not a warning."""
     rules = rules or load_rules()
     # the API calls' names only: the kernels' are joined on as a frame (kernel_names)
     api_ids = trace.api["name_id"].unique().drop_nulls()
@@ -286,9 +288,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         used = ", ".join(seg.steps["delimiter"].unique(maintain_order=True).to_list())
         msg = (f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
                f"delimited by {used} instead")
-        from stepscope.options import STRICT
+        if strict:
+            from stepscope.errors import InputError
 
-        if STRICT.get():
             raise InputError(f"--step-regex {step_regex!r} matched no NVTX range with GPU work (--strict): check "
                              "the pattern against the trace's range names, or leave --strict out")
         warnings.append(msg)

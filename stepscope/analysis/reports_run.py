@@ -24,7 +24,7 @@ from stepscope.analysis.collectives import (
     Collectives, declared_tp, group_verdicts, match_collectives, step_collectives, work_of,
 )
 from stepscope.analysis.verdict import verdict_expr
-from stepscope.analysis.whatif import active, engine_of_names, predicted_expr
+from stepscope.analysis.whatif import chosen, engine_of_names, predicted_expr
 
 KEYS = ["report", "pid", "device"]
 
@@ -37,10 +37,20 @@ class RunView:
     steps: pl.DataFrame     # one row per (report, step): run_step, report, step, rank, group, the report's
                             # figures, the run's collectives split, floors, verdict, what-if, TP figures
     warnings: list[str]
+    # the run's summaries, computed with it (summarized): the renderers only format them
+    totals: pl.DataFrame | None = None   # rank_totals
+    tp: pl.DataFrame | None = None       # tp_groups
+    binding: dict | None = None          # run_binding_rank
 
     @property
     def n_ranks(self) -> int:
         return self.ranks.height
+
+
+def summarized(view: RunView) -> RunView:
+    """`view` with its per-rank totals, TP steps and binding rank computed."""
+    return RunView(view.reports, view.ranks, view.steps, view.warnings, rank_totals(view), tp_groups(view),
+                   run_binding_rank(view))
 
 
 def _clock_offsets(results) -> tuple[list[int], list[str]]:
@@ -55,8 +65,9 @@ def _clock_offsets(results) -> tuple[list[int], list[str]]:
     return [0 if s is None else s - origin for s in starts], warnings
 
 
-def combine(results: list) -> RunView:
-    """The run view of several reports' results (see the module doc)."""
+def combine(results: list, calibration=None) -> RunView:
+    """The run view of several reports' results (see the module doc); `calibration`: the
+    what-if's (whatif.chosen: None is the default one)."""
     offsets, warnings = _clock_offsets(results)
     n = len(results)
     idx = pl.DataFrame({"report": list(range(n)), "_off": offsets, "host": [r.host for r in results]},
@@ -104,7 +115,7 @@ def combine(results: list) -> RunView:
                   margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                           / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
                   predicted_graph_step_time_ns=pl.when(pl.col("replayed").fill_null(False)).then(None)
-                  .otherwise(predicted_expr(active(), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
+                  .otherwise(predicted_expr(chosen(calibration), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
               .select("step", "cpu_floor_ns", "device_floor_ns", "verdict", "margin", "predicted_graph_step_time_ns"))
     coll = Collectives(ranks.select(*KEYS, "rank"), matched, coll_steps, work)
     groups = group_verdicts(coll, run.select("step", "step_time_ns"), floors)
@@ -121,12 +132,12 @@ def combine(results: list) -> RunView:
                         "clock_offset_ns": offsets[i], "nsys_version": r.nsys_version,
                         "schema_version": r.schema_version, "gpus": r.gpus, "warnings": r.warnings,
                         "steps": r.steps.height, "kernels": r.kernels})
-    return RunView(reports, ranks.select("rank", *KEYS, "host").sort("rank"), out, warnings)
+    return summarized(RunView(reports, ranks.select("rank", *KEYS, "host").sort("rank"), out, warnings))
 
 
 def only_groups(view: RunView, groups: list[int]) -> RunView:
     """The run narrowed to the TP steps `groups` (every rank's step of each)."""
-    return RunView(view.reports, view.ranks, view.steps.filter(pl.col("group").is_in(groups)), view.warnings)
+    return summarized(RunView(view.reports, view.ranks, view.steps.filter(pl.col("group").is_in(groups)), view.warnings))
 
 
 def rank_totals(view: RunView) -> pl.DataFrame:

@@ -31,7 +31,6 @@ them again. `stepscope calibrate` writes one from the user's own captures.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -41,26 +40,15 @@ from stepscope.calibration import (CONSTANTS, MEMSET_EVERY, Calibration, Capture
                                    bundled, default_calibration, read_calibration, user_calibration_path,
                                    with_memsets)
 
-_CHOSEN: Calibration | None = None
-
-
-@contextmanager
-def calibrated(path: str | Path | Calibration | None):
-    """Inside the block, active() is the calibration read from `path` (None: unchanged): what the
-    `--calibration` option of analyze, compare, tp and report sets for their analyses."""
-    global _CHOSEN
-    before = _CHOSEN
-    if path is not None:
-        _CHOSEN = path if isinstance(path, Calibration) else read_calibration(path)
-    try:
-        yield active()
-    finally:
-        _CHOSEN = before
-
-
-def active() -> Calibration:
-    """The calibration the analyses use: the one calibrated() chose, else default_calibration()."""
-    return _CHOSEN if _CHOSEN is not None else default_calibration()
+def chosen(calibration: str | Path | Calibration | GraphConstants | None) -> Calibration | GraphConstants:
+    """The calibration an analysis uses, given explicitly (Options.calibration, `--calibration`):
+    a Calibration or one set of constants as it is, a path read, None the default (the user's
+    file when it exists, else the bundled one). No module state: each call says which it uses."""
+    if calibration is None:
+        return default_calibration()
+    if isinstance(calibration, (Calibration, GraphConstants)):
+        return calibration
+    return read_calibration(calibration)
 
 
 def graph_paths(prologue_launches, prologue_host, device_floor, prologue_busy, forward_kernels, forward_memops,
@@ -166,10 +154,10 @@ def predicted_expr(cal: Calibration | GraphConstants | None = None, engine: str 
                    queued: bool = False, by=("pid", "device")) -> pl.Expr:
     """The what-if graph step (unrounded) of a step that is not a replay, as an expression over
     its FIGURES columns: graph_step, the one model, with `cal`'s point for `engine` and each step's
-    memset mode (else the active calibration's); `queued`: an async run's frame (FIGURES,
+    memset mode (`cal` None: the default calibration's); `queued`: an async run's frame (FIGURES,
     step_begin, step_end, pid, device), whose queued steps (queued_expr) drop their prologue and
     launch. The run view of several reports applies it to each rank's step."""
-    pw, pn = _points(active() if cal is None else cal, engine)
+    pw, pn = _points(chosen(cal), engine)
     q = queued_expr(pw, pn, by) if queued else False
     return _by_mode(_step_expr(pw, q), _step_expr(pn, q))
 
@@ -324,17 +312,18 @@ def held_out_error(cal: Calibration, c: Capture, eager) -> float:
     return (p["predicted_graph_step_time_ns"].median() - c.step_time_ns) / c.step_time_ns
 
 
-def graph_constants(inv: Inventory, source: str = "trace") -> GraphConstants | None:
-    """A graph trace's own constants (None if it has no replay)."""
+def graph_constants(inv: Inventory, source: str = "trace", calibration: Calibration | None = None) -> GraphConstants | None:
+    """A graph trace's own constants (None if it has no replay); the memop gap and prologue it
+    does not measure from `calibration`'s point (None: the default calibration)."""
     c = measure(inv, source)
-    return None if c is None else c.constants(active().point(c.engine))
+    return None if c is None else c.constants(chosen(calibration).point(c.engine))
 
 
 def point_of(inv: Inventory, calibration: Calibration | GraphConstants | None = None,
              pro: pl.DataFrame | None = None, memsets: bool | None = None) -> GraphConstants:
     """The point constants that apply to `inv`'s steps (its engine's and memset mode's — `memsets`,
-    else its median step's from `pro` or prologue(inv) — from `calibration` or active())."""
-    cal = active() if calibration is None else calibration
+    else its median step's from `pro` or prologue(inv) — from `calibration`, None: the default)."""
+    cal = chosen(calibration)
     if isinstance(cal, GraphConstants):
         return cal
     if memsets is None:
@@ -351,14 +340,14 @@ def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants
                        work: pl.DataFrame | None = None, pro: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per step: the predicted graph-mode step time and its range (null for a step that already is a
     replay). `calibration`: a Calibration (point and range), or one set of constants (point only);
-    None: active(). `work`: (step, device_floor_ns), e.g. floors(); when not given, from the
+    None: the default calibration (`chosen`). `work`: (step, device_floor_ns), e.g. floors(); when not given, from the
     collectives."""
     if work is None:
         from stepscope.analysis.collectives import collectives
 
         work = inv.steps.join(collectives(inv).work, on="step", how="left").select(
             "step", pl.coalesce("device_work_ns", "gpu_busy_ns").alias("device_floor_ns"))
-    cal = active() if calibration is None else calibration
+    cal = chosen(calibration)
     eng = engine_of(inv)
     pw, pn = _points(cal, eng)
     spread = [cal] if isinstance(cal, GraphConstants) else cal.spread(eng)

@@ -8,7 +8,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, Strict, app
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, Steps, Strict
 
 DefaultTrace = Annotated[Optional[List[Path]], typer.Argument(
     help="nsys SQLite export (default: a bundled real H200 trace); several, a directory of exports or a glob: "
@@ -20,7 +20,6 @@ Workers = Annotated[Optional[int], typer.Option(
     "--workers", metavar="N", help="several reports: the local dask cluster's workers (default: sized to the machine)")]
 
 
-@app.command()
 def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: Strict = False, rules: Rules = None, as_json: AsJson = False,
             steps: Steps = "all", no_cache: NoCache = False, calibration: CalibrationFile = None,
             kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "
@@ -30,36 +29,28 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
     one run: every rank's steps, the cross-rank skew, the binding rank, transfer vs wait."""
     from stepscope import library
     from stepscope.analysis.memory import ONE_SHOT
-    from stepscope.analysis.run import run_view
+    from stepscope.pipeline import Options, render
     from stepscope.render import progress
-    from stepscope.selection import check_steps, parse_steps
+    from stepscope.selection import check_steps
 
     check_steps(steps)  # a bad --steps fails before the trace is read
     traces = list(trace or [])
     if len(traces) > 1 or (traces and _is_many(traces[0])):
-        return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers)
+        return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict)
+    options = Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration, memory=ONE_SHOT)
     with progress.shown(not as_json):
-        d = library.diagnosis(traces[0] if traces else None, step_regex, rules, cache=not no_cache, memory=ONE_SHOT,
-                              calibration=calibration)
-        ids = parse_steps(steps, d.inv.steps)
+        result = library.analyze(traces[0] if traces else None, options, steps=steps, cache=not no_cache,
+                                 views=not as_json, events=not as_json)
     if as_json:
-        return _echo_json(d, ids)
-    from stepscope.render.terminal import render_steps
+        from stepscope.render.json import JsonRenderer
 
-    render_steps(d, ids, run=run_view(d), kinds=kinds)
+        # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
+        typer.echo(render(result, JsonRenderer()), nl=False)
+        typer.echo()
+        return
+    from stepscope.render.terminal import TerminalRenderer
 
-
-def _echo_json(d, ids) -> None:
-    from stepscope import library
-    from stepscope.analysis.memory import ONE_SHOT
-    from stepscope.analysis.run import run_view
-    from stepscope.render.json import analyze_json_bytes
-
-    run = run_view(d)
-    ONE_SHOT.results_ready(d)  # the document needs only the per-step results
-    # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
-    typer.echo(analyze_json_bytes(d.inv, ids, d, run=run, texts=library.step_texts(d.inv)), nl=False)
-    typer.echo()
+    typer.echo(render(result, TerminalRenderer(kinds=kinds)), nl=False)
 
 
 def _is_many(p: Path) -> bool:
@@ -73,14 +64,14 @@ def _is_many(p: Path) -> bool:
         return False
 
 
-def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers) -> None:
+def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict) -> None:
     from stepscope import library
     from stepscope.render import progress
     from stepscope.render.reports_run import render_run, run_dict
 
     with progress.shown(not as_json):
         doc = run_dict(library.run(traces, step_regex=step_regex, rules=rules, steps=steps, cache=not no_cache,
-                                   scheduler=scheduler, workers=workers))
+                                   scheduler=scheduler, workers=workers, strict=strict))
     if as_json:
         from stepscope.render.json import dumps
 

@@ -1,6 +1,7 @@
 """The Typer app, the options the commands share, and how a command reports bad input.
 
-A leaf module: the command modules import it and register on `app`, cli.py imports them all;
+A leaf module: the command modules import their options from it, and
+stepscope/commands/__init__.py's COMMANDS puts them on `app` (cli.py registers them, once);
 nothing here imports a command or cli.py. Heavy imports (polars, the analyses) wait inside the
 commands so `stepscope --help` stays fast.
 
@@ -77,7 +78,7 @@ def steps_option(note: str = "", old_name: bool = False):
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
 Steps = Annotated[str, steps_option()]
 StepRegex = Annotated[Optional[str], typer.Option("--step-regex", help="regex for NVTX / annotation step range names")]
-Strict = Annotated[bool, typer.Option("--strict", callback=lambda v: __import__("stepscope.options").options.strict(v),
+Strict = Annotated[bool, typer.Option("--strict",
                                       help="a --step-regex that matches no range is an error, not a warning")]
 Rules = Annotated[Optional[Path], typer.Option("--rules", help="TOML file of extra classification rules")]
 Force = Annotated[bool, typer.Option("--force", help="replace an output file even when it is read-only")]

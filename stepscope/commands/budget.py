@@ -1,7 +1,6 @@
 """`stepscope budget TRACE --cells CELLS`: one step's HBM bytes, measured vs minimum.
 
-Registered from stepscope/commands/cells.py (imported by cli.py), so cli.py carries a single
-registration line for the byte side.
+Listed in stepscope/commands/__init__.py's COMMANDS, as every command.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, app, steps_option
+from stepscope.commands.app import AsJson, steps_option
 
 
-@app.command("budget")
 def budget_cmd(
     trace: Annotated[Path, typer.Argument(help="nsys SQLite export of the engine step(s)")],
     cells: Annotated[Path, typer.Option("--cells", help="cells file from `stepscope cells run/import`")],

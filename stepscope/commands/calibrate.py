@@ -7,10 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Strict, app
+from stepscope.commands.app import AsJson, NoCache, Rules, StepRegex, Strict
 
 
-@app.command()
 def calibrate(
     traces: Annotated[list[Path], typer.Argument(
         help="graph captures (nsys exports with --cuda-graph-trace=node); an eager capture named like one "
@@ -31,7 +30,7 @@ def calibrate(
     out = output if output is not None else user_calibration_path()
     refuse_overwrite(out, list(traces))
     with progress.shown(not as_json):
-        cal = library.calibrate(traces, out, step_regex=step_regex, rules=rules, cache=not no_cache)
+        cal = library.calibrate(traces, out, step_regex=step_regex, rules=rules, cache=not no_cache, strict=strict)
     if as_json:
         import json
 

@@ -8,10 +8,9 @@ from typing import Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, app
+from stepscope.commands.app import AsJson
 
 
-@app.command()
 def trace(
     model: str = typer.Option("llama-3.1-8b", "--model", "-m",
                               help="bundled model card (see `stepscope models`) or a config.json"),
@@ -114,7 +113,6 @@ def _compare_modes(captures) -> dict | None:
         return None
 
 
-@app.command()
 def models(as_json: AsJson = False) -> None:
     """List the bundled model cards (shapes only, no weights)."""
     from stepscope.capture.models import list_cards
@@ -157,7 +155,6 @@ def _mlp_cell(c: dict) -> str:
     return f"{c['experts']}{shared}×{c['expert_intermediate_size']} top{c['experts_per_token']}"
 
 
-@app.command()
 def doctor(as_json: AsJson = False) -> None:
     """What this machine can capture: nsys, ncu, GPUs, torch/CUDA, vLLM."""
     from stepscope.capture.doctor import diagnose, render

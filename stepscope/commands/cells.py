@@ -7,13 +7,12 @@ from typing import List, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, Force, app
+from stepscope.commands.app import AsJson, Force
 
 cells_app = typer.Typer(
     no_args_is_help=True,
     help="HBM byte cells: per-kernel DRAM bytes measured by ncu (sentinel microbenchmarks).",
 )
-app.add_typer(cells_app, name="cells")
 
 
 @cells_app.command("import")
@@ -114,7 +113,3 @@ def run_cmd(
     if done.code:
         raise typer.Exit(done.code)
 
-
-# `stepscope budget` lives in its own module; importing it here registers it on `app`
-# (cli.py imports this module), so the byte side needs one registration line in cli.py.
-from stepscope.commands import budget as _budget  # noqa: E402,F401

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, app, output_option, steps_option, Strict
+from stepscope.commands.app import CalibrationFile, Force, Rules, StepRegex, Steps, TraceArg, output_option, steps_option, Strict
 
 
 def is_stdout(path) -> bool:
@@ -16,7 +16,6 @@ def is_stdout(path) -> bool:
     return stdout(path)
 
 
-@app.command()
 def report(
     trace: TraceArg,
     output: Annotated[Path, output_option("report.html (self-contained, offline) or report.md")],
@@ -44,14 +43,14 @@ def report(
     with progress.shown():
         done = library.report(trace, output, format=format, compare=compare, cells=cells, steps=steps,
                               compare_steps=compare_steps, step_regex=step_regex, rules=rules, model=model,
-                              batch=batch, context=context, phase=phase, calibration=calibration, force=force)
+                              batch=batch, context=context, phase=phase, calibration=calibration, force=force,
+                              strict=strict)
     if is_stdout(output):  # stdout holds the report alone
         return
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
                + (f" vs step {done.steps[1]} of {compare}" if compare is not None else ""))
 
 
-@app.command()
 def export(trace: TraceArg,
            output: Annotated[Path, output_option("Chrome trace JSON for ui.perfetto.dev (step.json, or step.json.gz "
                                                  "for gzip)")],
@@ -64,7 +63,8 @@ def export(trace: TraceArg,
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force)
+        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force,
+                              strict=strict)
     if is_stdout(output):  # stdout holds the export alone
         return
     from stepscope.render.units import plural

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, app, steps_option, Strict
+from stepscope.commands.app import AsJson, CalibrationFile, NoCache, Rules, StepRegex, steps_option, Strict
 
 
 def _echo_json(doc: dict) -> None:
@@ -16,7 +16,6 @@ def _echo_json(doc: dict) -> None:
     typer.echo(dumps(doc))
 
 
-@app.command()
 def compare(
     a: Annotated[Path, typer.Argument(help="trace A (typically eager, or 'before')")],
     b: Annotated[Path, typer.Argument(help="trace B (typically CUDA graph, or 'after')")],
@@ -39,7 +38,7 @@ def compare(
     with progress.shown(not as_json):
         doc = library.compare(a, b, steps=steps, steps_b=steps_b, step_regex=step_regex, rules=rules,
                               graph_gap_ns=graph_gap_ns, graph_launch_ns=graph_launch_ns, cache=not no_cache,
-                              calibration=calibration)
+                              calibration=calibration, strict=strict)
     if as_json:
         _echo_json(doc)
     else:
@@ -54,7 +53,6 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command()
 def tp(
     trace: Annotated[Optional[Path], typer.Argument(help="a trace to project (one or more ranks)")] = None,
     widths: Annotated[str, typer.Option(help="TP widths to project")] = "1,2,4,8",
@@ -77,7 +75,8 @@ def tp(
     with progress.shown(not as_json and trace is not None):
         doc = library.tp(trace, widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
                          collective_us=collective_us, steps=steps, step_regex=step_regex, rules=rules,
-                         cache=not no_cache, calibration=calibration, expert_parallel=expert_parallel, model=model)
+                         cache=not no_cache, calibration=calibration, strict=strict,
+                         expert_parallel=expert_parallel, model=model)
     if as_json:
         _echo_json(doc)
         return

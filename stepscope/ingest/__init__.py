@@ -47,78 +47,36 @@ def _rereader(path: Path, before: tuple | None, launch_config: bool, cache: bool
     return again
 
 
-def _gzipped_sqlite(path: Path) -> bool:
-    """Whether a gzip file holds a SQLite database (its first 16 bytes decompressed)."""
-    import gzip
-    import zlib
-
-    try:
-        with gzip.open(path, "rb") as f:
-            return f.read(16).startswith(b"SQLite format 3")
-    except (OSError, EOFError, zlib.error):
-        return False
-
-
 def _read_trace(path: str | Path, launch_config: bool = True, cache: bool | None = None,
                 events: bool = True) -> Trace:
-    """Read any supported trace file, dispatching on its content rather than trusting its name.
+    """Read any supported trace file with the reader that recognises its content
+    (ingest/readers.py's registry), rather than trusting its name.
 
     `launch_config=False` lets the nsys reader skip kernels' grid/block (only the byte budget
     and the exports need them). `cache` (default: on unless STEPSCOPE_NO_CACHE is set) reads a
     big export's frames from its Parquet cache when one matches, and writes one when not."""
+    from stepscope.ingest.readers import reader_for
+
     given = Path(path)
     try:
         is_dir = given.is_dir()
     except OSError:  # a name too long, say: input_file below says what is wrong
         is_dir = False
     if is_dir:  # nsys export --type=parquetdir: a folder of one .parquet per table
-        from stepscope.ingest.nsys_columnar import kind_of, read_nsys_columnar
-
-        if kind_of(given, b"") == "parquetdir":
-            return read_nsys_columnar(given, launch_config, "parquetdir")
+        r = reader_for(given, None)
+        if r is not None:
+            return r.function()(given, launch_config, cache, events)
     path = input_file(path, "an nsys SQLite export")  # a FIFO or device is refused unopened
     try:
         with open(path, "rb") as f:
             head = f.read(16)
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot be read ({e.strerror or e})") from None
-    if path.suffix == ".nsys-rep" and not head.startswith(b"SQLite format 3"):
-        from stepscope.ingest.report import exported
-
-        # exported once with the user's nsys, into a cache folder (never beside the report)
-        return _read_trace(exported(path), launch_config, cache, events)
-    if head.startswith(b"SQLite format 3"):
-        from stepscope.ingest import cache as trace_cache
-        from stepscope.ingest.nsys_sqlite import read_nsys_sqlite, schema_version_of
-
-        use_cache = trace_cache.enabled() if cache is None else cache
-        distrust: list[str] = []  # why an entry was not used: said once, never stored in the new entry
-        if use_cache:
-            # taken before the read: store() compares it after, and skips a file written meanwhile
-            fp = trace_cache.fingerprint(path)
-            hit = trace_cache.load(path, launch_config, schema_version_of(path), fp, distrust, events)
-            if hit is not None:
-                return hit
-        trace = read_nsys_sqlite(path, launch_config)
-        if use_cache:
-            trace.cache_entry = trace.cache_dir = trace_cache.store(trace, path, launch_config, fp)
-        trace.warnings = trace.warnings + distrust
-        return trace
-    if head[:2] == b"\x1f\x8b" and _gzipped_sqlite(path):
-        # not read transparently: SQLite reads a file, and a decompressed copy of a big export
-        # would be written somewhere the user did not choose
-        raise InputError(f"{shown(path)} is a gzip-compressed SQLite export: gunzip it first "
-                         f"(gunzip -k {shown(path)})")
-    if head.startswith((b"\xff\xff\xff\xff", b"ARROW1")):  # nsys export --type=arrow: Arrow IPC streams
-        from stepscope.ingest.nsys_columnar import read_nsys_columnar
-
-        return read_nsys_columnar(path, launch_config, "arrow")
-    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
-        try:
-            from stepscope.ingest.kineto import read_kineto
-        except ImportError:
-            raise InputError(f"{path}: PyTorch-profiler traces are not supported by this build") from None
-        return read_kineto(path)
+    r = reader_for(path, head)
+    if r is not None and r.redirect:
+        return _read_trace(r.function()(path, launch_config, cache, events), launch_config, cache, events)
+    if r is not None:
+        return r.function()(path, launch_config, cache, events)
     from stepscope.ingest.nsys_sqlite import read_nsys_sqlite
 
     return read_nsys_sqlite(path)  # gives the precise "not a SQLite file" message

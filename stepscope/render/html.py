@@ -699,3 +699,10 @@ def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
     return render_html(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
                        run_steps=view.run_steps, blocks=view.verdict_block(), runs=view.runs)
+
+
+class HtmlRenderer:
+    """The self-contained HTML report (the pipeline's Renderer): render(ReportView) as UTF-8."""
+
+    def render(self, view: ReportView) -> bytes:
+        return render(view).encode("utf-8")

@@ -15,7 +15,6 @@ from stepscope import jsontext
 from stepscope.analysis.inventory import Inventory
 from stepscope.paths import shown
 from stepscope.render.sections import sections_text
-from stepscope.selection import parse_steps
 
 STEP_FIELDS = (
     "step_time_ns", "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
@@ -126,29 +125,32 @@ def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:
                      .alias("phase_evidence"))
 
 
-_NO_RUN = object()
+class JsonRenderer:
+    """`stepscope analyze --json` (the pipeline's Renderer): the document of a Result as UTF-8."""
+
+    def render(self, result) -> bytes:
+        return analyze_json_bytes(result)
 
 
-def analyze_json(inv: Inventory, which=None, diag=None, run=_NO_RUN) -> str:
-    """The document as JSON text: the steps `which` selects (a list of step ids, or a spec in
-    stepscope.selection's grammar: an InputError when it selects none), with the sections
-    `diag` adds (see steps_text) and, for a trace of several steps, the run view (`run`:
-    analysis/run.py's, computed from `diag` when not given) as a top-level `run` section."""
-    doc, n = _document(inv, which, diag, run)
+def analyze_json(result) -> str:
+    """The document of a Result (pipeline.result_of / library.analyze) as JSON text: its
+    selected steps with the diagnosis' sections (see steps_text), and for a trace of several steps
+    the run view as a top-level `run` section. Formats what the Result holds, nothing more."""
+    doc, n = _document(result)
     return reindent(doc.decode()) if n <= INDENT_MAX_STEPS else doc.decode()
 
 
-def analyze_json_bytes(inv: Inventory, which=None, diag=None, run=_NO_RUN, texts: pl.DataFrame | None = None) -> bytes:
+def analyze_json_bytes(result) -> bytes:
     """analyze_json's document as UTF-8, for a writer of bytes (the CLI): the same bytes
-    without a Python string of the whole document in between. `texts`: inventory_texts of every
-    step, when kept (library.step_texts)."""
-    doc, n = _document(inv, which, diag, run, texts)
+    without a Python string of the whole document in between (the Result's `texts`: the
+    inventory part of every step, when kept: library.step_texts)."""
+    doc, n = _document(result)
     return reindent(doc.decode()).encode() if n <= INDENT_MAX_STEPS else doc
 
 
-def _document(inv: Inventory, which, diag, run, texts: pl.DataFrame | None = None) -> tuple[bytes, int]:
+def _document(result) -> tuple[bytes, int]:
     """The compact document as UTF-8 and how many steps it holds."""
-    ids = list(which) if isinstance(which, list) else parse_steps(which, inv.steps)
+    inv, diag, ids = result.inventory, result.diagnosis, list(result.steps)
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv)}
     if getattr(inv, "capture", None) is not None and inv.capture.height:
         # the capture's own defects (analysis/capture_check.py), only when there are: before the warnings
@@ -157,24 +159,18 @@ def _document(inv: Inventory, which, diag, run, texts: pl.DataFrame | None = Non
     if inv.startup.height:
         # a serving run's start-up, left out of its steps (analysis/startup.py)
         head["startup"] = inv.startup.to_dicts()
-    if run is _NO_RUN:
-        from stepscope.analysis.run import run_view
-
-        run = run_view(diag) if diag is not None else None
-    if run is not None:
-        head["run"] = run
-    if diag is not None and getattr(diag, "calibration", None) is not None and hasattr(diag.calibration, "describe"):
-        from stepscope.analysis.whatif import describe_for
-
+    if result.run is not None:
+        head["run"] = result.run
+    if result.whatif_calibration is not None:
         # the constants the median step's predicted_graph_step_* used, and the captures they come from
-        head["whatif_calibration"] = describe_for(inv, diag.calibration, diag.prologue)
+        head["whatif_calibration"] = result.whatif_calibration
     text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
-    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}", texts), len(ids)
+    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}", result.texts), len(ids)
 
 
-def analyze_document(inv: Inventory, which=None, diag=None) -> dict:
+def analyze_document(result) -> dict:
     """The document as Python objects (what the Python API's to_dict returns)."""
-    return json.loads(analyze_json(inv, which, diag))
+    return json.loads(analyze_json(result))
 
 
 def reindent(text: str) -> str:

@@ -213,3 +213,10 @@ def render(view: ReportView) -> str:
     """The report renderer's protocol (render/report_data.RENDERERS)."""
     return render_markdown(view.step, view.other, budget=view.budget, budget_note=view.budget_note, run=view.run,
                            blocks=view.verdict_block(), runs=view.runs)
+
+
+class MarkdownRenderer:
+    """The Markdown report (the pipeline's Renderer): render(ReportView) as UTF-8."""
+
+    def render(self, view: ReportView) -> bytes:
+        return render(view).encode("utf-8")

@@ -341,6 +341,14 @@ def _chosen_activities(inv: Inventory, sel: list[int]) -> pl.DataFrame:
     return acts if acts["start"].is_sorted() else acts.sort("start", maintain_order=True)
 
 
+class PerfettoRenderer:
+    """The Chrome-trace JSON for ui.perfetto.dev of a Result's selected steps (the pipeline's
+    Renderer; its inventory must hold the per-event frames: library.analyze(..., events=True))."""
+
+    def render(self, result) -> bytes:
+        return b"".join(export_chunks(result.inventory, list(result.steps), as_bytes=True))
+
+
 def export_document(inv: Inventory, step_ids: list[int]) -> dict:
     """The export as a dict (for notebooks and tests): export_chunks' document, parsed."""
     return json.loads("".join(export_chunks(inv, step_ids)))

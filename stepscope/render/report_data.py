@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from stepscope.analysis.inventory import Inventory
-from stepscope.analysis.representative import representative
+from stepscope.analysis.representative import pick_step, representative  # noqa: F401 (pick_step: the report's step)
 from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.capture import defect_line, defect_rows, shown_warnings
@@ -85,40 +85,6 @@ def footer() -> str:
     return (f"Written by stepscope {__version__}. Every figure is defined in "
             "docs/DEFINITIONS.md and every kernel class in docs/KERNEL_CLASSES.md of the stepscope "
             "repository.")
-
-
-def pick_step(inv: Inventory, which: str | int | None = None, diag=None) -> int:
-    """The step a report shows: the one `which` selects (stepscope.selection's grammar), else a
-    typical one among the steps it selects (all by default).
-
-    Typical = among the steps of the most common kind (same process, device, phase and kernel
-    count), the one with the median step time: not a warm-up, not an outlier. On a multi-rank
-    trace only the steps of its summary rank (the binding rank, collectives.summary_rank) are
-    candidates, when the selection holds any: the other ranks' steps of the same TP step are
-    drawn beside it (`peers`).
-    """
-    if which in (None, "", "all"):
-        # the trace's representative step (analysis/representative.py: the median by step time
-        # of the most common kind of the summary rank's steps, the step compare and tp quote too)
-        return representative(inv, diag)["step"]
-    ids = parse_steps(which, inv.steps)  # an InputError when it selects none
-    if len(ids) == 1:
-        return ids[0]
-    s = inv.steps.filter(pl.col("step").is_in(ids))
-    if s.select("pid", "device").unique().height > 1:
-        from stepscope.analysis.collectives import summary_rank
-
-        d = diag if diag is not None else _diagnose(inv)
-        r = summary_rank(d.collectives.ranks, d.tp)
-        mine = s.filter((pl.col("pid") == r["pid"]) & (pl.col("device") == r["device"]))
-        s = mine if mine.height else s
-    s = s.with_columns(_kind=pl.concat_str(
-        [pl.col(c).cast(pl.String).fill_null("?") for c in ("pid", "device", "phase", "n_kernels")],
-        separator="|"))
-    common = s.group_by("_kind").agg(pl.len().alias("n"), pl.col("step").min().alias("first")).sort(
-        ["n", "first"], descending=[True, False])["_kind"][0]
-    members = s.filter(pl.col("_kind") == common).sort("step_time_ns", "step")
-    return int(members["step"][(members.height - 1) // 2])
 
 
 def chosen(inv: Inventory, which: str | None) -> str | None:
@@ -319,17 +285,12 @@ def _why(inv: Inventory, step: int, diag) -> str:
     return rep["why"] if rep["step"] == step else "as asked"
 
 
-def _diagnose(inv: Inventory):
-    """The analyses `analyze` itself uses: gaps, floors, collectives."""
-    from stepscope.analysis.diagnosis import diagnose
-
-    return diagnose(inv)
-
-
-def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, peers: bool = True) -> StepView:
-    """One step's view; `diag`: the trace's Diagnosis (computed when not given). On a
-    multi-rank trace the view holds the other ranks' steps of its TP step as `peers`."""
-    d = diag if diag is not None else _diagnose(inv)
+def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers: bool = True, *,
+              whatif: dict | None) -> StepView:
+    """One step's view; `diag`: the trace's Diagnosis (library.report's), `whatif` its what-if
+    calibration's description (pipeline.whatif_of). On a multi-rank trace the view holds the
+    other ranks' steps of its TP step as `peers`."""
+    d = diag
     gaps, floors = d.gaps, d.floors
     fig = inv.steps.filter(pl.col("step") == step).row(0, named=True)
     acts = inv.acts.filter(pl.col("step") == step).sort("start")
@@ -347,7 +308,7 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     if tp is not None:
         tp["tp_verdict"] = tp_sentence(tp)
     waits = d.collectives.kernels.filter(pl.col("step") == step) if d.collectives is not None else None
-    sd = step_diagnosis(d, step)
+    sd = step_diagnosis(d, step, whatif=whatif)
     launches = tuple(calls.to_dicts())
     left, begin = _first_event(fig, launches), _begin(fig, launches)
     tail = inv.acts.filter(
@@ -360,7 +321,7 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     others = ()
     if peers and tp is not None and tp["ranks"] > 1:
         ids = d.tp.filter((pl.col("group") == tp["group"]) & (pl.col("step") != step))["step"].to_list()
-        others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False) for s in ids)
+        others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False, whatif=whatif) for s in ids)
     trace = inv.trace
     ops = tuple(inv.framework_ops.filter(pl.col("step") == step).drop("step").to_dicts())
     return StepView(
@@ -380,31 +341,20 @@ def step_view(inv: Inventory, step: int, diag=None, chosen: str | None = None, p
     )
 
 
-def budget_for(inv: Inventory, view: StepView, cells_path, given: dict | None = None) -> tuple[tuple | None, str | None]:
-    """The step's HBM byte budget per class (`stepscope.bytes.budget`), when available.
+def budget_for(res, lacking=()) -> tuple[tuple | None, str | None]:
+    """The report's rows and note of the step's HBM byte budget per class (`res`, a
+    bytes.budget BudgetResult that library.report computed; None: no --cells, or `lacking` the
+    shape figures that neither the step's name nor the sidecar records).
 
     Returns (rows with class, measured_bytes, min_bytes, ...; a note or None) or (None, why not).
-    Model, phase, batch and context: `given` (report's --model etc.), else the step's recorded
-    name, else the capture's sidecar, as `stepscope budget` reads them (steps.budget_shape).
     """
-    if cells_path is None:
-        return None, None
-    from stepscope.analysis.steps import budget_shape
-    from stepscope.bytes.budget import budget, step_kernels_from_inventory
-    from stepscope.bytes.cells import read_cells
     from stepscope.render.units import ms, nbytes
 
-    cells = read_cells(cells_path)
-    shape, lacking = budget_shape(view.figures, inv.trace.sidecar, given)
-    model, phase, batch, context = shape["model"], shape["phase"], shape["batch"], shape["context"]
     if lacking:
         return None, (f"byte budget skipped: neither the step's name nor the capture's sidecar records "
                       f"{', '.join(lacking)} (give {' '.join('--' + k for k in lacking)})")
-    gpus = inv.trace.gpus
-    gpu_name = gpus["name"][0] if gpus.height else None
-    peak = float(gpus["memory_bandwidth_bps"][0]) if gpus.height and gpus["memory_bandwidth_bps"][0] else None
-    res = budget(step_kernels_from_inventory(inv, view.step), cells, model, int(batch), int(context),
-                 str(phase), gpu_name, peak, tp=shape["tp"])
+    if res is None:
+        return None, None
     st = res.step
     note = (f"step: {nbytes(st['measured_bytes'])} measured vs {nbytes(st['min_bytes'])} minimum"
             + (f" (×{st['amplification']:.2f})" if st.get("amplification") else "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 from rich.console import Console
 
-from stepscope.analysis.reports_run import RunView, rank_totals, run_binding_rank, tp_groups
+from stepscope.analysis.reports_run import RunView
 from stepscope.render.console import Col, fitted, page, plural
 from stepscope.render.names import term
 from stepscope.render.sentences import tp_sentence
@@ -37,8 +37,9 @@ def _reports(view: RunView) -> list[dict]:
 
 def run_dict(view: RunView) -> dict:
     """The run's document: reports, run_ranks (each rank's totals and its steps), tp_steps,
-    rank_skew_ns, binding_rank (README's "analyze --json of several reports")."""
-    totals = rank_totals(view).rename({"steps": "n_steps"})
+    rank_skew_ns, binding_rank (README's "analyze --json of several reports"), from a RunView
+    with its summaries (analysis/reports_run.py's combine computes them)."""
+    totals = view.totals.rename({"steps": "n_steps"})
     steps = view.steps.sort("rank", "group", "step")
     per_rank = {}
     for (rank,), grp in steps.group_by("rank", maintain_order=True):
@@ -47,12 +48,12 @@ def run_dict(view: RunView) -> dict:
     for t in totals.select(RANK_FIELDS).to_dicts():
         ranks.append({**t, "steps": per_rank.get(t["rank"], [])})
     groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")}
-              | {"verdict": tp_sentence(g)} for g in tp_groups(view).to_dicts()]
+              | {"verdict": tp_sentence(g)} for g in view.tp.to_dicts()]
     skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]
     hosts = sorted({h for h in view.ranks["host"].to_list() if h is not None})
     return {"run": {"reports": len(view.reports), "ranks": view.n_ranks, "hosts": hosts, "tp_steps": len(groups)},
             "reports": _reports(view), "warnings": view.warnings, "run_ranks": ranks, "tp_steps": groups,
-            "rank_skew_ns": max(skews) if skews else None, "binding_rank": run_binding_rank(view)}
+            "rank_skew_ns": max(skews) if skews else None, "binding_rank": view.binding}
 
 
 def render_run(doc: dict, console: Console | None = None) -> None:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from stepscope.analysis.classify import CLASSES
 from stepscope.analysis.inventory import Inventory
-from stepscope.analysis.representative import kinds, median_step
+from stepscope.analysis.representative import step_kinds
 from stepscope.paths import shown
 from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
 from stepscope.render.console import Col, fitted, page, plural
@@ -18,33 +18,38 @@ from stepscope.render.units import ms, ms_num, seconds, us, us_num
 from stepscope.render.views import StepDiagnosis
 
 
-def step_kinds(inv: Inventory, ids: list[int]) -> list[tuple[dict, list[int]]]:
-    """Steps grouped by kind (same process, device, delimiter, phase and kernel count), each with
-    the row of its representative step: the median by step time (analysis/representative.py)."""
-    out = []
-    for grp in kinds(inv.steps.filter(pl.col("step").is_in(ids))):
-        rep = median_step(grp)
-        out.append((grp.filter(pl.col("step") == rep).row(0, named=True), grp["step"].to_list()))
-    return out
-
-
 MAX_KIND_SECTIONS = 3  # a run of more kinds shows its per-kind sections on request (--kinds)
 
 
-def render_steps(d, ids: list[int], console: Console | None = None, run: dict | None = None,
-                 kinds: bool = False) -> None:
-    """`analyze` on the terminal: the run view first when the trace is a run (`run`,
-    analysis/run.py), then each kind of step told by its representative step, with its verdict
-    and diagnosis (Diagnosis `d`, the steps `ids`) — for a run of more than MAX_KIND_SECTIONS
-    kinds only when `kinds` asks."""
-    from stepscope.render.views import step_diagnosis
+class TerminalRenderer:
+    """`stepscope analyze` on the terminal (the pipeline's Renderer): render(result) is the text
+    render_steps prints, on `console` (default: page()), as UTF-8; `kinds`: --kinds."""
 
+    def __init__(self, console: Console | None = None, kinds: bool = False):
+        self.console, self.kinds = console, kinds
+
+    def render(self, result) -> bytes:
+        console = self.console or page()
+        with console.capture() as out:
+            render_steps(result, console, kinds=self.kinds)
+        return out.get().encode("utf-8")
+
+
+def render_steps(result, console: Console | None = None, kinds: bool = False) -> None:
+    """`analyze` on the terminal: the run view first when the trace is a run (`result.run`,
+    analysis/run.py), then each kind of step told by its representative step, with its verdict
+    and diagnosis (the pipeline's Result, its views computed: library.analyze(..., views=True))
+    — for a run of more than MAX_KIND_SECTIONS kinds only when `kinds` asks."""
     console = console or page()
-    n_kinds = len(step_kinds(d.inv, ids))
+    run, n_kinds = result.run, len(result.kinds)
     show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
-    render_analyze(d.inv, ids if show else [], console,
-                   extra=lambda step, members, con: render_diagnosis(step_diagnosis(d, step), con),
-                   headline=lambda step: verdict_line(step_diagnosis(d, step)), run=run)
+    views = result.views
+    if show and any(first["step"] not in views for first, _ in result.kinds):
+        raise ValueError("the Result holds no step views for the terminal: analyze it with views=True")
+    _render_head(result.inventory, console, run)
+    for first, members in (result.kinds if show else ()):
+        _render_kind(result.inventory, first, list(members), console, lambda step: verdict_line(views[step]))
+        render_diagnosis(views[first["step"]], console)
     if not show:
         console.print(f"[dim]{n_kinds} kinds of step (process, delimiter, phase, kernel count): "
                       "--kinds shows each one's verdict and diagnosis[/]")
@@ -59,7 +64,17 @@ def startup_line(row: dict) -> str:
 
 def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
                    headline=None, run: dict | None = None) -> None:
+    """The inventory alone on the terminal: the trace's head, then each kind of step (without a
+    diagnosis unless `extra` prints one)."""
     console = console or page()
+    _render_head(inv, console, run)
+    for first, members in step_kinds(inv, ids):
+        _render_kind(inv, first, members, console, headline)
+        if extra is not None:
+            extra(first["step"], members, console)
+
+
+def _render_head(inv: Inventory, console: Console, run: dict | None) -> None:
     t = inv.trace
     # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
     source = (f"nsys {term(t.nsys_version or '?')} · schema {term(t.schema_version or '?')}"
@@ -84,10 +99,6 @@ def render_analyze(inv: Inventory, ids: list[int], console: Console | None = Non
         from stepscope.render.views import tracer_name
 
         render_run(run, console, tracer=tracer_name(t.format))
-    for first, members in step_kinds(inv, ids):
-        _render_kind(inv, first, members, console, headline)
-        if extra is not None:
-            extra(first["step"], members, console)
 
 
 def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console, headline=None) -> None:

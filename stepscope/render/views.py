@@ -15,8 +15,10 @@ from stepscope.render.sections import ENGINE_FIELDS, FLOOR_FIELDS, TP_FIELDS, UN
 
 def tracer_name(fmt: str) -> str:
     """What wrote a trace of format `fmt`, as sentences name it: "under nsys", "without
-    torch.profiler" (an engine's word only for that engine's traces)."""
-    return "torch.profiler" if fmt == "kineto-json" else "nsys"
+    torch.profiler" (an engine's word only for that engine's traces): the reader registry's."""
+    from stepscope.ingest.readers import tracer_of
+
+    return tracer_of(fmt)
 
 
 @dataclass(frozen=True)
@@ -57,17 +59,9 @@ def _plain(frame: pl.DataFrame) -> tuple:
     return tuple(frame.with_columns(pl.col(cats).cast(pl.String)).to_dicts() if cats else frame.to_dicts())
 
 
-def _whatif(d) -> dict | None:
-    cal = getattr(d, "calibration", None)
-    if cal is None or not hasattr(cal, "describe"):
-        return None
-    from stepscope.analysis.whatif import describe_for
-
-    return describe_for(d.inv, cal, d.prologue)
-
-
-def step_diagnosis(d, step: int) -> StepDiagnosis:
-    """The view of step `step` of Diagnosis `d`."""
+def step_diagnosis(d, step: int, *, whatif: dict | None) -> StepDiagnosis:
+    """The view of step `step` of Diagnosis `d`; `whatif`: the what-if calibration's
+    description (pipeline.whatif_of(d): computed by the caller, never here)."""
     fig = _row(d.inv.steps, step)
     v = _row(d.verdicts, step)
     totals = {r["kind"]: r for r in _plain(d.gap_totals.filter(pl.col("step") == step))}
@@ -91,7 +85,7 @@ def step_diagnosis(d, step: int) -> StepDiagnosis:
                    for k, c in UNTRACED_FIELDS.items()} if has_untraced(d) and _row(d.untraced, step) else None),
         engine=(lambda e: None if e is None else {k: e[k] for k in ENGINE_FIELDS})(_row(d.engine, step)),
         prologue=_row(d.prologue, step),
-        whatif=_whatif(d),
+        whatif=whatif,
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
         class_time_ns=c["time_ns"].sum() or 1,
         tracer=tracer_name(trace.format),

@@ -9,17 +9,23 @@
 Run it only when a figure is *meant* to change, and say why in the commit: these files are what
 tests/test_golden_json.py holds the analyzer to ("no figure changes when the data path changes").
 
-Stored form (`canonical`): the JSON document minus the machine-specific `trace.path`, with the
-order of tied entries normalized (see `canonical`), written compact (no indentation), one file
-per trace: tests/golden/<trace stem>.json.  Floats are stored as Python writes them (repr, exact
+Stored form (`canonical`, then `stored`): the JSON document minus the machine-specific
+`trace.path`, with the order of tied entries normalized (see `canonical`), written compact (no
+indentation), one file per trace: tests/golden/<name>.json (`name`: the stem, prefixed by the
+fixture's folder under fixtures/); a document over 64 KiB keeps its long lists as digests
+(`stored`).  Floats are stored as Python writes them (repr, exact
 round trip) and compared exactly.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parent
@@ -29,12 +35,30 @@ EXTERNAL = Path(os.environ.get("STEPSCOPE_EXTERNAL") or ROOT.parent / "shared" /
 
 
 def traces() -> list[Path]:
-    """Every committed fixture `fixtures/llama8b_*.sqlite` and every foreign export present."""
-    return sorted(FIXTURES.glob("llama8b_*.sqlite")) + sorted(EXTERNAL.glob("*.sqlite"))
+    """Every committed fixture export (`fixtures/**/*.sqlite` and `*.sqlite.gz`, the bundled
+    steps, the vLLM and torch pairs, the serving runs, the model and `vllm serve` captures) and
+    every foreign export present."""
+    mine = [p for ext in ("*.sqlite", "*.sqlite.gz") for p in FIXTURES.rglob(ext)
+            if ".stepscope-cache" not in p.parts]
+    return sorted(mine) + sorted(EXTERNAL.glob("*.sqlite"))
+
+
+def name(trace: Path) -> str:
+    """The golden file's stem: a foreign export's or a top-level fixture's own stem, else the
+    fixture's path under fixtures/ with `__` for `/` (fixtures/vllm/ and fixtures/round5/ hold
+    exports of one name)."""
+    trace = Path(trace)
+    stem = trace.name[: -len(".gz")] if trace.name.endswith(".gz") else trace.name
+    stem = stem[: -len(".sqlite")] if stem.endswith(".sqlite") else Path(stem).stem
+    try:
+        rel = trace.resolve().parent.relative_to(FIXTURES.resolve())
+    except ValueError:
+        return stem
+    return "__".join((*rel.parts, stem))
 
 
 def golden_path(trace: Path) -> Path:
-    return GOLDEN / f"{Path(trace).stem}.json"
+    return GOLDEN / f"{name(trace)}.json"
 
 
 def analyze(trace: Path, timeout: float = 300, code: Path = ROOT) -> dict:
@@ -42,13 +66,29 @@ def analyze(trace: Path, timeout: float = 300, code: Path = ROOT) -> dict:
 
     `code`: the checkout whose `stepscope` package runs (`python -m stepscope` from there).
     """
-    p = subprocess.run(
-        [sys.executable, "-m", "stepscope", "analyze", str(Path(trace).resolve()), "--json", "--steps", "all"],
-        capture_output=True, text=True, cwd=code, timeout=timeout,
-    )
+    trace = Path(trace)
+    with tempfile.TemporaryDirectory(prefix="stepscope-golden-") as tmp:
+        if trace.name.endswith(".gz"):
+            trace = _gunzip(trace, Path(tmp))
+        p = subprocess.run(
+            [sys.executable, "-m", "stepscope", "analyze", str(trace.resolve()), "--json", "--steps", "all"],
+            capture_output=True, text=True, cwd=code, timeout=timeout,
+        )
     if p.returncode != 0:
         raise RuntimeError(f"stepscope analyze {trace} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
     return json.loads(p.stdout)
+
+
+def _gunzip(path: Path, folder: Path) -> Path:
+    """`x.sqlite.gz` unpacked into `folder` with its sidecar beside it (as tests/conftest.py's
+    `gunzipped`); the fixture itself is never touched."""
+    out = folder / path.name[: -len(".gz")]
+    with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    side = path.parent / (out.name[: -len(".sqlite")] + ".stepscope.json")
+    if side.exists():
+        shutil.copy(side, folder / side.name)
+    return out
 
 
 def _is_number(v) -> bool:
@@ -115,6 +155,39 @@ def dumps(doc) -> str:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
 
 
+# A whole-run capture's document is megabytes (thousands of steps): stored whole, the golden files
+# would be most of the checkout. A canonical document over SMALL bytes is stored with each list
+# of more than LONG entries as a digest: its length, its first entries (each stored the same way)
+# and the SHA-256 of each of CHUNKS consecutive slices of its JSON text, so that every byte is
+# still compared and a difference is located to a slice.
+SMALL = 64 * 1024
+LONG = 32
+CHUNKS = 16
+
+
+def stored(doc):
+    """The form a canonical document is kept in (and compared in): itself when small, else
+    with its long lists digested (`_digested`)."""
+    return doc if len(dumps(doc).encode("utf-8")) <= SMALL else _digested(doc)
+
+
+def _sha(x) -> str:
+    return hashlib.sha256(json.dumps(x, separators=(",", ":"), ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+def _digested(x):
+    if isinstance(x, dict):
+        return {k: _digested(v) for k, v in x.items()}
+    if isinstance(x, list) and len(x) > LONG:
+        n = len(x)
+        cuts = [n * i // CHUNKS for i in range(CHUNKS + 1)]
+        return {"digest_of_list": {"len": n, "head": [_digested(v) for v in x[:2]],
+                                   "slices": [f"{a}:{b} {_sha(x[a:b])}" for a, b in zip(cuts, cuts[1:])]}}
+    if isinstance(x, list):
+        return [_digested(v) for v in x]
+    return x
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -125,15 +198,15 @@ def main(argv: list[str]) -> int:
                          "a clean `git archive HEAD` export when the working tree has changes in flight")
     args = ap.parse_args(argv)
     only = set(args.names)
-    unknown = only - {t.stem for t in traces()}
+    unknown = only - {name(t) for t in traces()}
     if unknown:
         ap.error(f"unknown trace(s): {', '.join(sorted(unknown))}")
     n = 0
     for trace in traces():
-        if only and trace.stem not in only:
+        if only and name(trace) not in only:
             continue
         doc = canonical(analyze(trace, code=args.code.resolve()))
-        golden_path(trace).write_text(dumps(doc), encoding="utf-8")
+        golden_path(trace).write_text(dumps(stored(doc)), encoding="utf-8")
         n += 1
         print(f"{golden_path(trace).relative_to(ROOT)}: {len(doc['steps'])} steps", file=sys.stderr)
     total = sum(p.stat().st_size for p in GOLDEN.glob("*.json"))

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.capture.engines.vllm_engine import base_kwargs, with_options
+from stepscope.capture.engines.vllm_common import base_kwargs, with_options
 
 DEFAULT_PROMPT_LENS = (16, 3000)
 DEFAULT_OUTPUT_LENS = (4, 96)
@@ -151,7 +151,7 @@ def summarize_steps(records: list[dict], wall_ns: int | None = None) -> dict:
 def run(model: str, work: Workload, *, mode: str, tp: int, layers: int | None,
         plain: bool = False, kv_cache_gib: float | None = None,
         sync_scheduling: bool = False, quantization: str | None = None, say=print) -> dict:
-    from stepscope.capture.engines import vllm_engine as ve
+    from stepscope.capture.engines import vllm_common as ve
     from stepscope.capture.models import load_card
 
     card = load_card(model)
