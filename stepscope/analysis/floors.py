@@ -1,7 +1,13 @@
 """Equation 1.3 of the seed (`t_step = max(N_k · t_launch, t_GPU)`), per step.
 
 CPU floor = launch calls × typical host cost per launch (the median inter-launch interval;
-with a single launch call, e.g. one cudaGraphLaunch, that call's duration); device floor =
+with a single launch call, e.g. one cudaGraphLaunch, that call's duration), and never more than
+the host's launching inside the step (launch_host_ns): each launch call counts until the next
+launch of its thread, or only its own duration where that interval holds a host pause (other host
+work, analysis/pauses.py) or it is the thread's last, clipped to the step's begin and end. The
+host cannot need more time for the step's launches than it spent on them inside the step: an
+asynchronously scheduled step's launches issued while the previous step ran, or a burst of fast
+launches beside slow ones, made N × median exceed the step itself. Device floor =
 gpu_busy_ns, less the time the step's collectives spent waiting for a slower rank (its device
 work, analysis/collectives.py: a TP rank whose GPU sits in an all-reduce waiting for its peer's
 host is not device-bound). The step is launch-bound when the CPU floor is the larger.
@@ -11,34 +17,82 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.analysis.gaps import find_gaps, gap_totals
+from stepscope.analysis.frames import sorted_by
+from stepscope.analysis.gaps import gap_totals, gaps_and_pauses
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
+from stepscope.analysis.pauses import empty_pauses
 from stepscope.analysis.verdict import verdict_expr
 
 
+def launch_host(inv: Inventory, pauses: pl.DataFrame) -> pl.DataFrame:
+    """(step, launch_host_ns): the host's launching inside each step (the module's docstring),
+    on its busiest launching thread."""
+    calls = inv.launch_calls
+    if calls.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64})
+    c = sorted_by(calls.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64),
+                               pl.col("tid").cast(pl.Int64), "start", "end"), "step", "pid", "tid", "start")
+    same = ((pl.col("step") == pl.col("step").shift(-1)) & (pl.col("pid") == pl.col("pid").shift(-1))
+            & (pl.col("tid") == pl.col("tid").shift(-1)))
+    c = c.with_columns(next_start=pl.when(same).then(pl.col("start").shift(-1)))
+    if not pauses.is_empty():
+        # the launch before each pause: its interval holds the pause, so only its call counts
+        held = (pauses.select("step", "pid", "tid", "pause_start").sort("pause_start")
+                .join_asof(c.select("step", "pid", "tid", "start").sort("start"), left_on="pause_start",
+                           right_on="start", by=["step", "pid", "tid"], strategy="backward",
+                           check_sortedness=False)
+                .select("step", "pid", "tid", "start").drop_nulls().with_columns(_held=pl.lit(True)))
+        c = c.join(held.unique(), on=["step", "pid", "tid", "start"], how="left")
+    else:
+        c = c.with_columns(_held=pl.lit(None, pl.Boolean))
+    until = pl.when(pl.col("next_start").is_null() | pl.col("_held").fill_null(False)).then(
+        pl.col("end")).otherwise(pl.max_horizontal("next_start", "end"))
+    win = inv.steps.select("step", "step_begin", "step_end")
+    c = c.with_columns(_until=until).join(win, on="step", how="left").with_columns(
+        _in=(pl.min_horizontal("_until", "step_end") - pl.max_horizontal("start", "step_begin")).clip(lower_bound=0))
+    return (c.group_by("step", "pid", "tid").agg(pl.col("_in").sum()).group_by("step")
+            .agg(launch_host_ns=pl.col("_in").max().cast(pl.Int64)))
+
+
 def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,
-           totals: pl.DataFrame | None = None, work: pl.DataFrame | None = None) -> pl.DataFrame:
+           totals: pl.DataFrame | None = None, work: pl.DataFrame | None = None,
+           pauses: pl.DataFrame | None = None) -> pl.DataFrame:
     """`work`: (step, device_work_ns) of the steps whose collectives waited (collectives()'s
-    `work`); every other step's device floor is its GPU busy time."""
+    `work`); every other step's device floor is its GPU busy time. `pauses`: the host pauses
+    (gaps_and_pauses), found with the gaps when not given."""
     launch = launch_summary(inv)[0] if launch is None else launch
     if work is None:
         from stepscope.analysis.collectives import collectives
 
         work = collectives(inv).work
-    if totals is None:
-        totals = gap_totals(find_gaps(inv) if gaps is None else gaps, inv.step_ids())
-    host = totals.filter(pl.col("kind") == "host_bound").select(
-        "step", pl.col("time_ns").alias("host_bound_gap_ns"))
+    if totals is None or pauses is None:
+        found, found_pauses = gaps_and_pauses(inv, launch) if gaps is None or pauses is None else (gaps, pauses)
+        pauses = found_pauses if pauses is None else pauses
+        if totals is None:
+            totals = gap_totals(found if gaps is None else gaps, inv.step_ids())
+    pauses = empty_pauses() if pauses is None else pauses
+    host = totals.filter(pl.col("kind").is_in(["host_bound", "host_pause"])).group_by("step").agg(
+        host_bound_gap_ns=pl.col("time_ns").filter(pl.col("kind") == "host_bound").sum(),
+        host_pause_ns=pl.col("time_ns").filter(pl.col("kind") == "host_pause").sum())
+    longest = pauses.group_by("step", maintain_order=True).agg(
+        host_pauses=pl.len().cast(pl.Int64), longest_pause_ns=pl.col("pause_ns").first(),
+        longest_pause_after_launch=pl.col("after_launch").first(),
+        longest_pause_next_call=pl.col("after_api").first(),
+        host_pause_total_ns=pl.col("pause_ns").sum())
     s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns", "step_begin", "step_end",
                          "first_start", "last_end").join(
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
-    ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left")
+    ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left").join(
+        launch_host(inv, pauses), on="step", how="left").join(longest, on="step", how="left")
     t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
     s = s.with_columns(
         t_launch_ns=t_launch,
-        cpu_floor_ns=(pl.col("n_launch_calls") * t_launch).cast(pl.Int64),
+        cpu_floor_ns=pl.min_horizontal((pl.col("n_launch_calls") * t_launch),
+                                       pl.col("launch_host_ns").fill_null(0)).cast(pl.Int64),
         device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"),
+        host_pause_ns=pl.col("host_pause_ns").fill_null(0),
+        host_pauses=pl.col("host_pauses").fill_null(0),
     ).with_columns(
         # the GPU waiting on the host's per-step work: before the step's first GPU activity (input
         # preparation), in host-bound gaps (launching), after its last (sampling, output)
@@ -46,17 +100,22 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         host_after_ns=(pl.col("step_end") - pl.col("last_end")).clip(lower_bound=0),
         host_bound_gap_ns=pl.col("host_bound_gap_ns").fill_null(0),
     ).with_columns(
-        host_wait_ns=pl.col("host_prep_ns") + pl.col("host_bound_gap_ns") + pl.col("host_after_ns"),
-        host_bound_on=pl.when((pl.col("host_prep_ns") >= pl.col("host_after_ns"))
+        host_wait_ns=(pl.col("host_prep_ns") + pl.col("host_bound_gap_ns") + pl.col("host_after_ns")
+                      + pl.col("host_pause_ns")),
+        host_bound_on=pl.when(pl.col("host_pause_ns") > pl.max_horizontal("host_prep_ns", "host_after_ns",
+                                                                           "host_bound_gap_ns"))
+        .then(pl.lit("a host pause"))
+        .when((pl.col("host_prep_ns") >= pl.col("host_after_ns"))
                               & (pl.col("host_prep_ns") >= pl.col("host_bound_gap_ns"))).then(pl.lit("input preparation"))
         .when(pl.col("host_after_ns") >= pl.col("host_bound_gap_ns")).then(pl.lit("sampling and output"))
         .otherwise(pl.lit("launches")),
     ).with_columns(
-        verdict=verdict_expr(wait="host_wait_ns", step="step_time_ns"),
+        verdict=verdict_expr(wait="host_wait_ns", step="step_time_ns", pause="host_pause_ns"),
         # how many times the binding floor exceeds the other one
         margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                 / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
     )
     return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
                     "host_bound_gap_ns", "host_prep_ns", "host_after_ns", "host_wait_ns", "host_bound_on",
-                    "step_time_ns")
+                    "step_time_ns", "launch_host_ns", "host_pause_ns", "host_pauses", "host_pause_total_ns",
+                    "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call")

@@ -18,6 +18,7 @@ from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.overlap import shared_devices
+from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
@@ -62,6 +63,9 @@ class Inventory:
     launch_config: LaunchConfigReader | None = None
     # what a serving process ran before its first engine step (analysis/startup.py): one row per process
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
+    # the launching threads' silences of PAUSE_MIN_NS and longer (analysis/pauses.py): taken while
+    # every API call is at hand, for the host pauses the diagnosis finds among them
+    host_silences: pl.DataFrame = field(default_factory=empty_silences)
     # the key under which this one-shot analysis is kept beside its export's cached frames
     # (library.load), None when it is not: its diagnosis is kept under the same key
     kept: str | None = field(default=None, repr=False, compare=False)
@@ -176,7 +180,7 @@ class Inventory:
 
 
 FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
-                "framework", "framework_ops", "graph_steps", "startup")
+                "framework", "framework_ops", "graph_steps", "startup", "host_silences")
 LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored may read only when asked for
 
 
@@ -257,6 +261,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     graph_nodes = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
         "step").agg(n_graph_nodes=pl.len().cast(pl.Int64)).sort("step").collect()
     graph_steps = graph_nodes.select("step")
+    silences = host_silences(api)
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     steps = with_composition(steps, graph_nodes, calls)
@@ -291,7 +296,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "they count only in steps delimited by the kernel sequence"
         )
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                    class_by, families, ops, graph_steps, launch_config, started)
+                    class_by, families, ops, graph_steps, launch_config, started, host_silences=silences)
     memory.inventory_built(inv)
     return inv
 

@@ -183,3 +183,36 @@ def calibration_lines(cal, out) -> list[str]:
     lines.append(f"wrote {out}: {plural(len(cal.captures), 'capture')}; point: lead {ms(p.lead_ns)}, "
                  f"{node_gap(p.node_gap_ns)} per kernel node")
     return lines
+
+
+def pause_place(after: int | None, n: int | None) -> str:
+    """Where a host pause fell, in the step's own launch numbering (1 = its first launch)."""
+    if after is None:
+        return "in the step"
+    if after <= 0:
+        return "before the step's first launch"
+    if n is not None and after >= n:
+        return f"after the step's last launch ({after})"
+    return f"between launch {after} and {after + 1}"
+
+
+def pause_phrase(f: dict, step_ns: int | None = None) -> str | None:
+    """The host pauses of a step (its verdict row `f`: host_pauses, longest_pause_*,
+    host_pause_ns), e.g. "a 484.322 ms host pause between launch 412 and 413 (ended by
+    cuLaunchKernelEx) and 1 more; the GPU idles 955.119 ms in them (92% of the step)"; None
+    without one."""
+    n = f.get("host_pauses") or 0
+    if not n or not f.get("longest_pause_ns"):
+        return None
+    out = (f"a {ms(f['longest_pause_ns'])} host pause "
+           f"{pause_place(f.get('longest_pause_after_launch'), f.get('n_launch_calls'))}")
+    if f.get("longest_pause_next_call"):
+        out += f" (ended by {f['longest_pause_next_call']})"
+    if n > 1:
+        out += f" and {n - 1} more"
+    idle = f.get("host_pause_ns") or 0
+    if idle:
+        out += f"; the GPU idles {ms(idle)} in {'them' if n > 1 else 'it'}"
+        if step_ns:
+            out += f" ({100 * idle / max(step_ns, 1):.0f}% of the step)"
+    return out

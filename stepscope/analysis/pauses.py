@@ -1,0 +1,121 @@
+"""Host pauses: the launching thread stopped calling CUDA while the GPU had nothing to run
+(DEFINITIONS.md, "Host pauses").
+
+A **silence** is the time between the end of one CUDA call of a thread and the start of its
+next (over the calls stepscope reads: launches, copies and sets, synchronizations, graph capture,
+the profiler's range calls; apinames.KEPT). A silence of a thread that launched a step's work is a
+**host pause** of that step when
+  - it is at least PAUSE_MIN_NS long and PAUSE_FACTOR times the step's median inter-launch
+    interval (an eager step's host spends 20–100 µs per launch; a JIT compilation, a garbage
+    collection or a Python stall stops it for milliseconds to seconds), and
+  - the GPU idled for at least PAUSE_MIN_NS of it in the step's host-bound gaps (a silence
+    while queued work kept the GPU busy cost the step nothing).
+Its place is the step's own launch numbering: "between launch k and k+1" where k of the step's
+launch calls started before it. The GPU gaps it overlaps are the gap kind `host_pause`.
+
+The silences (PAUSE_MIN_NS and longer) are found while the inventory still holds every API call
+(host_silences, a few rows per trace); the rest needs the steps' gaps and launch figures.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# The thresholds, justified on the committed H200 fixtures (DEFINITIONS.md, "Host pauses"): the
+# JIT compilations of Qwen3-30B-A3B's and DeepSeek-V2-Lite's fused_moe_kernel stop the host for
+# 470–570 ms, 5,500–8,700 times the step's median launch interval; the longest silences of the
+# steady eager steps, dense and MoE, are 10–45 times it and a few ms at most, and the GPU keeps
+# busy through most of them (the host runs ahead of a prefill's long kernels).
+PAUSE_MIN_NS = 1_000_000
+PAUSE_FACTOR = 20
+
+SILENCE_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64, "pause_end": pl.Int64,
+                  "after_api": pl.String}
+PAUSE_SCHEMA = {"step": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64, "pause_end": pl.Int64,
+                "pause_ns": pl.Int64, "after_launch": pl.Int64, "n_launches": pl.Int64, "after_api": pl.String,
+                "gpu_idle_ns": pl.Int64}
+
+
+def empty_silences() -> pl.DataFrame:
+    return pl.DataFrame(schema=SILENCE_SCHEMA)
+
+
+def empty_pauses() -> pl.DataFrame:
+    return pl.DataFrame(schema=PAUSE_SCHEMA)
+
+
+def host_silences(api: pl.DataFrame) -> pl.DataFrame:
+    """The silences of at least PAUSE_MIN_NS of every thread (SILENCE_SCHEMA): from the end of
+    its calls so far (their running max: a driver call may nest in a runtime call) to the start of
+    its next call, and the name of that call. `api`: every call read, with api_name."""
+    if api.is_empty():
+        return empty_silences()
+    cols = ["pid", "tid", "start", "end", "api_name"]
+    one_thread = api["pid"].n_unique() == 1 and api["tid"].n_unique() == 1
+    a = api.select(cols)
+    if one_thread:
+        a = a.sort("start", "end")
+        before = pl.col("end").cum_max().shift(1)
+    else:
+        a = a.sort("pid", "tid", "start", "end")
+        before = pl.col("end").cum_max().shift(1).over("pid", "tid")
+    a = a.with_columns(_before=before)
+    s = a.filter((pl.col("start") - pl.col("_before")) >= PAUSE_MIN_NS)
+    return s.select(pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64),
+                    pl.col("_before").cast(pl.Int64).alias("pause_start"), pl.col("start").cast(pl.Int64).alias("pause_end"),
+                    pl.col("api_name").cast(pl.String).alias("after_api"))
+
+
+def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame, launch: pl.DataFrame,
+                gaps: pl.DataFrame) -> pl.DataFrame:
+    """The host pauses of every step (PAUSE_SCHEMA), longest first within a step. `steps`: the
+    inventory's steps; `calls`: its launch calls; `launch`: launch_summary's per-step figures;
+    `gaps`: find_gaps' gaps before the pauses take theirs (kind host_bound)."""
+    if silences.is_empty() or calls.is_empty() or gaps.is_empty():
+        return empty_pauses()
+    threads = calls.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64),
+                           pl.col("tid").cast(pl.Int64)).unique()
+    span = steps.select("step", "first_start", "last_end")
+    c = (silences.join(threads, on=["pid", "tid"])
+         .join(span, on="step")
+         .filter((pl.col("pause_end") > pl.col("first_start")) & (pl.col("pause_start") < pl.col("last_end")))
+         .join(launch.select("step", "interval_median_ns"), on="step", how="left")
+         .with_columns(pause_ns=pl.col("pause_end") - pl.col("pause_start"))
+         .filter(pl.col("pause_ns") >= pl.max_horizontal(pl.lit(PAUSE_MIN_NS),
+                                                        PAUSE_FACTOR * pl.col("interval_median_ns").fill_null(0))))
+    if c.is_empty():
+        return empty_pauses()
+    # the GPU's idle time in the pause: its overlap with the step's host-bound gaps
+    g = gaps.filter(pl.col("kind") == "host_bound").select("step", "pid", "gap_start", "gap_end").join(
+        c.select("step", "pid").unique(), on=["step", "pid"])
+    idle = c.select("step", "pid", "pause_start", "pause_end").join(g, on=["step", "pid"]).with_columns(
+        o=(pl.min_horizontal("pause_end", "gap_end") - pl.max_horizontal("pause_start", "gap_start")).clip(lower_bound=0)
+    ).group_by("step", "pid", "pause_start").agg(gpu_idle_ns=pl.col("o").sum())
+    c = c.join(idle, on=["step", "pid", "pause_start"], how="left").with_columns(
+        pl.col("gpu_idle_ns").fill_null(0)).filter(pl.col("gpu_idle_ns") >= PAUSE_MIN_NS)
+    if c.is_empty():
+        return empty_pauses()
+    # its place: how many of the step's launch calls started before it
+    k = calls.select(pl.col("step").cast(pl.Int64), "start").join(c.select("step", "pause_start"), on="step").group_by(
+        "step", "pause_start").agg(after_launch=(pl.col("start") < pl.col("pause_start")).sum().cast(pl.Int64))
+    n = calls.group_by(pl.col("step").cast(pl.Int64)).agg(n_launches=pl.len().cast(pl.Int64))
+    c = c.join(k, on=["step", "pause_start"], how="left").join(n, on="step", how="left")
+    return (c.select([pl.col(k).cast(t) for k, t in PAUSE_SCHEMA.items()])
+            .sort("step", "pause_ns", "pause_start", descending=[False, True, False]))
+
+
+def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
+    """`gaps` with every host-bound gap that overlaps a host pause of its step and process
+    taken for kind host_pause (its row order kept)."""
+    if pauses.is_empty() or gaps.is_empty():
+        return gaps
+    from stepscope.analysis.gaps import KIND_DTYPE
+
+    p = pauses.select("step", "pid", "pause_start", "pause_end")
+    hit = (gaps.with_row_index("_i").filter(pl.col("kind") == "host_bound")
+           .select("_i", "step", "pid", "gap_start", "gap_end").join(p, on=["step", "pid"])
+           .filter((pl.col("gap_start") < pl.col("pause_end")) & (pl.col("gap_end") > pl.col("pause_start")))
+           ["_i"].unique())
+    return gaps.with_row_index("_i").with_columns(
+        kind=pl.when(pl.col("_i").is_in(hit.implode())).then(pl.lit("host_pause", KIND_DTYPE)).otherwise(pl.col("kind"))
+    ).drop("_i")
