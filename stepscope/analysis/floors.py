@@ -79,6 +79,7 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         host_pauses=pl.len().cast(pl.Int64), longest_pause_ns=pl.col("pause_ns").first(),
         longest_pause_after_launch=pl.col("after_launch").first(),
         longest_pause_next_call=pl.col("after_api").first(),
+        longest_pause_next_kernel=pl.col("next_kernel").first(),
         host_pause_total_ns=pl.col("pause_ns").sum())
     s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns", "step_begin", "step_end",
                          "first_start", "last_end").join(
@@ -118,4 +119,5 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
     return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
                     "host_bound_gap_ns", "host_prep_ns", "host_after_ns", "host_wait_ns", "host_bound_on",
                     "step_time_ns", "launch_host_ns", "host_pause_ns", "host_pauses", "host_pause_total_ns",
-                    "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call")
+                    "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call",
+                    "longest_pause_next_kernel")

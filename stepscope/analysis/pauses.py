@@ -33,7 +33,7 @@ SILENCE_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64, "pa
                   "after_api": pl.String}
 PAUSE_SCHEMA = {"step": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64, "pause_end": pl.Int64,
                 "pause_ns": pl.Int64, "after_launch": pl.Int64, "n_launches": pl.Int64, "after_api": pl.String,
-                "gpu_idle_ns": pl.Int64}
+                "gpu_idle_ns": pl.Int64, "next_kernel": pl.String}
 
 
 def empty_silences() -> pl.DataFrame:
@@ -86,11 +86,15 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
     if c.is_empty():
         return empty_pauses()
     # the GPU's idle time in the pause: its overlap with the step's host-bound gaps
-    g = gaps.filter(pl.col("kind") == "host_bound").select("step", "pid", "gap_start", "gap_end").join(
+    # and the activity the GPU waited for in its longest such gap (after a JIT compilation: the
+    # kernel just compiled)
+    g = gaps.filter(pl.col("kind") == "host_bound").select(
+        "step", "pid", "gap_start", "gap_end", pl.col("next_name").cast(pl.String)).join(
         c.select("step", "pid").unique(), on=["step", "pid"])
     idle = c.select("step", "pid", "pause_start", "pause_end").join(g, on=["step", "pid"]).with_columns(
         o=(pl.min_horizontal("pause_end", "gap_end") - pl.max_horizontal("pause_start", "gap_start")).clip(lower_bound=0)
-    ).group_by("step", "pid", "pause_start").agg(gpu_idle_ns=pl.col("o").sum())
+    ).sort("o", descending=True).group_by("step", "pid", "pause_start").agg(
+        gpu_idle_ns=pl.col("o").sum(), next_kernel=pl.col("next_name").first())
     c = c.join(idle, on=["step", "pid", "pause_start"], how="left").with_columns(
         pl.col("gpu_idle_ns").fill_null(0)).filter(pl.col("gpu_idle_ns") >= PAUSE_MIN_NS)
     if c.is_empty():

@@ -40,7 +40,7 @@ def _longest_pauses(d, ids: list[int], top: int = 3) -> list[dict]:
         return []
     return (p.filter(pl.col("step").is_in(ids)).sort("pause_ns", "step", descending=[True, False]).head(top)
             .select(pl.col("step").alias("index"), "pause_ns", "after_launch", "n_launches",
-                    pl.col("after_api").alias("next_call"), "gpu_idle_ns").to_dicts())
+                    pl.col("after_api").alias("next_call"), "next_kernel", "gpu_idle_ns").to_dicts())
 
 
 def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
@@ -51,7 +51,8 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
     v = d.verdicts.select("step", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns", "host_bound_on",
                           "host_prep_ns", "host_after_ns", "predicted_graph_step_time_ns",
                           "untraced_step_time_ns", "untraced_source", "host_pause_ns", "host_pauses",
-                          "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call")
+                          "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call",
+                          "longest_pause_next_kernel")
     s = (s.join(v, on="step", how="left")
          .with_columns(kind=kind_expr(), batch=bucket_expr(),
                        step_tokens=pl.coalesce(pl.col("prompt_tokens") + pl.col("decode_tokens"), pl.col("tokens"))))
@@ -82,7 +83,7 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
         "prompt_tokens", "decode_reqs", "decode_tokens", "step_tokens", "step_time_ns", "gpu_busy_ns",
         "n_kernels", "n_launch_calls", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns",
         "host_bound_on", "untraced_step_time_ns", "host_pause_ns", "host_pauses", "longest_pause_ns",
-        "longest_pause_after_launch", "longest_pause_next_call").to_dicts()
+        "longest_pause_after_launch", "longest_pause_next_call", "longest_pause_next_kernel").to_dicts()
     top_class = (d.inv.classes.filter(pl.col("step").is_in(slow["step"].to_list())).sort("time_ns", descending=True)
                  .group_by("step", maintain_order=True).first().select("step", pl.col("class").cast(pl.String),
                                                                       "time_ns"))

@@ -33,7 +33,7 @@ SCHEMA = {
     "host_prep_ns": pl.Int64, "host_after_ns": pl.Int64, "host_wait_ns": pl.Int64, "host_bound_on": pl.String,
     "step_time_ns": pl.Int64, "launch_host_ns": pl.Int64, "host_pause_ns": pl.Int64, "host_pauses": pl.Int64,
     "host_pause_total_ns": pl.Int64, "longest_pause_ns": pl.Int64, "longest_pause_after_launch": pl.Int64,
-    "longest_pause_next_call": pl.String,
+    "longest_pause_next_call": pl.String, "longest_pause_next_kernel": pl.String,
     "predicted_graph_step_time_ns": pl.Int64, "predicted_graph_step_low_ns": pl.Int64,
     "predicted_graph_step_high_ns": pl.Int64, "predicted_graph_queued": pl.Boolean,
     "untraced_step_time_ns": pl.Int64, "untraced_source": pl.String, "untraced_measured_ns": pl.Int64,

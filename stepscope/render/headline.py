@@ -18,8 +18,9 @@ def host_clause(f: dict, s: dict) -> str:
     named with its length and place)."""
     wait = f.get("host_wait_ns") or 0
     if f.get("host_bound_on") == "a host pause" and pause_phrase(f):
-        out = f": {pause_phrase(f, s['step_time_ns'])} — the host stopped launching (a JIT compilation, " \
-              "a garbage collection, a Python stall), no launch overhead"
+        out = (f": {pause_phrase(f, s['step_time_ns'])} — the host stopped launching (a JIT compilation, "
+               "a garbage collection, Python work between two launches): not launch overhead, and CUDA graphs "
+               "do not remove it")
         if (f.get("cpu_floor_ns") or 0) > (f.get("device_floor_ns") or 0):
             out += (f"; besides it launch-bound (CPU floor {ms(f['cpu_floor_ns'])} > device floor "
                     f"{ms(f['device_floor_ns'])})")

@@ -25,8 +25,8 @@ CLASS_COLORS = {
     "rope": "#b6992d", "activation": "#f1ce63", "embedding": "#499894", "sampling": "#86bcb6",
     "framework": "#bab0ac", "comm": "#e15759", "memops": "#79706e", "other": "#d37295",
 }
-GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d"}
-GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
+GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d", "host_pause": "#f28e2b"}
+GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side", "host_pause": "host-pause"}
 LAUNCH_COLOR, GRAPH_COLOR, RANGE_COLOR = "#6b6b6b", "#1b7837", "#cfd8e3"
 WAIT_COLOR = "#3b0a0a"  # over a collective: the part spent waiting for the slowest rank
 

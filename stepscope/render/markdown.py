@@ -8,7 +8,7 @@ from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_me
                                           class_rows, footer, phase_line)
 from stepscope.render.units import ms, nbytes, plural, us
 
-GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
+GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side", "host_pause": "host-pause"}
 
 
 def _cell(s) -> str:

@@ -198,16 +198,16 @@ def pause_place(after: int | None, n: int | None) -> str:
 
 def pause_phrase(f: dict, step_ns: int | None = None) -> str | None:
     """The host pauses of a step (its verdict row `f`: host_pauses, longest_pause_*,
-    host_pause_ns), e.g. "a 484.322 ms host pause between launch 412 and 413 (ended by
-    cuLaunchKernelEx) and 1 more; the GPU idles 955.119 ms in them (92% of the step)"; None
+    host_pause_ns), e.g. "a 484.322 ms host pause between launch 24 and 25 (the GPU waiting to
+    run fused_moe_kernel) and 3 more; the GPU idles 962.766 ms in them (92% of the step)"; None
     without one."""
     n = f.get("host_pauses") or 0
     if not n or not f.get("longest_pause_ns"):
         return None
     out = (f"a {ms(f['longest_pause_ns'])} host pause "
            f"{pause_place(f.get('longest_pause_after_launch'), f.get('n_launch_calls'))}")
-    if f.get("longest_pause_next_call"):
-        out += f" (ended by {f['longest_pause_next_call']})"
+    if f.get("longest_pause_next_kernel"):
+        out += f" (the GPU waiting to run {f['longest_pause_next_kernel']})"
     if n > 1:
         out += f" and {n - 1} more"
     idle = f.get("host_pause_ns") or 0
