@@ -3,8 +3,8 @@
 CPU floor = launch calls × typical host cost per launch (the median inter-launch interval;
 with a single launch call, e.g. one cudaGraphLaunch, that call's duration), and never more than
 the host's launching inside the step (launch_host_ns): each launch call counts until the next
-launch of its thread, or only its own duration where that interval holds a host pause (other host
-work, analysis/pauses.py) or it is the thread's last, clipped to the step's begin and end. The
+launch of its thread, or the typical cost t_launch where that interval holds a host pause (other
+host work, analysis/pauses.py) or it is the thread's last, clipped to the step's begin and end. The
 host cannot need more time for the step's launches than it spent on them inside the step: an
 asynchronously scheduled step's launches issued while the previous step ran, or a burst of fast
 launches beside slow ones, made N × median exceed the step itself. Device floor =
@@ -25,9 +25,9 @@ from stepscope.analysis.pauses import empty_pauses
 from stepscope.analysis.verdict import verdict_expr
 
 
-def launch_host(inv: Inventory, pauses: pl.DataFrame) -> pl.DataFrame:
+def launch_host(inv: Inventory, pauses: pl.DataFrame, t_launch: pl.DataFrame) -> pl.DataFrame:
     """(step, launch_host_ns): the host's launching inside each step (the module's docstring),
-    on its busiest launching thread."""
+    on its busiest launching thread. `t_launch`: (step, t_launch_ns)."""
     calls = inv.launch_calls
     if calls.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64})
@@ -46,10 +46,12 @@ def launch_host(inv: Inventory, pauses: pl.DataFrame) -> pl.DataFrame:
         c = c.join(held.unique(), on=["step", "pid", "tid", "start"], how="left")
     else:
         c = c.with_columns(_held=pl.lit(None, pl.Boolean))
-    until = pl.when(pl.col("next_start").is_null() | pl.col("_held").fill_null(False)).then(
-        pl.col("end")).otherwise(pl.max_horizontal("next_start", "end"))
-    win = inv.steps.select("step", "step_begin", "step_end")
-    c = c.with_columns(_until=until).join(win, on="step", how="left").with_columns(
+    typical = pl.col("start") + pl.max_horizontal(pl.col("t_launch_ns").fill_null(0), pl.lit(0))
+    until = pl.when(pl.col("next_start").is_null()).then(pl.max_horizontal(typical, "end")).when(
+        pl.col("_held").fill_null(False)).then(pl.min_horizontal(typical, "next_start")).otherwise(
+        pl.max_horizontal("next_start", "end"))
+    win = inv.steps.select("step", "step_begin", "step_end").join(t_launch, on="step", how="left")
+    c = c.join(win, on="step", how="left").with_columns(_until=until).with_columns(
         _in=(pl.min_horizontal("_until", "step_end") - pl.max_horizontal("start", "step_begin")).clip(lower_bound=0))
     return (c.group_by("step", "pid", "tid").agg(pl.col("_in").sum()).group_by("step")
             .agg(launch_host_ns=pl.col("_in").max().cast(pl.Int64)))
@@ -84,9 +86,10 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
     s = inv.steps.select("step", "n_launch_calls", "gpu_busy_ns", "step_time_ns", "step_begin", "step_end",
                          "first_start", "last_end").join(
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
-    ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left").join(
-        launch_host(inv, pauses), on="step", how="left").join(longest, on="step", how="left")
+    ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left")
     t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
+    s = s.join(launch_host(inv, pauses, s.select("step", t_launch.alias("t_launch_ns"))), on="step", how="left").join(
+        longest, on="step", how="left")
     s = s.with_columns(
         t_launch_ns=t_launch,
         cpu_floor_ns=pl.min_horizontal((pl.col("n_launch_calls") * t_launch),
