@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.analysis.frames import sorted_by
+from stepscope.analysis.frames import lookup, sorted_by
 from stepscope.analysis.gaps import gap_totals, gaps_and_pauses
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
@@ -31,30 +31,39 @@ def launch_host(inv: Inventory, pauses: pl.DataFrame, t_launch: pl.DataFrame) ->
     calls = inv.launch_calls
     if calls.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64})
+    # consecutive calls of one (step, pid, tid), as launch_summary pairs them: with one host
+    # thread (step, start) order is the whole order
+    one_thread = calls["pid"].n_unique() == 1 and calls["tid"].n_unique() == 1
+    keys = ["step"] if one_thread else ["step", "pid", "tid"]
     c = sorted_by(calls.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64),
-                               pl.col("tid").cast(pl.Int64), "start", "end"), "step", "pid", "tid", "start")
-    same = ((pl.col("step") == pl.col("step").shift(-1)) & (pl.col("pid") == pl.col("pid").shift(-1))
-            & (pl.col("tid") == pl.col("tid").shift(-1)))
+                               pl.col("tid").cast(pl.Int64), "start", "end"), *keys, "start")
+    same = pl.all_horizontal([pl.col(k) == pl.col(k).shift(-1) for k in keys])
     c = c.with_columns(next_start=pl.when(same).then(pl.col("start").shift(-1)))
     if not pauses.is_empty():
-        # the launch before each pause: its interval holds the pause, so only its call counts
+        # the launch before each pause: its interval holds the pause, so it counts t_launch
         held = (pauses.select("step", "pid", "tid", "pause_start").sort("pause_start")
                 .join_asof(c.select("step", "pid", "tid", "start").sort("start"), left_on="pause_start",
                            right_on="start", by=["step", "pid", "tid"], strategy="backward",
                            check_sortedness=False)
-                .select("step", "pid", "tid", "start").drop_nulls().with_columns(_held=pl.lit(True)))
-        c = c.join(held.unique(), on=["step", "pid", "tid", "start"], how="left")
+                .select("step", "pid", "tid", "start").drop_nulls().unique().with_columns(_held=pl.lit(True)))
+        c = c.join(held, on=["step", "pid", "tid", "start"], how="left", maintain_order="left")
     else:
         c = c.with_columns(_held=pl.lit(None, pl.Boolean))
-    typical = pl.col("start") + pl.max_horizontal(pl.col("t_launch_ns").fill_null(0), pl.lit(0))
+    # the step's window and typical cost per call: one gather by step id (frames.lookup)
+    win = inv.steps.select("step", "step_begin", "step_end").join(t_launch, on="step", how="left")
+    ids = win["step"]
+    c = c.with_columns(_b=lookup("step", ids, win["step_begin"]), _e=lookup("step", ids, win["step_end"]),
+                       _t=lookup("step", ids, win["t_launch_ns"].fill_null(0).clip(lower_bound=0)))
+    typical = pl.col("start") + pl.col("_t")
     until = pl.when(pl.col("next_start").is_null()).then(pl.max_horizontal(typical, "end")).when(
         pl.col("_held").fill_null(False)).then(pl.min_horizontal(typical, "next_start")).otherwise(
         pl.max_horizontal("next_start", "end"))
-    win = inv.steps.select("step", "step_begin", "step_end").join(t_launch, on="step", how="left")
-    c = c.join(win, on="step", how="left").with_columns(_until=until).with_columns(
-        _in=(pl.min_horizontal("_until", "step_end") - pl.max_horizontal("start", "step_begin")).clip(lower_bound=0))
-    return (c.group_by("step", "pid", "tid").agg(pl.col("_in").sum()).group_by("step")
-            .agg(launch_host_ns=pl.col("_in").max().cast(pl.Int64)))
+    inside = (pl.min_horizontal(until, "_e") - pl.max_horizontal("start", "_b")).clip(lower_bound=0)
+    c = c.select(*keys, inside.alias("_in")).with_columns(pl.col("step").set_sorted())
+    per = c.group_by(keys).agg(pl.col("_in").sum())
+    if not one_thread:
+        per = per.group_by("step").agg(pl.col("_in").max())
+    return per.select("step", pl.col("_in").cast(pl.Int64).alias("launch_host_ns"))
 
 
 def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,

@@ -52,12 +52,15 @@ def host_silences(api: pl.DataFrame) -> pl.DataFrame:
         return empty_silences()
     cols = ["pid", "tid", "start", "end", "api_name"]
     one_thread = api["pid"].n_unique() == 1 and api["tid"].n_unique() == 1
+    from stepscope.analysis.frames import sorted_by
+
+    # no sort where the calls already are in order (one thread's calls in start order)
     a = api.select(cols)
     if one_thread:
-        a = a.sort("start", "end")
+        a = sorted_by(a, "start")
         before = pl.col("end").cum_max().shift(1)
     else:
-        a = a.sort("pid", "tid", "start", "end")
+        a = sorted_by(a, "pid", "tid", "start")
         before = pl.col("end").cum_max().shift(1).over("pid", "tid")
     a = a.with_columns(_before=before)
     s = a.filter((pl.col("start") - pl.col("_before")) >= PAUSE_MIN_NS)
@@ -75,9 +78,18 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
         return empty_pauses()
     threads = calls.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64),
                            pl.col("tid").cast(pl.Int64)).unique()
-    span = steps.select("step", "first_start", "last_end")
-    c = (silences.join(threads, on=["pid", "tid"])
-         .join(span, on="step")
+    # the steps whose GPU span a silence overlaps: the process's last step to start before the
+    # silence ends, and the one before its start (a silence across a step boundary), by two
+    # as-of joins instead of a join of every step with every silence
+    span = steps.select("step", pl.col("pid").cast(pl.Int64), "first_start", "last_end").sort("first_start")
+    sil = silences.sort("pause_end")
+    both = pl.concat([
+        sil.join_asof(span, left_on="pause_end", right_on="first_start", by="pid", strategy="backward",
+                      check_sortedness=False),
+        sil.sort("pause_start").join_asof(span, left_on="pause_start", right_on="first_start", by="pid",
+                                          strategy="backward", check_sortedness=False),
+    ]).drop_nulls("step").unique(["pid", "tid", "pause_start", "step"])
+    c = (both.join(threads, on=["step", "pid", "tid"], how="semi")
          .filter((pl.col("pause_end") > pl.col("first_start")) & (pl.col("pause_start") < pl.col("last_end")))
          .join(launch.select("step", "interval_median_ns"), on="step", how="left")
          .with_columns(pause_ns=pl.col("pause_end") - pl.col("pause_start"))
