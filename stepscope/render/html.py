@@ -16,6 +16,7 @@ from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
 from stepscope.render.run import run_html
+from stepscope.render.sentences import cpu_floor_how
 from stepscope.render.run_compare import runs_compare_html
 from stepscope.render.units import ms, nbytes, plural, tick, us
 
@@ -535,8 +536,9 @@ def _floors(views: list[StepView]) -> str:
         wait = (v.tp or {}).get("collective_wait_ns")
         device = (f"device work: {ms(v.figures['gpu_busy_ns'])} of GPU busy time less {ms(wait)} of collectives "
                   "waiting for the slowest rank" if wait else "of GPU busy time")
-        expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
-                f"vs {ms(dev)} {device}")
+        how = cpu_floor_how(f, v.figures["n_launch_calls"])
+        expl = (f"{how} per launch (median inter-launch interval) " if how.endswith(us(t_launch)) else f"{how} ") + \
+            f"vs {ms(dev)} {device}"
         overhead = v.profiler_overhead_ns
         oh = (f"; {v.tracer}'s own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")

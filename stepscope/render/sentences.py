@@ -216,3 +216,15 @@ def pause_phrase(f: dict, step_ns: int | None = None) -> str | None:
         if step_ns:
             out += f" ({100 * idle / max(step_ns, 1):.0f}% of the step)"
     return out
+
+
+def cpu_floor_how(f: dict, n_launch_calls: int | None) -> str:
+    """What a step's CPU floor is made of: "420 launch calls × 68.2 µs", or, where that would
+    be more than the host's launching inside the step (launches issued before the step began,
+    or fast bursts beside slow launches), "the host's launching inside the step (less than …)"."""
+    n, t = n_launch_calls or 0, f.get("t_launch_ns") or 0
+    times_t = f"{n} launch calls × {us(t)}" if n else f"launch calls × {us(t)}"
+    lh = f.get("launch_host_ns")
+    if lh is not None and n and f.get("cpu_floor_ns") == lh and lh < n * t:
+        return f"the host's launching inside the step, less than {times_t}"
+    return times_t

@@ -162,16 +162,13 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
     wait = (tp or {}).get("collective_wait_ns")
     busy = v.gpu_busy_ns
     device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
-    lh = f.get("launch_host_ns")
-    how = (f"the host's launching inside the step, less than launch calls × {us(f['t_launch_ns'])}"
-           if lh is not None and f["cpu_floor_ns"] == lh and f["cpu_floor_ns"] < (v.launch.get("n_launch_calls") or 0)
-           * (f["t_launch_ns"] or 0) else f"launch calls × {us(f['t_launch_ns'])}")
+    from stepscope.render.sentences import cpu_floor_how, pause_phrase
+
+    how = cpu_floor_how(f, v.n_launch_calls) if v.n_launch_calls else f"launch calls × {us(f['t_launch_ns'])}"
     console.print(
         f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} ({how}) vs device floor "
         f"{ms(f['device_floor_ns'])} ({device}); host-bound gaps cost {ms(f['host_bound_gap_ns'])}"
         + (f"; host pauses {ms(f['host_pause_ns'])}" if f.get("host_pause_ns") else ""))
-    from stepscope.render.sentences import pause_phrase
-
     p = pause_phrase(f, v.step_time_ns)
     if p:
         console.print(f"host pause: {p} (DEFINITIONS.md, \"Host pauses\")")
