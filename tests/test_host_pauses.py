@@ -91,6 +91,15 @@ def test_jit_pauses_match_sql(which, path, request):
         assert r["after_launch"] == _launches_before(f, t, first, s0)
         assert r["n_launches"] == calls.height
         assert r["gpu_idle_ns"] >= PAUSE_MIN_NS
+        # the GPU gap it opened, in SQL: from the last end of the kernels that started before the
+        # pause ended to the first kernel start after it; a gap of kind host_pause
+        pid = t >> 24 & 0xFFFFFF
+        g0, g1 = ro(f).execute(
+            "SELECT (SELECT max(end) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start < ? AND (globalPid >> 24 & 16777215) = ?),"
+            " (SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start >= ? AND (globalPid >> 24 & 16777215) = ?)",
+            (s1, pid, s1, pid)).fetchone()
+        top = d.top_gaps().filter((pl.col("step") == step) & (pl.col("gap_start") == g0))
+        assert top.height == 1 and top["gap_ns"][0] == g1 - g0 and top["kind"][0] == "host_pause"
 
 
 def test_qwen_step_10_is_host_bound_by_its_pauses(qwen):

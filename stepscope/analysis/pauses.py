@@ -121,16 +121,18 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
 
 
 def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
-    """`gaps` with every host-bound gap that overlaps a host pause of its step and process
-    taken for kind host_pause (its row order kept)."""
+    """`gaps` (with next_launch_start) with every host-bound gap that a host pause of its step
+    and process delayed taken for kind host_pause (its row order kept): the gap was open when
+    the pause ended and its activity's launch came after it (a gap whose launch came before
+    the pause began only touches it)."""
     if pauses.is_empty() or gaps.is_empty():
         return gaps
     from stepscope.analysis.gaps import KIND_DTYPE
 
     p = pauses.select("step", "pid", "pause_start", "pause_end")
     hit = (gaps.with_row_index("_i").filter(pl.col("kind") == "host_bound")
-           .select("_i", "step", "pid", "gap_start", "gap_end").join(p, on=["step", "pid"])
-           .filter((pl.col("gap_start") < pl.col("pause_end")) & (pl.col("gap_end") > pl.col("pause_start")))
+           .select("_i", "step", "pid", "gap_start", "next_launch_start").join(p, on=["step", "pid"])
+           .filter((pl.col("gap_start") < pl.col("pause_end")) & (pl.col("next_launch_start") >= pl.col("pause_end")))
            ["_i"].unique())
     return gaps.with_row_index("_i").with_columns(
         kind=pl.when(pl.col("_i").is_in(hit.implode())).then(pl.lit("host_pause", KIND_DTYPE)).otherwise(pl.col("kind"))
