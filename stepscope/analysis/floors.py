@@ -1,10 +1,12 @@
 """Equation 1.3 of the seed (`t_step = max(N_k · t_launch, t_GPU)`), per step.
 
-CPU floor = launch calls × typical host cost per launch (the median inter-launch interval;
-with a single launch call, e.g. one cudaGraphLaunch, that call's duration), and never more than
-the host's launching inside the step (launch_host_ns): each launch call counts until the next
-launch of its thread, or the typical cost t_launch where that interval holds a host pause (other
-host work, analysis/pauses.py) or it is the thread's last, clipped to the step's begin and end. The
+CPU floor = launch calls × typical host cost per launch (the median inter-launch interval, an
+interval that holds other host work — a silence as long as a host pause, analysis/pauses.py, or a
+synchronizing call — taken for its launch call's own duration; with a single launch call, e.g.
+one cudaGraphLaunch, that call's duration), and never more than the host's launching inside the
+step (launch_host_ns): each launch call counts until the next launch of its thread, or the
+typical cost t_launch where that interval holds other host work or it is the thread's last,
+clipped to the step's begin and end. The
 host cannot need more time for the step's launches than it spent on them inside the step: an
 asynchronously scheduled step's launches issued while the previous step ran, or a burst of fast
 launches beside slow ones, made N × median exceed the step itself. Device floor =
@@ -25,12 +27,27 @@ from stepscope.analysis.pauses import empty_pauses
 from stepscope.analysis.verdict import verdict_expr
 
 
-def launch_host(inv: Inventory, pauses: pl.DataFrame, t_launch: pl.DataFrame) -> pl.DataFrame:
-    """(step, launch_host_ns): the host's launching inside each step (the module's docstring),
-    on its busiest launching thread. `t_launch`: (step, t_launch_ns)."""
+def other_work(inv: Inventory, launch: pl.DataFrame) -> pl.DataFrame:
+    """(pid, tid, at): where the launching threads did host work that is no launching: the
+    start of each silence long enough to be a host pause (pauses.candidates, the GPU idle or
+    not) and of each synchronizing call (the host waiting for the GPU)."""
+    from stepscope.analysis.pauses import candidates
+
+    sil = candidates(inv.host_silences, inv.steps, inv.launch_calls, launch).select(
+        "pid", "tid", pl.col("pause_start").alias("at"))
+    sync = inv.api.filter(pl.col("is_sync")).select(pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64),
+                                                    pl.col("start").cast(pl.Int64).alias("at"))
+    return pl.concat([sil, sync])
+
+
+def launch_host(inv: Inventory, other: pl.DataFrame, t_launch: pl.DataFrame) -> pl.DataFrame:
+    """(step, launch_host_ns, t_launch_own_ns): the host's launching inside each step (the
+    module's docstring), on its busiest launching thread, and the step's typical cost per launch
+    where an interval holds other host work (`other`: other_work), else null. `t_launch`:
+    (step, t_launch_ns)."""
     calls = inv.launch_calls
     if calls.is_empty():
-        return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64})
+        return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64, "t_launch_own_ns": pl.Int64})
     # consecutive calls of one (step, pid, tid), as launch_summary pairs them: with one host
     # thread (step, start) order is the whole order
     one_thread = calls["pid"].n_unique() == 1 and calls["tid"].n_unique() == 1
@@ -39,18 +56,31 @@ def launch_host(inv: Inventory, pauses: pl.DataFrame, t_launch: pl.DataFrame) ->
                                pl.col("tid").cast(pl.Int64), "start", "end"), *keys, "start")
     same = pl.all_horizontal([pl.col(k) == pl.col(k).shift(-1) for k in keys])
     c = c.with_columns(next_start=pl.when(same).then(pl.col("start").shift(-1)))
-    if not pauses.is_empty():
-        # the launch before each pause: its interval holds the pause, so it counts t_launch
-        held = (pauses.select("step", "pid", "tid", "pause_start").sort("pause_start")
-                .join_asof(c.select("step", "pid", "tid", "start").sort("start"), left_on="pause_start",
-                           right_on="start", by=["step", "pid", "tid"], strategy="backward",
-                           check_sortedness=False)
-                .select("step", "pid", "tid", "start").drop_nulls().unique().with_columns(_held=pl.lit(True)))
+    if not other.is_empty():
+        # the launch before each piece of other host work: its interval holds it
+        held = (other.sort("at")
+                .join_asof(c.select("step", "pid", "tid", "start", "next_start").sort("start"), left_on="at",
+                           right_on="start", by=["pid", "tid"], strategy="backward", check_sortedness=False)
+                .filter(pl.col("next_start").is_not_null() & (pl.col("at") < pl.col("next_start")))
+                .select("step", "pid", "tid", "start").unique().with_columns(_held=pl.lit(True)))
         c = c.join(held, on=["step", "pid", "tid", "start"], how="left", maintain_order="left")
     else:
         c = c.with_columns(_held=pl.lit(None, pl.Boolean))
     # the step's window and typical cost per call: one gather by step id (frames.lookup)
     win = inv.steps.select("step", "step_begin", "step_end").join(t_launch, on="step", how="left")
+    held_steps = c.filter(pl.col("_held").fill_null(False)).select("step").unique()
+    if held_steps.height:
+        # the typical cost is the median over the step's launches with each interval that holds
+        # other host work taken for its call's own duration (that work is no launch cost)
+        cost = (c.join(held_steps, on="step", how="semi").filter(pl.col("next_start").is_not_null())
+                .group_by("step").agg(t_launch_own_ns=pl.when(pl.col("_held").fill_null(False))
+                                      .then(pl.col("end") - pl.col("start"))
+                                      .otherwise(pl.col("next_start") - pl.col("start")).median().round(0)
+                                      .cast(pl.Int64)))
+        win = win.join(cost, on="step", how="left").with_columns(
+            t_launch_ns=pl.coalesce("t_launch_own_ns", "t_launch_ns"))
+    else:
+        win = win.with_columns(t_launch_own_ns=pl.lit(None, pl.Int64))
     ids = win["step"]
     c = c.with_columns(_b=lookup("step", ids, win["step_begin"]), _e=lookup("step", ids, win["step_end"]),
                        _t=lookup("step", ids, win["t_launch_ns"].fill_null(0).clip(lower_bound=0)))
@@ -63,7 +93,8 @@ def launch_host(inv: Inventory, pauses: pl.DataFrame, t_launch: pl.DataFrame) ->
     per = c.group_by(keys).agg(pl.col("_in").sum())
     if not one_thread:
         per = per.group_by("step").agg(pl.col("_in").max())
-    return per.select("step", pl.col("_in").cast(pl.Int64).alias("launch_host_ns"))
+    return per.select("step", pl.col("_in").cast(pl.Int64).alias("launch_host_ns")).join(
+        win.select("step", "t_launch_own_ns"), on="step", how="left")
 
 
 def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFrame | None = None,
@@ -97,8 +128,10 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left"
     ).join(host, on="step", how="left").join(work.select("step", "device_work_ns"), on="step", how="left")
     t_launch = pl.coalesce("interval_median_ns", "call_median_ns", pl.lit(0))
-    s = s.join(launch_host(inv, pauses, s.select("step", t_launch.alias("t_launch_ns"))), on="step", how="left").join(
-        longest, on="step", how="left")
+    s = s.join(launch_host(inv, other_work(inv, launch), s.select("step", t_launch.alias("t_launch_ns"))), on="step",
+               how="left").join(longest, on="step", how="left")
+    # a step whose launch intervals hold other host work: t_launch without it (launch_host)
+    t_launch = pl.coalesce("t_launch_own_ns", t_launch)
     s = s.with_columns(
         t_launch_ns=t_launch,
         cpu_floor_ns=pl.min_horizontal((pl.col("n_launch_calls") * t_launch),

@@ -6,12 +6,14 @@ next (over the calls stepscope reads: launches, copies and sets, synchronization
 the profiler's range calls; apinames.KEPT). A silence of a thread that launched a step's work is a
 **host pause** of that step when
   - it is at least PAUSE_MIN_NS long and PAUSE_FACTOR times the step's median inter-launch
-    interval (an eager step's host spends 20–100 µs per launch; a JIT compilation, a garbage
-    collection or a Python stall stops it for milliseconds to seconds), and
-  - the GPU idled for at least PAUSE_MIN_NS of it in the step's host-bound gaps (a silence
-    while queued work kept the GPU busy cost the step nothing).
+    interval (baseline(): a step of a few launches takes its process's, else its launch call's
+    duration) — an eager step's host
+    spends 20–100 µs per launch; a JIT compilation, a garbage collection or a Python stall
+    stops it for milliseconds to seconds — and
+  - the GPU idled for at least PAUSE_MIN_NS of it in the step's host-bound or sync gaps (a
+    silence while queued work kept the GPU busy cost the step nothing).
 Its place is the step's own launch numbering: "between launch k and k+1" where k of the step's
-launch calls started before it. The GPU gaps it overlaps are the gap kind `host_pause`.
+launch calls started before it. The GPU gaps it delayed are the gap kind `host_pause`.
 
 The silences (PAUSE_MIN_NS and longer) are found while the inventory still holds every API call
 (host_silences, a few rows per trace); the rest needs the steps' gaps and launch figures.
@@ -28,6 +30,11 @@ import polars as pl
 # busy through most of them (the host runs ahead of a prefill's long kernels).
 PAUSE_MIN_NS = 1_000_000
 PAUSE_FACTOR = 20
+# a step of fewer launches takes its process's typical interval (baseline)
+MIN_BASELINE_LAUNCHES = 9
+# the gap kinds a pause takes: the GPU waiting for a launch (host-bound), or for the host that
+# synchronized and then stopped before its next launch (sync)
+PAUSE_TAKES = ("host_bound", "sync")
 
 SILENCE_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64, "pause_end": pl.Int64,
                   "after_api": pl.String}
@@ -69,13 +76,29 @@ def host_silences(api: pl.DataFrame) -> pl.DataFrame:
                     pl.col("api_name").cast(pl.String).alias("after_api"))
 
 
-def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame, launch: pl.DataFrame,
-                gaps: pl.DataFrame) -> pl.DataFrame:
-    """The host pauses of every step (PAUSE_SCHEMA), longest first within a step. `steps`: the
-    inventory's steps; `calls`: its launch calls; `launch`: launch_summary's per-step figures;
-    `gaps`: find_gaps' gaps before the pauses take theirs (kind host_bound)."""
-    if silences.is_empty() or calls.is_empty() or gaps.is_empty():
-        return empty_pauses()
+def baseline(steps: pl.DataFrame, launch: pl.DataFrame) -> pl.DataFrame:
+    """(step, baseline_ns): the launch interval a pause is measured against. The step's median
+    inter-launch interval; for a step of fewer than MIN_BASELINE_LAUNCHES launches, whose
+    median may be the pause itself (a two-launch step has one interval), the median of its
+    process's steps' medians over the steps that have that many, else (no such step) its median
+    launch call: a pause is far longer than a launch."""
+    s = steps.select("step", "pid", "n_launch_calls").join(
+        launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left")
+    many = pl.col("n_launch_calls") >= MIN_BASELINE_LAUNCHES
+    per_pid = s.filter(many).group_by("pid").agg(_pid_ns=pl.col("interval_median_ns").median())
+    return s.join(per_pid, on="pid", how="left").select(
+        "step", pl.when(many).then(pl.col("interval_median_ns"))
+        .otherwise(pl.coalesce("_pid_ns", "call_median_ns", "interval_median_ns")).alias("baseline_ns"))
+
+
+def candidates(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame, launch: pl.DataFrame) -> pl.DataFrame:
+    """The silences long enough to be a step's host pause (on a launching thread of the step,
+    inside its GPU span, at least PAUSE_MIN_NS and PAUSE_FACTOR × its baseline), whether or not
+    the GPU idled in them: step, pid, tid, pause_start, pause_end, pause_ns, after_api. The CPU
+    floor takes every one for other host work; a host pause is one the GPU idled in."""
+    if silences.is_empty() or calls.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "pause_start": pl.Int64,
+                                    "pause_end": pl.Int64, "pause_ns": pl.Int64, "after_api": pl.String})
     threads = calls.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64),
                            pl.col("tid").cast(pl.Int64)).unique()
     # the steps whose GPU span a silence overlaps: the process's last step to start before the
@@ -91,16 +114,27 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
     ]).drop_nulls("step").unique(["pid", "tid", "pause_start", "step"])
     c = (both.join(threads, on=["step", "pid", "tid"], how="semi")
          .filter((pl.col("pause_end") > pl.col("first_start")) & (pl.col("pause_start") < pl.col("last_end")))
-         .join(launch.select("step", "interval_median_ns"), on="step", how="left")
+         .join(baseline(steps, launch), on="step", how="left")
          .with_columns(pause_ns=pl.col("pause_end") - pl.col("pause_start"))
          .filter(pl.col("pause_ns") >= pl.max_horizontal(pl.lit(PAUSE_MIN_NS),
-                                                        PAUSE_FACTOR * pl.col("interval_median_ns").fill_null(0))))
+                                                        PAUSE_FACTOR * pl.col("baseline_ns").fill_null(0))))
+    return c.select("step", "pid", "tid", "pause_start", "pause_end", pl.col("pause_ns").cast(pl.Int64), "after_api")
+
+
+def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame, launch: pl.DataFrame,
+                gaps: pl.DataFrame) -> pl.DataFrame:
+    """The host pauses of every step (PAUSE_SCHEMA), longest first within a step. `steps`: the
+    inventory's steps; `calls`: its launch calls; `launch`: launch_summary's per-step figures;
+    `gaps`: find_gaps' gaps before the pauses take theirs (kinds host_bound and sync)."""
+    if gaps.is_empty():
+        return empty_pauses()
+    c = candidates(silences, steps, calls, launch)
     if c.is_empty():
         return empty_pauses()
-    # the GPU's idle time in the pause: its overlap with the step's host-bound gaps
-    # and the activity the GPU waited for in its longest such gap (after a JIT compilation: the
-    # kernel just compiled)
-    g = gaps.filter(pl.col("kind") == "host_bound").select(
+    # the GPU's idle time in the pause: its overlap with the step's host-bound and sync gaps (a
+    # host that synchronized, then stopped, idles the GPU for the stop), and the activity the
+    # GPU waited for in its longest such gap (after a JIT compilation: the kernel just compiled)
+    g = gaps.filter(pl.col("kind").cast(pl.String).is_in(list(PAUSE_TAKES))).select(
         "step", "pid", "gap_start", "gap_end", pl.col("next_name").cast(pl.String)).join(
         c.select("step", "pid").unique(), on=["step", "pid"])
     idle = c.select("step", "pid", "pause_start", "pause_end").join(g, on=["step", "pid"]).with_columns(
@@ -112,17 +146,18 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
     if c.is_empty():
         return empty_pauses()
     # its place: how many of the step's launch calls started before it
-    k = calls.select(pl.col("step").cast(pl.Int64), "start").join(c.select("step", "pause_start"), on="step").group_by(
+    mine = calls.select(pl.col("step").cast(pl.Int64), "start").join(c.select("step").unique(), on="step", how="semi")
+    k = mine.join(c.select("step", "pause_start"), on="step").group_by(
         "step", "pause_start").agg(after_launch=(pl.col("start") < pl.col("pause_start")).sum().cast(pl.Int64))
-    n = calls.group_by(pl.col("step").cast(pl.Int64)).agg(n_launches=pl.len().cast(pl.Int64))
+    n = mine.group_by("step").agg(n_launches=pl.len().cast(pl.Int64))
     c = c.join(k, on=["step", "pause_start"], how="left").join(n, on="step", how="left")
     return (c.select([pl.col(k).cast(t) for k, t in PAUSE_SCHEMA.items()])
             .sort("step", "pause_ns", "pause_start", descending=[False, True, False]))
 
 
 def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
-    """`gaps` (with next_launch_start) with every host-bound gap that a host pause of its step
-    and process delayed taken for kind host_pause (its row order kept): the gap was open when
+    """`gaps` (with next_launch_start) with every host-bound or sync gap that a host pause of its
+    step and process delayed taken for kind host_pause (its row order kept): the gap was open when
     the pause ended and its activity's launch came after it (a gap whose launch came before
     the pause began only touches it)."""
     if pauses.is_empty() or gaps.is_empty():
@@ -130,7 +165,7 @@ def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
     from stepscope.analysis.gaps import KIND_DTYPE
 
     p = pauses.select("step", "pid", "pause_start", "pause_end")
-    hit = (gaps.with_row_index("_i").filter(pl.col("kind") == "host_bound")
+    hit = (gaps.with_row_index("_i").filter(pl.col("kind").cast(pl.String).is_in(list(PAUSE_TAKES)))
            .select("_i", "step", "pid", "gap_start", "next_launch_start").join(p, on=["step", "pid"])
            .filter((pl.col("gap_start") < pl.col("pause_end")) & (pl.col("next_launch_start") >= pl.col("pause_end")))
            ["_i"].unique())
