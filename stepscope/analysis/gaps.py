@@ -2,9 +2,11 @@
 
 A gap opens when an activity starts after everything before it (by start) on the device has
 ended. It is attributed, in this order:
-  sync        a synchronizing API call of the process returned inside the gap: the host
-              waited for the GPU to drain and only then asked for more (a sync that spans the
-              whole gap only shows the host waiting on work already queued)
+  sync        a synchronizing API call of the process returned inside the gap and the late
+              activity was launched after the gap opened: the host waited for the GPU to drain
+              and only then asked for more (a sync that spans the whole gap only shows the host
+              waiting on work already queued; an activity launched before the gap opened was
+              queued in time, whatever the host did meanwhile: device-side)
   host_bound  the late activity's launching call started after the previous work ended
   device_side the launch was issued in time (or the trace lacks the launching call)
   host_pause  a host-bound gap that overlaps a host pause of its step (analysis/pauses.py): the
@@ -57,7 +59,8 @@ def gaps_and_pauses(inv: Inventory, launch: pl.DataFrame | None = None) -> tuple
     if g.is_empty():
         return pl.DataFrame(schema=GAP_SCHEMA), empty_pauses()
     kind = (
-        pl.when(pl.Series(_sync_in_gap(g, inv.api))).then(pl.lit("sync", KIND_DTYPE))
+        pl.when(pl.Series(_sync_in_gap(g, inv.api)) & (pl.col("next_launch_start") > pl.col("gap_start")))
+        .then(pl.lit("sync", KIND_DTYPE))
         .when(pl.col("next_launch_start") > pl.col("gap_start")).then(pl.lit("host_bound", KIND_DTYPE))
         .otherwise(pl.lit("device_side", KIND_DTYPE))
     )

@@ -78,12 +78,16 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
             .with_columns(pl.col("kind").cast(pl.String)))
     gap = {r["kind"]: int(r["time_ns"]) for r in gaps.iter_rows(named=True)}
     slow = s.sort("step_time_ns", "step", descending=[True, False]).head(top)
+    side = d.gap_totals.filter(pl.col("kind") == "device_side").select(
+        "step", pl.col("time_ns").alias("idle_device_side_ns"))
+    slow = slow.join(side, on="step", how="left", maintain_order="left")
     slowest = slow.select(
         pl.col("step").alias("index"), "kind", "name", "phase", "graph_mode", "requests", "prompt_reqs",
         "prompt_tokens", "decode_reqs", "decode_tokens", "step_tokens", "step_time_ns", "gpu_busy_ns",
         "n_kernels", "n_launch_calls", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns",
         "host_bound_on", "untraced_step_time_ns", "host_pause_ns", "host_pauses", "longest_pause_ns",
-        "longest_pause_after_launch", "longest_pause_next_call", "longest_pause_next_kernel").to_dicts()
+        "longest_pause_after_launch", "longest_pause_next_call", "longest_pause_next_kernel",
+        "idle_device_side_ns").to_dicts()
     top_class = (d.inv.classes.filter(pl.col("step").is_in(slow["step"].to_list())).sort("time_ns", descending=True)
                  .group_by("step", maintain_order=True).first().select("step", pl.col("class").cast(pl.String),
                                                                       "time_ns"))

@@ -8,7 +8,7 @@ A row's text has no markup; a renderer escapes it for its format.
 
 from __future__ import annotations
 
-from stepscope.render.sentences import pause_phrase
+from stepscope.render.sentences import pause_phrase, queued_idle_phrase
 from stepscope.render.units import MISSING, ms, node_gap, signed_percent, times, us  # noqa: F401
 
 
@@ -73,6 +73,7 @@ def verdict_line(v) -> str:
                 out += " (its host pauses kept: a graph does not remove them)"
         elif f["verdict"] == "device-bound":
             out += f"; the GPU is busy {100 * v.gpu_busy_ns / max(v.step_time_ns, 1):.0f}% of it"
+            out += queued_idle_phrase((v.gaps.get("device_side") or {}).get("time_ns"), v.step_time_ns)
         elif f["verdict"] == "host-bound":
             out += host_clause(f, {"step_time_ns": v.step_time_ns})
         out += pause_note(f, v.step_time_ns)

@@ -49,7 +49,10 @@ def why(r: dict) -> str:
     top = r.get("top_class")
     share = f"; {top} {100 * (r.get('top_class_time_ns') or 0) / max(r.get('gpu_busy_ns') or 1, 1):.0f}% of GPU time" \
         if top else ""
-    return f"device-bound: GPU busy {100 * (r.get('gpu_busy_ns') or 0) / step:.0f}%{share}"
+    from stepscope.render.sentences import queued_idle_phrase
+
+    return (f"device-bound: GPU busy {100 * (r.get('gpu_busy_ns') or 0) / step:.0f}%{share}"
+            + queued_idle_phrase(r.get("idle_device_side_ns"), step))
 
 
 def headline(view: dict) -> str:

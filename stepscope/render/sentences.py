@@ -228,3 +228,17 @@ def cpu_floor_how(f: dict, n_launch_calls: int | None) -> str:
     if lh is not None and n and f.get("cpu_floor_ns") == lh and lh < n * t:
         return f"the host's launching inside the step, less than {times_t}"
     return times_t
+
+
+def queued_idle_phrase(idle_device_side_ns: int | None, step_ns: int) -> str:
+    """For a device-bound step whose GPU idled with its work already queued for a quarter of the
+    step or more: that idle time and what it can be ("" otherwise). Such a step is device-bound
+    (the host was not late), yet its GPU busy share is low: the device waited on something the
+    trace does not show as work — another stream or event, or a CUDA graph recorded at graph
+    level (its kernels are no rows of the trace)."""
+    idle = idle_device_side_ns or 0
+    if idle < 0.25 * max(step_ns, 1):
+        return ""
+    return (f"; {ms(idle)} ({100 * idle / max(step_ns, 1):.0f}%) idle with its work queued (device-side gaps: "
+            "waits on another stream or event, or work the trace does not show, such as a CUDA graph "
+            "recorded at graph level)")
