@@ -222,3 +222,28 @@ def test_long_pauses_wait_for_the_kernels_vllm_says_it_compiled(which, path, req
     assert compiled
     waited = set(d.pauses.filter(pl.col("pause_ns") >= 100_000_000)["next_kernel"].to_list())
     assert waited == compiled
+
+
+def test_a_two_launch_step_pause_is_measured_against_its_launch_call():
+    """The SIGINT capture's start-up "steps" of two launches: the longest (2.57 s) is one
+    silence between its two launches, which its own median interval cannot measure (it is that
+    interval): it is a host pause against the launch call, the step is host-bound by it, and its
+    CPU floor is no longer the silence."""
+    f = gunzipped(need(FIXTURES / "vllm_serve" / "llama-3.1-8b_serve_sigint.sqlite.gz"))
+    d = library.diagnosis(f)
+    s = d.inv.steps.sort("step_time_ns", descending=True).row(0, named=True)
+    assert s["n_launch_calls"] == 2 and s["step_time_ns"] > 2_000_000_000
+    v = d.verdicts.filter(pl.col("step") == s["step"]).row(0, named=True)
+    calls = d.inv.launch_calls.filter(pl.col("step") == s["step"]).sort("start")
+    # the silence in SQL: the calls the reader keeps, between the two launches' starts
+    t_global = ro(f).execute(
+        f"SELECT r.globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+        f"WHERE {LAUNCH_SQL} AND r.start = ?", (calls["start"][0],)).fetchone()[0]
+    before, after = ro(f).execute(
+        f"SELECT max(r.end), (SELECT min(r2.start) FROM CUPTI_ACTIVITY_KIND_RUNTIME r2 JOIN StringIds s2 "
+        f"ON s2.id = r2.nameId WHERE r2.globalTid = ?1 AND r2.start > max(r.end) AND ({KEPT_SQL.replace('s.', 's2.')})) "
+        f"FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+        f"WHERE r.globalTid = ?1 AND r.start <= ?2 AND ({KEPT_SQL})", (t_global, calls["start"][0])).fetchone()
+    assert v["verdict"] == "host-bound" and v["host_bound_on"] == "a host pause"
+    assert v["longest_pause_ns"] == after - before and v["longest_pause_after_launch"] == 1
+    assert v["cpu_floor_ns"] < 1_000_000 < v["longest_pause_ns"]
