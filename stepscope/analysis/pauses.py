@@ -7,9 +7,8 @@ the profiler's range calls; apinames.KEPT). A silence of a thread that launched 
 **host pause** of that step when
   - it is at least PAUSE_MIN_NS long and PAUSE_FACTOR times the step's median inter-launch
     interval (baseline(): a step of a few launches takes its process's, else its launch call's
-    duration) — an eager step's host
-    spends 20–100 µs per launch; a JIT compilation, a garbage collection or a Python stall
-    stops it for milliseconds to seconds — and
+    duration) — an eager step's host spends 20–100 µs per launch; a JIT compilation, a garbage
+    collection or a Python stall stops it for milliseconds to seconds — and
   - the GPU idled for at least PAUSE_MIN_NS of it in the step's host-bound or sync gaps (a
     silence while queued work kept the GPU busy cost the step nothing).
 Its place is the step's own launch numbering: "between launch k and k+1" where k of the step's
@@ -23,11 +22,14 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.analysis.frames import sorted_by
+
 # The thresholds, justified on the committed H200 fixtures (DEFINITIONS.md, "Host pauses"): the
-# JIT compilations of Qwen3-30B-A3B's and DeepSeek-V2-Lite's fused_moe_kernel stop the host for
-# 470–570 ms, 5,500–8,700 times the step's median launch interval; the longest silences of the
-# steady eager steps, dense and MoE, are 10–45 times it and a few ms at most, and the GPU keeps
-# busy through most of them (the host runs ahead of a prefill's long kernels).
+# JIT compilations vLLM's JIT monitor logs (Qwen3-30B-A3B's and DeepSeek-V2-Lite's
+# fused_moe_kernel, mask_empty_context_kernel) stop the host for 470–570 ms, 5,500–8,700 times the
+# step's median launch interval; shorter host work between two launches of vLLM's eager steps
+# (1–6 ms) is 20–175 times it; below 20 times a silence is one of the step's long launch
+# intervals, and the longer silences of prefill steps (45–160 ms) keep the GPU busy.
 PAUSE_MIN_NS = 1_000_000
 PAUSE_FACTOR = 20
 # a step of fewer launches takes its process's typical interval (baseline)
@@ -59,8 +61,6 @@ def host_silences(api: pl.DataFrame) -> pl.DataFrame:
         return empty_silences()
     cols = ["pid", "tid", "start", "end", "api_name"]
     one_thread = api["pid"].n_unique() == 1 and api["tid"].n_unique() == 1
-    from stepscope.analysis.frames import sorted_by
-
     # no sort where the calls already are in order (one thread's calls in start order)
     a = api.select(cols)
     if one_thread:
