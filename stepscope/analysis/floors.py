@@ -41,13 +41,15 @@ def other_work(inv: Inventory, launch: pl.DataFrame) -> pl.DataFrame:
 
 
 def launch_host(inv: Inventory, other: pl.DataFrame, t_launch: pl.DataFrame) -> pl.DataFrame:
-    """(step, launch_host_ns, t_launch_own_ns): the host's launching inside each step (the
-    module's docstring), on its busiest launching thread, and the step's typical cost per launch
+    """(step, launch_host_ns, launches_ahead, t_launch_own_ns): the host's launching inside each
+    step (the module's docstring), on its busiest launching thread; how many of its launch calls
+    started before the step began (queued while earlier GPU work ran); and its typical cost per launch
     where an interval holds other host work (`other`: other_work), else null. `t_launch`:
     (step, t_launch_ns)."""
     calls = inv.launch_calls
     if calls.is_empty():
-        return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64, "t_launch_own_ns": pl.Int64})
+        return pl.DataFrame(schema={"step": pl.Int64, "launch_host_ns": pl.Int64, "launches_ahead": pl.Int64,
+                                    "t_launch_own_ns": pl.Int64})
     # consecutive calls of one (step, pid, tid), as launch_summary pairs them: with one host
     # thread (step, start) order is the whole order
     one_thread = calls["pid"].n_unique() == 1 and calls["tid"].n_unique() == 1
@@ -89,11 +91,13 @@ def launch_host(inv: Inventory, other: pl.DataFrame, t_launch: pl.DataFrame) -> 
         pl.col("_held").fill_null(False)).then(pl.min_horizontal(typical, "next_start")).otherwise(
         pl.max_horizontal("next_start", "end"))
     inside = (pl.min_horizontal(until, "_e") - pl.max_horizontal("start", "_b")).clip(lower_bound=0)
-    c = c.select(*keys, inside.alias("_in")).with_columns(pl.col("step").set_sorted())
-    per = c.group_by(keys).agg(pl.col("_in").sum())
+    c = c.select(*keys, inside.alias("_in"), (pl.col("start") < pl.col("_b")).alias("_ahead")).with_columns(
+        pl.col("step").set_sorted())
+    per = c.group_by(keys).agg(pl.col("_in").sum(), pl.col("_ahead").sum())
     if not one_thread:
-        per = per.group_by("step").agg(pl.col("_in").max())
-    return per.select("step", pl.col("_in").cast(pl.Int64).alias("launch_host_ns")).join(
+        per = per.group_by("step").agg(pl.col("_in").max(), pl.col("_ahead").sum())
+    return per.select("step", pl.col("_in").cast(pl.Int64).alias("launch_host_ns"),
+                      pl.col("_ahead").cast(pl.Int64).alias("launches_ahead")).join(
         win.select("step", "t_launch_own_ns"), on="step", how="left")
 
 
@@ -163,6 +167,6 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
     )
     return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
                     "host_bound_gap_ns", "host_prep_ns", "host_after_ns", "host_wait_ns", "host_bound_on",
-                    "step_time_ns", "launch_host_ns", "host_pause_ns", "host_pauses", "host_pause_total_ns",
+                    "step_time_ns", "launch_host_ns", "launches_ahead", "host_pause_ns", "host_pauses", "host_pause_total_ns",
                     "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call",
                     "longest_pause_next_kernel")

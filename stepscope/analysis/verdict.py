@@ -31,7 +31,7 @@ SCHEMA = {
     "step": pl.Int64, "verdict": pl.String, "cpu_floor_ns": pl.Int64, "device_floor_ns": pl.Int64,
     "t_launch_ns": pl.Int64, "margin": pl.Float64, "host_bound_gap_ns": pl.Int64,
     "host_prep_ns": pl.Int64, "host_after_ns": pl.Int64, "host_wait_ns": pl.Int64, "host_bound_on": pl.String,
-    "step_time_ns": pl.Int64, "launch_host_ns": pl.Int64, "host_pause_ns": pl.Int64, "host_pauses": pl.Int64,
+    "step_time_ns": pl.Int64, "launch_host_ns": pl.Int64, "launches_ahead": pl.Int64, "host_pause_ns": pl.Int64, "host_pauses": pl.Int64,
     "host_pause_total_ns": pl.Int64, "longest_pause_ns": pl.Int64, "longest_pause_after_launch": pl.Int64,
     "longest_pause_next_call": pl.String, "longest_pause_next_kernel": pl.String,
     "predicted_graph_step_time_ns": pl.Int64, "predicted_graph_step_low_ns": pl.Int64,

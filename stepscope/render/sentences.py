@@ -226,7 +226,10 @@ def cpu_floor_how(f: dict, n_launch_calls: int | None) -> str:
     times_t = f"{n} launch calls × {us(t)}" if n else f"launch calls × {us(t)}"
     lh = f.get("launch_host_ns")
     if lh is not None and n and f.get("cpu_floor_ns") == lh and lh < n * t:
-        return f"the host's launching inside the step, less than {times_t}"
+        ahead = f.get("launches_ahead") or 0
+        why = (f"; {ahead} of its {n} launches were issued before it began, while earlier GPU work ran"
+               if ahead else "")
+        return f"the host's launching inside the step, less than {times_t}{why}"
     return times_t
 
 
