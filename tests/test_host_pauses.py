@@ -194,8 +194,8 @@ def test_fp8_async_step_launched_ahead_is_not_launch_bound():
     the host's launching inside the step, and the step is not launch-bound."""
     f = gunzipped(need(MODELS / "llama-3.1-8b-fp8_r32_graph_plain.sqlite.gz"))
     d = library.diagnosis(f)
-    s = d.inv.steps.join(d.verdicts.select("step", "verdict", "cpu_floor_ns", "t_launch_ns", "launch_host_ns"),
-                         on="step")
+    s = d.inv.steps.join(d.verdicts.select("step", "verdict", "cpu_floor_ns", "t_launch_ns", "launch_host_ns",
+                                           "launches_ahead"), on="step")
     ahead = s.filter(pl.col("n_launch_calls") * pl.col("t_launch_ns") > pl.col("step_time_ns"))
     assert ahead.height >= 1
     for r in ahead.iter_rows(named=True):
@@ -204,7 +204,7 @@ def test_fp8_async_step_launched_ahead_is_not_launch_bound():
         early = ro(f).execute(
             f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
             f"WHERE {LAUNCH_SQL} AND r.start >= ? AND r.start < ?", (first, r["step_begin"])).fetchone()[0]
-        assert early > r["n_launch_calls"] // 2
+        assert early > r["n_launch_calls"] // 2 and r["launches_ahead"] == early
         assert r["cpu_floor_ns"] == r["launch_host_ns"] <= r["step_time_ns"]
         assert r["verdict"] != "launch-bound"
 
