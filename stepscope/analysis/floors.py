@@ -161,9 +161,11 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
         .otherwise(pl.lit("launches")),
     ).with_columns(
         verdict=verdict_expr(wait="host_wait_ns", step="step_time_ns", pause="host_pause_ns"),
-        # how many times the binding floor exceeds the other one
-        margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
-                / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
+        # how many times the binding floor exceeds the other one (null when the other is 0: a
+        # step whose launches were all issued before it began has no CPU floor inside it)
+        margin=pl.when(pl.min_horizontal("cpu_floor_ns", "device_floor_ns") > 0).then(
+            pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
+            / pl.min_horizontal("cpu_floor_ns", "device_floor_ns")),
     )
     return s.select("step", "t_launch_ns", "cpu_floor_ns", "device_floor_ns", "verdict", "margin",
                     "host_bound_gap_ns", "host_prep_ns", "host_after_ns", "host_wait_ns", "host_bound_on",

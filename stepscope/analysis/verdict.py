@@ -52,7 +52,8 @@ def verdict_expr(cpu: str | pl.Expr = "cpu_floor_ns", dev: str | pl.Expr = "devi
     cpu, dev = (pl.col(x) if isinstance(x, str) else x for x in (cpu, dev))
     if pause is not None and step is not None:
         p, t = (pl.col(x) if isinstance(x, str) else x for x in (pause, step))
-        out = pl.when(p.fill_null(0) > PAUSE_BOUND_SHARE * t).then(pl.lit(HOST_BOUND)).when(cpu > dev).then(
+        p = p.fill_null(0)
+        out = pl.when((p > 0) & (p > PAUSE_BOUND_SHARE * t)).then(pl.lit(HOST_BOUND)).when(cpu > dev).then(
             pl.lit(LAUNCH_BOUND))
     else:
         out = pl.when(cpu > dev).then(pl.lit(LAUNCH_BOUND))
