@@ -138,8 +138,8 @@ def floors(inv: Inventory, launch: pl.DataFrame | None = None, gaps: pl.DataFram
     t_launch = pl.coalesce("t_launch_own_ns", t_launch)
     s = s.with_columns(
         t_launch_ns=t_launch,
-        cpu_floor_ns=pl.min_horizontal((pl.col("n_launch_calls") * t_launch),
-                                       pl.col("launch_host_ns").fill_null(0)).cast(pl.Int64),
+        # (a step without launch calls in the frame has no launch_host_ns: N × t_launch alone)
+        cpu_floor_ns=pl.min_horizontal((pl.col("n_launch_calls") * t_launch), "launch_host_ns").cast(pl.Int64),
         device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"),
         host_pause_ns=pl.col("host_pause_ns").fill_null(0),
         host_pauses=pl.col("host_pauses").fill_null(0),
