@@ -30,7 +30,8 @@ REPORT_GLOB = "*.sqlite"
 STEP_COLUMNS = ("step", "pid", "device", "delimiter", "name", "phase", "step_begin", "step_end", "step_time_ns",
                 "n_kernels", "kernel_time_sum_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns", "n_launch_calls",
                 "launch_call_ns", "layers", "kernels_per_layer")
-FLOOR_COLUMNS = ("t_launch_ns", "cpu_floor_ns", "host_bound_gap_ns")
+# host_pause_ns: the GPU's idle time in host pauses, which the run's what-if keeps as analyze's does
+FLOOR_COLUMNS = ("t_launch_ns", "cpu_floor_ns", "host_bound_gap_ns", "host_pause_ns")
 
 
 @dataclass

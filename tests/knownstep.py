@@ -76,7 +76,9 @@ KNOWN = {
         gpu_span_ns=55_300 - 40_200, idle_ns=3 * 4_900, gpu_busy_ns=400,
         step_time_ns=20_000, n_launch_calls=4, launch_call_ns=400,
         gaps={"host_bound": (3, 14_700), "sync": (0, 0), "device_side": (0, 0)},
-        t_launch_ns=5_000, cpu_floor_ns=20_000, verdict="launch-bound",
+        # CPU floor = min(4 launches × 5,000, the launching inside the step: three intervals of
+        # 5,000, then the last launch's typical 5,000 cut at the step's end, 60,000 − 55,100)
+        t_launch_ns=5_000, cpu_floor_ns=min(4 * 5_000, 3 * 5_000 + 60_000 - 55_100), verdict="launch-bound",
         classes={"gemm": (2, 200), "norm": (1, 100), "rope": (1, 100)},
     ),
 }

@@ -118,7 +118,7 @@ def test_the_run_view_adds_up(mode):
     assert abs(sum(k["share"] for k in v["kinds"]) - 1) < 1e-9
     t = v["time"]
     parts = (t["gpu_busy_ns"] + t["idle_host_bound_ns"] + t["idle_sync_ns"] + t["idle_device_side_ns"]
-             + t["host_prep_ns"] + t["host_after_ns"] + t["between_steps_ns"])
+             + t["idle_host_pause_ns"] + t["host_prep_ns"] + t["host_after_ns"] + t["between_steps_ns"])
     assert parts - t["overlap_ns"] == v["wall_ns"]
     assert 0 <= t["overlap_ns"] < 0.01 * v["wall_ns"]
     times = sorted(s["step_time_ns"].to_list(), reverse=True)

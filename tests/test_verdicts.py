@@ -60,9 +60,9 @@ WITH step AS (
   FROM o WHERE prev IS NOT NULL AND start > prev
 )
 SELECT
-  sum(CASE WHEN synced THEN 1 ELSE 0 END), sum(CASE WHEN synced THEN gap ELSE 0 END),
+  sum(CASE WHEN synced AND late THEN 1 ELSE 0 END), sum(CASE WHEN synced AND late THEN gap ELSE 0 END),
   sum(CASE WHEN NOT synced AND late THEN 1 ELSE 0 END), sum(CASE WHEN NOT synced AND late THEN gap ELSE 0 END),
-  sum(CASE WHEN NOT synced AND NOT late THEN 1 ELSE 0 END), sum(CASE WHEN NOT synced AND NOT late THEN gap ELSE 0 END)
+  sum(CASE WHEN NOT late THEN 1 ELSE 0 END), sum(CASE WHEN NOT late THEN gap ELSE 0 END)
 FROM g
 """
 

@@ -9,7 +9,7 @@ import polars as pl
 
 from stepscope.analysis.collectives import Collectives, collectives, group_verdicts
 from stepscope.analysis.floors import floors
-from stepscope.analysis.gaps import find_gaps, gap_totals, histogram
+from stepscope.analysis.gaps import gap_totals, gaps_and_pauses, histogram
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.launch import launch_summary
 from stepscope.analysis.verdict import verdict_expr, verdicts
@@ -38,6 +38,7 @@ class Diagnosis:
     verdicts: pl.DataFrame | None = None  # per step: verdict.SCHEMA, the one verdict every renderer quotes
     replay: object | None = None  # a graph trace's own what-if constants (whatif.Capture), else None
     calibration: object | None = None  # the whatif.Calibration its predictions used
+    pauses: pl.DataFrame | None = None  # per host pause: pauses.PAUSE_SCHEMA (longest first in a step)
     _top_gaps: pl.DataFrame | None = None
 
     def drop_event_frames(self) -> None:
@@ -64,8 +65,10 @@ class Diagnosis:
             assert (self.untraced["untraced_estimated_ns"] > 0).all()
         v = self.verdicts
         assert v["step"].to_list() == sorted(s["step"].to_list()), "a step without a verdict"
-        assert v.select((pl.col("verdict") == verdict_expr(wait="host_wait_ns", step="step_time_ns")).all()).item(), \
+        assert v.select((pl.col("verdict") == verdict_expr(wait="host_wait_ns", step="step_time_ns",
+                                                          pause="host_pause_ns")).all()).item(), \
             "a verdict that is not Equation 1.3's"
+        assert (v["cpu_floor_ns"] <= v["step_time_ns"]).all(), "a CPU floor above its step's time"
 
     def only_steps(self, spec: str | None) -> "Diagnosis":
         """The diagnosis narrowed to the steps `spec` selects (stepscope.selection's grammar),
@@ -110,7 +113,7 @@ class Diagnosis:
 # calibration): what calibration_free() computes and diagnose() takes back (library.py keeps
 # them beside a one-shot analysis). `top_gaps` stands for the per-gap frame, which a one-shot run reads only
 # through top_gaps(); `gaps` then holds no row.
-CALIBRATION_FREE = ("gaps", "top_gaps", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp",
+CALIBRATION_FREE = ("gaps", "top_gaps", "pauses", "gap_totals", "histogram", "launch", "launch_by_api", "floors", "tp",
                     "prologue", "engine", "collective_ranks", "collective_kernels", "collective_steps",
                     "collective_work", "untraced_replay", "replay_figures")
 
@@ -121,15 +124,15 @@ def calibration_free(inv: Inventory) -> dict[str, pl.DataFrame]:
     from stepscope.analysis.untraced import replay_ends
     from stepscope.analysis.whatif import prologue, replay_figures
 
-    gaps = find_gaps(inv)
+    launch, by_api = launch_summary(inv)
+    gaps, pauses = gaps_and_pauses(inv, launch)
     hist = histogram(gaps)
     totals = gap_totals(gaps, inv.step_ids(), hist)
-    launch, by_api = launch_summary(inv)
     coll = collectives(inv)
-    f = floors(inv, launch, totals=totals, work=coll.work)
+    f = floors(inv, launch, totals=totals, work=coll.work, pauses=pauses)
     tp = coll.steps.join(group_verdicts(coll, inv.steps, f), on="step", how="left")
     pro = prologue(inv)
-    return dict(gaps=gaps, top_gaps=None, gap_totals=totals, histogram=hist, launch=launch, launch_by_api=by_api,
+    return dict(gaps=gaps, top_gaps=None, pauses=pauses, gap_totals=totals, histogram=hist, launch=launch, launch_by_api=by_api,
                 floors=f, tp=tp, prologue=pro, engine=anatomy(inv), collective_ranks=coll.ranks,
                 collective_kernels=coll.kernels, collective_steps=coll.steps, collective_work=coll.work,
                 untraced_replay=replay_ends(inv), replay_figures=replay_figures(inv, pro))
@@ -156,5 +159,5 @@ def diagnose(inv: Inventory, calibration=None, known: dict[str, pl.DataFrame] | 
         untraced=untr, engine=m["engine"], prologue=pro, verdicts=verdicts(f, graph, untr),
         replay=(measure(inv, shown(inv.trace.path), pro, f, m["replay_figures"]) if not inv.graph_steps.is_empty()
                 else None),
-        calibration=calibration, _top_gaps=m["top_gaps"],
+        calibration=calibration, pauses=m["pauses"], _top_gaps=m["top_gaps"],
     )

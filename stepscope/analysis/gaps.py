@@ -2,11 +2,15 @@
 
 A gap opens when an activity starts after everything before it (by start) on the device has
 ended. It is attributed, in this order:
-  sync        a synchronizing API call of the process returned inside the gap: the host
-              waited for the GPU to drain and only then asked for more (a sync that spans the
-              whole gap only shows the host waiting on work already queued)
+  sync        a synchronizing API call of the process returned inside the gap and the late
+              activity was launched after the gap opened: the host waited for the GPU to drain
+              and only then asked for more (a sync that spans the whole gap only shows the host
+              waiting on work already queued; an activity launched before the gap opened was
+              queued in time, whatever the host did meanwhile: device-side)
   host_bound  the late activity's launching call started after the previous work ended
   device_side the launch was issued in time (or the trace lacks the launching call)
+  host_pause  a host-bound gap that overlaps a host pause of its step (analysis/pauses.py): the
+              launching thread stopped calling CUDA (a JIT compilation, a garbage collection)
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from stepscope.analysis.frames import group_by_packed
 from stepscope.analysis.inventory import Inventory
 from stepscope.analysis.lazy_numpy import np
 
-KINDS = ("host_bound", "sync", "device_side")
+KINDS = ("host_bound", "sync", "device_side", "host_pause")
 
 KIND_DTYPE = pl.Enum(KINDS)
 
@@ -28,7 +32,16 @@ GAP_SCHEMA = {
 }
 
 
-def find_gaps(inv: Inventory) -> pl.DataFrame:
+def find_gaps(inv: Inventory, launch: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every gap of every step, GAP_SCHEMA (`launch`: launch_summary's per-step figures, which
+    the host pauses' threshold reads; computed when not given)."""
+    return gaps_and_pauses(inv, launch)[0]
+
+
+def gaps_and_pauses(inv: Inventory, launch: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the gaps, GAP_SCHEMA; the host pauses, pauses.PAUSE_SCHEMA)."""
+    from stepscope.analysis.pauses import empty_pauses, host_pauses, with_pause_gaps
+
     # inv.acts is sorted by (step, start, end) and carries prev_end, the union's end before it;
     # only the columns a gap needs are carried (a million-row frame per extra column)
     a = inv.in_steps("step", "device", "pid", "start", "end", "prev_end", "name", "launch_api", "launch_start")
@@ -44,14 +57,24 @@ def find_gaps(inv: Inventory) -> pl.DataFrame:
         pl.col("launch_start").alias("next_launch_start"),
     )
     if g.is_empty():
-        return pl.DataFrame(schema=GAP_SCHEMA)
+        return pl.DataFrame(schema=GAP_SCHEMA), empty_pauses()
     kind = (
-        pl.when(pl.Series(_sync_in_gap(g, inv.api))).then(pl.lit("sync", KIND_DTYPE))
+        pl.when(pl.Series(_sync_in_gap(g, inv.api)) & (pl.col("next_launch_start") > pl.col("gap_start")))
+        .then(pl.lit("sync", KIND_DTYPE))
         .when(pl.col("next_launch_start") > pl.col("gap_start")).then(pl.lit("host_bound", KIND_DTYPE))
         .otherwise(pl.lit("device_side", KIND_DTYPE))
     )
+    g = g.with_columns(kind=kind)
+    pauses = empty_pauses()
+    if not inv.host_silences.is_empty():
+        if launch is None:
+            from stepscope.analysis.launch import launch_summary
+
+            launch = launch_summary(inv)[0]
+        pauses = host_pauses(inv.host_silences, inv.steps, inv.launch_calls, launch, g)
+        g = with_pause_gaps(g, pauses)
     # g keeps acts' (step, start) order, which is (step, gap_start) order
-    return g.with_columns(kind=kind).select(list(GAP_SCHEMA))
+    return g.select(list(GAP_SCHEMA)), pauses
 
 
 def _sync_in_gap(g: pl.DataFrame, api: pl.DataFrame) -> np.ndarray:

@@ -18,6 +18,7 @@ from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
 from stepscope.analysis.overlap import shared_devices
+from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
@@ -67,6 +68,9 @@ class Inventory:
     startup: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STARTUP_SCHEMA))
     # the capture's own defects (analysis/capture_check.py): one row per defect, shown before any step
     capture: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=capture_check.DEFECT_SCHEMA))
+    # the launching threads' silences of PAUSE_MIN_NS and longer (analysis/pauses.py): taken while
+    # every API call is at hand, for the host pauses the diagnosis finds among them
+    host_silences: pl.DataFrame = field(default_factory=empty_silences)
     # the key under which this one-shot analysis is kept beside its export's cached frames
     # (library.load), None when it is not: its diagnosis is kept under the same key
     kept: str | None = field(default=None, repr=False, compare=False)
@@ -181,7 +185,7 @@ class Inventory:
 
 
 FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
-                "framework", "framework_ops", "graph_steps", "startup", "capture")
+                "framework", "framework_ops", "graph_steps", "startup", "capture", "host_silences")
 LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored may read only when asked for
 
 
@@ -277,6 +281,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     graph_nodes = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
         "step").agg(n_graph_nodes=pl.len().cast(pl.Int64)).sort("step").collect()
     graph_steps = graph_nodes.select("step")
+    silences = host_silences(api)
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     steps = with_composition(steps, graph_nodes, calls)
@@ -289,8 +294,6 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         msg = (f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
                f"delimited by {used} instead")
         if strict:
-            from stepscope.errors import InputError
-
             raise InputError(f"--step-regex {step_regex!r} matched no NVTX range with GPU work (--strict): check "
                              "the pattern against the trace's range names, or leave --strict out")
         warnings.append(msg)
@@ -310,7 +313,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
             "they count only in steps delimited by the kernel sequence"
         )
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
-                    class_by, families, ops, graph_steps, launch_config, started, defects)
+                    class_by, families, ops, graph_steps, launch_config, started, defects, host_silences=silences)
     memory.inventory_built(inv)
     return inv
 

@@ -111,11 +111,13 @@ def combine(results: list, calibration=None) -> RunView:
     floors = (run.join(work, on="step", how="left")
               .with_columns(device_floor_ns=pl.coalesce("device_work_ns", "gpu_busy_ns"))
               .with_columns(
-                  verdict=verdict_expr(),
+                  verdict=verdict_expr(pause="host_pause_ns", step="step_time_ns"),
                   margin=(pl.max_horizontal("cpu_floor_ns", "device_floor_ns")
                           / pl.min_horizontal("cpu_floor_ns", "device_floor_ns").clip(lower_bound=1)),
                   predicted_graph_step_time_ns=pl.when(pl.col("replayed").fill_null(False)).then(None)
-                  .otherwise(predicted_expr(chosen(calibration), eng, queued=queued, by=("report", "pid", "device")).round(0)).cast(pl.Int64))
+                  .otherwise((predicted_expr(chosen(calibration), eng, queued=queued, by=("report", "pid", "device"))
+                              # a graph does not remove a host pause (analysis/pauses.py), as in analyze
+                              + pl.col("host_pause_ns").fill_null(0)).round(0)).cast(pl.Int64))
               .select("step", "cpu_floor_ns", "device_floor_ns", "verdict", "margin", "predicted_graph_step_time_ns"))
     coll = Collectives(ranks.select(*KEYS, "rank"), matched, coll_steps, work)
     groups = group_verdicts(coll, run.select("step", "step_time_ns"), floors)

@@ -6,7 +6,7 @@ Over the steps of the summary rank (collectives.summary_rank; every step of a on
   with their count, total and share of the steps' time, p50/p90/max step time and tokens;
 - time: the run's wall time (first step begin → last step end) split into GPU busy (by class:
   Σ kernel and memop time), GPU idle inside the steps by cause (host-bound, sync, device-side
-  gaps; the host's input preparation before and its sampling/output after each step's GPU work)
+  gaps, host pauses; the host's input preparation before and its sampling/output after each step's GPU work)
   and the time between steps (wall − Σ step time);
 - slowest: the N slowest steps, each with its kind, composition, verdict and binding figures;
 - throughput: tokens (prompt + decode tokens scheduled) per second of wall time, traced and,
@@ -34,6 +34,15 @@ def _summary_steps(d) -> pl.DataFrame:
     return s
 
 
+def _longest_pauses(d, ids: list[int], top: int = 3) -> list[dict]:
+    p = getattr(d, "pauses", None)
+    if p is None or p.is_empty():
+        return []
+    return (p.filter(pl.col("step").is_in(ids)).sort("pause_ns", "step", descending=[True, False]).head(top)
+            .select(pl.col("step").alias("index"), "pause_ns", "after_launch", "n_launches",
+                    pl.col("after_api").alias("next_call"), "next_kernel", "gpu_idle_ns").to_dicts())
+
+
 def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
     """The run view of a Diagnosis, or None for a trace of fewer than MIN_STEPS steps."""
     s = _summary_steps(d)
@@ -41,7 +50,9 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
         return None
     v = d.verdicts.select("step", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns", "host_bound_on",
                           "host_prep_ns", "host_after_ns", "predicted_graph_step_time_ns",
-                          "untraced_step_time_ns", "untraced_source")
+                          "untraced_step_time_ns", "untraced_source", "host_pause_ns", "host_pauses",
+                          "longest_pause_ns", "longest_pause_after_launch", "longest_pause_next_call",
+                          "longest_pause_next_kernel")
     s = (s.join(v, on="step", how="left")
          .with_columns(kind=kind_expr(), batch=bucket_expr(),
                        step_tokens=pl.coalesce(pl.col("prompt_tokens") + pl.col("decode_tokens"), pl.col("tokens"))))
@@ -67,11 +78,16 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
             .with_columns(pl.col("kind").cast(pl.String)))
     gap = {r["kind"]: int(r["time_ns"]) for r in gaps.iter_rows(named=True)}
     slow = s.sort("step_time_ns", "step", descending=[True, False]).head(top)
+    side = d.gap_totals.filter(pl.col("kind") == "device_side").select(
+        "step", pl.col("time_ns").alias("idle_device_side_ns"))
+    slow = slow.join(side, on="step", how="left", maintain_order="left")
     slowest = slow.select(
         pl.col("step").alias("index"), "kind", "name", "phase", "graph_mode", "requests", "prompt_reqs",
         "prompt_tokens", "decode_reqs", "decode_tokens", "step_tokens", "step_time_ns", "gpu_busy_ns",
         "n_kernels", "n_launch_calls", "verdict", "cpu_floor_ns", "device_floor_ns", "host_wait_ns",
-        "host_bound_on", "untraced_step_time_ns").to_dicts()
+        "host_bound_on", "untraced_step_time_ns", "host_pause_ns", "host_pauses", "longest_pause_ns",
+        "longest_pause_after_launch", "longest_pause_next_call", "longest_pause_next_kernel",
+        "idle_device_side_ns").to_dicts()
     top_class = (d.inv.classes.filter(pl.col("step").is_in(slow["step"].to_list())).sort("time_ns", descending=True)
                  .group_by("step", maintain_order=True).first().select("step", pl.col("class").cast(pl.String),
                                                                       "time_ns"))
@@ -97,6 +113,8 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
             "idle_host_bound_ns": gap.get("host_bound", 0),
             "idle_sync_ns": gap.get("sync", 0),
             "idle_device_side_ns": gap.get("device_side", 0),
+            # the GPU idle while the launching thread paused (analysis/pauses.py), not launching
+            "idle_host_pause_ns": gap.get("host_pause", 0),
             "host_prep_ns": int(s["host_prep_ns"].sum()),
             "host_after_ns": int(s["host_after_ns"].sum()),
             "between_steps_ns": wall - total,
@@ -108,6 +126,8 @@ def run_view(d, top: int = TOP_SLOWEST) -> dict | None:
         "verdicts": {k: int(n) for k, n in s["verdict"].value_counts(name="n").sort(
             ["n", "verdict"], descending=[True, False]).iter_rows()},
         "slowest": slowest,
+        # the longest host pauses of the run's steps, longest first (analysis/pauses.py)
+        "host_pauses": _longest_pauses(d, ids),
         "throughput": {
             "tokens": None if tokens is None else int(tokens),
             "tokens_per_s": None if not tokens or wall <= 0 else round(tokens * 1e9 / wall, 1),

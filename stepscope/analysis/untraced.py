@@ -230,6 +230,11 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
     work = floors.select("step", "device_floor_ns")
     pro = prologue(inv) if pro is None else pro
     est = estimate(inv, work, calibration, pro, ends)
+    # the traced CPU floor bounds the untraced one (tracing only slows the host) and the host
+    # pauses stay (analysis/pauses.py: no tracing and no graph replay removes a JIT compilation)
+    traced = floors.select("step", pl.col("cpu_floor_ns").alias("_traced_cpu"),
+                           *([pl.col("host_pause_ns").alias("_pause")] if "host_pause_ns" in floors.columns
+                             else [pl.lit(0, pl.Int64).alias("_pause")]))
     gc = point_of(inv, calibration, pro)
     meas = measured(inv)
     sc = inv.trace.sidecar
@@ -247,16 +252,19 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
          .join(est, on="step", how="left").join(meas, on="step", how="left")
          .join(launch.select("step", "interval_median_ns", "call_median_ns"), on="step", how="left")
          .join(work, on="step", how="left").join(pro, on="step", how="left")
+         .join(traced, on="step", how="left")
          .with_columns(pl.coalesce(t_launch, pl.col("call_median_ns").clip(upper_bound=UNTRACED_CALL_NS),
                                    pl.lit(0)).cast(pl.Int64).alias("untraced_t_launch_ns")))
-    cpu = (pl.col("n_launch_calls") * pl.col("untraced_t_launch_ns")).cast(pl.Int64)
+    cpu = pl.min_horizontal(pl.col("n_launch_calls") * pl.col("untraced_t_launch_ns"),
+                            pl.col("_traced_cpu")).cast(pl.Int64)
     pro_u = pl.max_horizontal(pl.col("prologue_host_ns") - pl.col("prologue_launches") * OVERHEAD_PER_LAUNCH_NS,
                               pl.col("prologue_launches") * MIN_INTERVAL_NS)
     dev = ((pl.col("device_floor_ns") - pl.col("prologue_busy_ns")).clip(lower_bound=0)
            + pl.col("forward_kernels") * gc.node_gap_ns + pl.col("forward_memops") * gc.memop_gap_ns)
     # untraced, a graph replay's launch costs microseconds; vLLM hides its prologue behind the
     # previous step's GPU work (async scheduling), a synchronous engine does not
-    graph = pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)
+    graph = (pl.when(is_vllm_step()).then(pl.max_horizontal(dev, pro_u)).otherwise(pro_u + dev)
+             + pl.col("_pause").fill_null(0))
     # a vLLM step's untraced estimate never exceeds its traced step: taking nsys out of the host
     # shortens a step, never lengthens it (DEFINITIONS.md, "Serving runs"); a measurement stands
     # as measured
@@ -273,6 +281,6 @@ def untraced(inv: Inventory, launch: pl.DataFrame, floors: pl.DataFrame,
         pl.col("measured_ns").alias("untraced_measured_ns"),
         pl.col("estimated_ns").alias("untraced_estimated_ns"),
         "untraced_t_launch_ns", cpu.alias("untraced_cpu_floor_ns"),
-        verdict_expr(cpu).alias("untraced_verdict"),
+        verdict_expr(cpu, pause="_pause", step=pl.coalesce("measured_ns", "estimated_ns")).alias("untraced_verdict"),
         graph.round(0).cast(pl.Int64).alias("untraced_predicted_graph_step_time_ns"),
     ).cast(SCHEMA).sort("step")

@@ -366,7 +366,12 @@ def predict_graph_step(inv: Inventory, calibration: Calibration | GraphConstants
     lo_e, hi_e = (0.0, 0.0) if isinstance(cal, GraphConstants) else cal.errors(eng)
     p = _by_mode(_step_expr(pw, q), _step_expr(pn, q))
     each = [p, *[_step_expr(c, q) for c in spread]]
-    return s.select("step", out(p.round(0), "predicted_graph_step_time_ns"),
-                    out(pl.min_horizontal(*each, p * (1 + lo_e)).floor(), "predicted_graph_step_low_ns"),
-                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil(), "predicted_graph_step_high_ns"),
+    # a host pause (a JIT compilation, a garbage collection: analysis/pauses.py) is no launch
+    # overhead: a graph replay does not remove it, so the GPU's idle time in it stays in the step
+    pause = (pl.col("host_pause_ns").fill_null(0) if "host_pause_ns" in work.columns else pl.lit(0))
+    if "host_pause_ns" in work.columns:
+        s = s.join(work.select("step", "host_pause_ns"), on="step", how="left", maintain_order="left")
+    return s.select("step", out((p + pause).round(0), "predicted_graph_step_time_ns"),
+                    out(pl.min_horizontal(*each, p * (1 + lo_e)).floor() + pause, "predicted_graph_step_low_ns"),
+                    out(pl.max_horizontal(*each, p * (1 + hi_e)).ceil() + pause, "predicted_graph_step_high_ns"),
                     pl.when(own).then(None).otherwise(q).alias("predicted_graph_queued"))

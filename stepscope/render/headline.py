@@ -8,15 +8,33 @@ A row's text has no markup; a renderer escapes it for its format.
 
 from __future__ import annotations
 
+from stepscope.render.sentences import pause_phrase, queued_idle_phrase
 from stepscope.render.units import MISSING, ms, node_gap, signed_percent, times, us  # noqa: F401
 
 
 def host_clause(f: dict, s: dict) -> str:
     """What a host-bound step waits on: the share of the step the GPU idles for the host and
-    the largest part of it (input preparation, launching, sampling and output)."""
+    the largest part of it (input preparation, launching, sampling and output, or a host pause,
+    named with its length and place)."""
     wait = f.get("host_wait_ns") or 0
+    if f.get("host_bound_on") == "a host pause" and pause_phrase(f):
+        out = (f": {pause_phrase(f, s['step_time_ns'])} — the host stopped launching (a JIT compilation, "
+               "a garbage collection, Python work between two launches): not launch overhead, and CUDA graphs "
+               "do not remove it")
+        if (f.get("cpu_floor_ns") or 0) > (f.get("device_floor_ns") or 0):
+            out += (f"; besides it launch-bound (CPU floor {ms(f['cpu_floor_ns'])} > device floor "
+                    f"{ms(f['device_floor_ns'])})")
+        return out
     return (f"; the GPU waits on the host {100 * wait / max(s['step_time_ns'], 1):.0f}% of it"
             f" ({ms(wait)}), most of it in {f.get('host_bound_on')}")
+
+
+def pause_note(f: dict, step_ns: int) -> str:
+    """The host pauses of a step whose verdict is not theirs: a clause, or "" without one."""
+    if f.get("host_bound_on") == "a host pause" and f.get("verdict") == "host-bound":
+        return ""
+    p = pause_phrase(f, step_ns)
+    return f"; {p}" if p else ""
 
 
 def verdict_line(v) -> str:
@@ -43,6 +61,7 @@ def verdict_line(v) -> str:
             out += host_clause(f, {"step_time_ns": v.step_time_ns})
         if u["verdict"] != f["verdict"]:
             out += f" (under {v.tracer}: {f['verdict']})"
+        out += pause_note(f, v.step_time_ns)
     else:
         out = f"{phase} step is {f['verdict']} ({ms(v.step_time_ns)}"
         if u and u.get("estimated_ns"):
@@ -50,10 +69,14 @@ def verdict_line(v) -> str:
         out += ")"
         if f["verdict"] == "launch-bound" and pred is not None and pred < v.step_time_ns:
             out += f"; CUDA graphs would cut it to about {ms(pred)}"
+            if f.get("host_pause_ns"):
+                out += " (its host pauses kept: a graph does not remove them)"
         elif f["verdict"] == "device-bound":
             out += f"; the GPU is busy {100 * v.gpu_busy_ns / max(v.step_time_ns, 1):.0f}% of it"
+            out += queued_idle_phrase((v.gaps.get("device_side") or {}).get("time_ns"), v.step_time_ns)
         elif f["verdict"] == "host-bound":
             out += host_clause(f, {"step_time_ns": v.step_time_ns})
+        out += pause_note(f, v.step_time_ns)
     if v.top_class is not None:
         out += f"; {v.top_class} holds {100 * v.top_class_time_ns / total:.0f}% of GPU time"
         wait = (tp or {}).get("collective_wait_ns")
@@ -83,7 +106,9 @@ def whatif_sentence(v) -> str | None:
     rng = f", between {ms(low)} and {ms(high)}" if low is not None and high is not None else ""
     return (f"this step would take about {ms(pred)}{rng} instead of {ms(v.step_time_ns)} ({host}device work + "
             f"{node_gap(w.get('node_gap_ns', 0))} per graph node + "
-            f"{ms(w.get('graph_launch_prep_ns', 0) + w.get('graph_launch_lead_ns', 0))} graph launch)")
+            f"{ms(w.get('graph_launch_prep_ns', 0) + w.get('graph_launch_lead_ns', 0))} graph launch"
+            + (f" + the GPU's {ms(f['host_pause_ns'])} idle in host pauses, which a graph does not remove"
+               if f.get("host_pause_ns") else "") + ")")
 
 
 def calibration_sentence(v) -> str | None:

@@ -17,12 +17,13 @@ from stepscope.render.names import DOCUMENT, cut
 from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_measured_bytes, class_by_lines, class_order,
                                           class_rows, footer, phase_line)
 from stepscope.render.run import run_html
+from stepscope.render.sentences import cpu_floor_how
 from stepscope.render.run_compare import runs_compare_html
 from stepscope.render.units import ms, nbytes, plural, tick, us
 
 CLASS_COLORS = COLOURS  # the class table's (stepscope/data/classes.toml)
-GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d"}
-GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
+GAP_COLORS = {"host_bound": "#e15759", "sync": "#9c4dcc", "device_side": "#9d9d9d", "host_pause": "#f28e2b"}
+GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side", "host_pause": "host-pause"}
 LAUNCH_COLOR, GRAPH_COLOR, RANGE_COLOR = "#6b6b6b", "#1b7837", "#cfd8e3"
 WAIT_COLOR = "#3b0a0a"  # over a collective: the part spent waiting for the slowest rank
 
@@ -531,8 +532,9 @@ def _floors(views: list[StepView]) -> str:
         wait = (v.tp or {}).get("collective_wait_ns")
         device = (f"device work: {ms(v.figures['gpu_busy_ns'])} of GPU busy time less {ms(wait)} of collectives "
                   "waiting for the slowest rank" if wait else "of GPU busy time")
-        expl = (f"{v.figures['n_launch_calls']} launch calls × {us(t_launch)} per launch (median inter-launch interval) "
-                f"vs {ms(dev)} {device}")
+        how = cpu_floor_how(f, v.figures["n_launch_calls"])
+        expl = (f"{how} per launch (median inter-launch interval) " if how.endswith(us(t_launch)) else f"{how} ") + \
+            f"vs {ms(dev)} {device}"
         overhead = v.profiler_overhead_ns
         oh = (f"; {v.tracer}'s own overhead in this trace: {v.profiler_overhead_count:,} rows, {ms(overhead)}"
               if overhead else "")

@@ -8,7 +8,7 @@ from stepscope.render.report_data import (GAP_KINDS, ReportView, StepView, by_me
                                           class_rows, footer, phase_line)
 from stepscope.render.units import ms, nbytes, plural, us
 
-GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side"}
+GAP_LABELS = {"host_bound": "host-bound", "sync": "sync", "device_side": "device-side", "host_pause": "host-pause"}
 
 
 def _cell(s) -> str:
@@ -86,7 +86,8 @@ def render_markdown(view: StepView, other: StepView | None = None, budget: tuple
         rows.append([_tag(i, n), f"**{f.get('verdict', '–')}**", ms(f.get("cpu_floor_ns")),
                      ms(f.get("device_floor_ns")), us(f.get("t_launch_ns")), ms(v.figures["step_time_ns"])])
     out += [_table(["step", "verdict", "CPU floor", "device floor", "per launch", "step time"], rows, "llrrrr"),
-            "", "CPU floor = launch calls × median inter-launch interval; device floor = GPU busy time "
+            "", "CPU floor = launch calls × median inter-launch interval, at most the host's launching inside the "
+            "step; device floor = GPU busy time "
             "less the time collectives spent waiting for the slowest rank.", ""]
     for i, v in enumerate(views):
         u = v.untraced

@@ -19,7 +19,7 @@ from stepscope.render.sentences import tp_sentence
 from stepscope.render.views import _plain, step_diagnosis
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
-GAP_KINDS = ("host_bound", "sync", "device_side")
+GAP_KINDS = ("host_bound", "sync", "device_side", "host_pause")
 PHASE_BY = {"combine": "the split-KV combine pass", "launch": "the attention kernel's launch configuration",
             "shape": "the step's shape (tokens through the layers vs sequences sampled)"}
 

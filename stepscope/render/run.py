@@ -37,13 +37,22 @@ def why(r: dict) -> str:
     if v == "launch-bound":
         return (f"launch-bound: {r['n_launch_calls']} launches, CPU floor {ms(r['cpu_floor_ns'])} "
                 f"> GPU {ms(r['device_floor_ns'])}")
+    if v == "host-bound" and r.get("host_bound_on") == "a host pause":
+        from stepscope.render.sentences import pause_phrase
+
+        p = pause_phrase(r, r.get("step_time_ns"))
+        if p:
+            return f"host-bound: {p}"
     if v == "host-bound":
         return (f"host-bound: the GPU waits on the host {100 * (r.get('host_wait_ns') or 0) / step:.0f}% of it, "
                 f"most in {r.get('host_bound_on')}")
     top = r.get("top_class")
     share = f"; {top} {100 * (r.get('top_class_time_ns') or 0) / max(r.get('gpu_busy_ns') or 1, 1):.0f}% of GPU time" \
         if top else ""
-    return f"device-bound: GPU busy {100 * (r.get('gpu_busy_ns') or 0) / step:.0f}%{share}"
+    from stepscope.render.sentences import queued_idle_phrase
+
+    return (f"device-bound: GPU busy {100 * (r.get('gpu_busy_ns') or 0) / step:.0f}%{share}"
+            + queued_idle_phrase(r.get("idle_device_side_ns"), step))
 
 
 def headline(view: dict) -> str:
@@ -83,6 +92,7 @@ def time_rows(view: dict) -> list[tuple[str, int]]:
             ("GPU idle: host-bound gaps (launching)", t["idle_host_bound_ns"]),
             ("GPU idle: sync gaps", t["idle_sync_ns"]),
             ("GPU idle: device-side gaps", t["idle_device_side_ns"]),
+            ("GPU idle: host pauses (JIT compilation, GC, Python; no launch)", t.get("idle_host_pause_ns", 0)),
             ("host before the GPU work (input preparation)", t["host_prep_ns"]),
             ("host after the GPU work (sampling, output)", t["host_after_ns"]),
             ("between steps", t["between_steps_ns"])]

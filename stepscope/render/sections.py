@@ -16,7 +16,9 @@ from stepscope.render.sentences import with_tp_verdict, with_untraced_source
 SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
 FLOOR_FIELDS = ("cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
                 "host_wait_ns", "host_bound_on", "predicted_graph_step_time_ns", "predicted_graph_step_low_ns",
-                "predicted_graph_step_high_ns", "predicted_graph_queued")
+                "predicted_graph_step_high_ns", "predicted_graph_queued", "launch_host_ns", "launches_ahead", "host_pause_ns",
+                "host_pauses", "host_pause_total_ns", "longest_pause_ns", "longest_pause_after_launch",
+                "longest_pause_next_call", "longest_pause_next_kernel")
 ENGINE_FIELDS = ("forward_ns", "sample_ns", "gpu_tail_ns", "schedule_ns", "schedule_ranges", "get_output_ns",
                  "process_outputs_ns", "engine_ranges", "note")
 # the untraced section of a step (its JSON field: the verdict frame's column); its step_time_ns

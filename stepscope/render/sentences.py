@@ -199,3 +199,65 @@ def calibration_lines(cal, out) -> list[str]:
     lines.append(f"wrote {out}: {plural(len(cal.captures), 'capture')}; point: lead {ms(p.lead_ns)}, "
                  f"{node_gap(p.node_gap_ns)} per kernel node")
     return lines
+
+
+def pause_place(after: int | None, n: int | None) -> str:
+    """Where a host pause fell, in the step's own launch numbering (1 = its first launch)."""
+    if after is None:
+        return "in the step"
+    if after <= 0:
+        return "before the step's first launch"
+    if n is not None and after >= n:
+        return f"after the step's last launch ({after})"
+    return f"between launch {after} and {after + 1}"
+
+
+def pause_phrase(f: dict, step_ns: int | None = None) -> str | None:
+    """The host pauses of a step (its verdict row `f`: host_pauses, longest_pause_*,
+    host_pause_ns), e.g. "a 484.322 ms host pause between launch 24 and 25 (the GPU waiting to
+    run fused_moe_kernel) and 3 more; the GPU idles 962.766 ms in them (92% of the step)"; None
+    without one."""
+    n = f.get("host_pauses") or 0
+    if not n or not f.get("longest_pause_ns"):
+        return None
+    out = (f"a {ms(f['longest_pause_ns'])} host pause "
+           f"{pause_place(f.get('longest_pause_after_launch'), f.get('n_launch_calls'))}")
+    if f.get("longest_pause_next_kernel"):
+        out += f" (the GPU waiting to run {f['longest_pause_next_kernel']})"
+    if n > 1:
+        out += f" and {n - 1} more"
+    idle = f.get("host_pause_ns") or 0
+    if idle:
+        out += f"; the GPU idles {ms(idle)} in {'them' if n > 1 else 'it'}"
+        if step_ns:
+            out += f" ({100 * idle / max(step_ns, 1):.0f}% of the step)"
+    return out
+
+
+def cpu_floor_how(f: dict, n_launch_calls: int | None) -> str:
+    """What a step's CPU floor is made of: "420 launch calls × 68.2 µs", or, where that would
+    be more than the host's launching inside the step (launches issued before the step began,
+    or fast bursts beside slow launches), "the host's launching inside the step (less than …)"."""
+    n, t = n_launch_calls or 0, f.get("t_launch_ns") or 0
+    times_t = f"{n} launch calls × {us(t)}" if n else f"launch calls × {us(t)}"
+    lh = f.get("launch_host_ns")
+    if lh is not None and n and f.get("cpu_floor_ns") == lh and lh < n * t:
+        ahead = f.get("launches_ahead") or 0
+        why = (f"; {ahead} of its {n} launches were issued before it began, while earlier GPU work ran"
+               if ahead else "")
+        return f"the host's launching inside the step, less than {times_t}{why}"
+    return times_t
+
+
+def queued_idle_phrase(idle_device_side_ns: int | None, step_ns: int) -> str:
+    """For a device-bound step whose GPU idled with its work already queued for a quarter of the
+    step or more: that idle time and what it can be ("" otherwise). Such a step is device-bound
+    (the host was not late), yet its GPU busy share is low: the device waited on something the
+    trace does not show as work — another stream or event, or a CUDA graph recorded at graph
+    level (its kernels are no rows of the trace)."""
+    idle = idle_device_side_ns or 0
+    if idle < 0.25 * max(step_ns, 1):
+        return ""
+    return (f"; {ms(idle)} ({100 * idle / max(step_ns, 1):.0f}%) idle with its work queued (device-side gaps: "
+            "waits on another stream or event, or work the trace does not show, such as a CUDA graph "
+            "recorded at graph level)")

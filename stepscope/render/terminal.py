@@ -152,7 +152,9 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
     table = Table(show_edge=False, header_style="bold", title="GPU idle by cause", title_justify="left")
     for col in ("gap kind", "count", "time µs"):
         table.add_column(col, justify="left" if col == "gap kind" else "right")
-    for kind in ("host_bound", "sync", "device_side"):
+    for kind in ("host_bound", "sync", "device_side", "host_pause"):
+        if kind == "host_pause" and not v.gaps[kind]["count"]:
+            continue  # a row only where the launching thread paused (analysis/pauses.py)
         table.add_row(kind.replace("_", "-"), str(v.gaps[kind]["count"]), us_num(v.gaps[kind]["time_ns"]))
     console.print(table)
     _render_histogram(v.histogram, console)
@@ -175,10 +177,16 @@ def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
     wait = (tp or {}).get("collective_wait_ns")
     busy = v.gpu_busy_ns
     device = (f"GPU busy {ms(busy)} − collective wait {ms(wait)}" if wait else "GPU busy")
+    from stepscope.render.sentences import cpu_floor_how, pause_phrase
+
+    how = cpu_floor_how(f, v.n_launch_calls) if v.n_launch_calls else f"launch calls × {us(f['t_launch_ns'])}"
     console.print(
-        f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} (launch calls × "
-        f"{us(f['t_launch_ns'])}) vs device floor {ms(f['device_floor_ns'])} ({device}); "
-        f"host-bound gaps cost {ms(f['host_bound_gap_ns'])}")
+        f"[bold {colour}]{bound}[/]: CPU floor {ms(f['cpu_floor_ns'])} ({how}) vs device floor "
+        f"{ms(f['device_floor_ns'])} ({device}); host-bound gaps cost {ms(f['host_bound_gap_ns'])}"
+        + (f"; host pauses {ms(f['host_pause_ns'])}" if f.get("host_pause_ns") else ""))
+    p = pause_phrase(f, v.step_time_ns)
+    if p:
+        console.print(f"host pause: {p} (DEFINITIONS.md, \"Host pauses\")")
     # the verdict block's other rows (render/headline.py), the verdict itself being the headline
     for label, text in step_rows(v)[1:]:
         if label.endswith((", how", ", note")):
@@ -209,7 +217,8 @@ def _render_histogram(hist: list[dict], console: Console) -> None:
     """The log₂ gap histogram of the JSON, folded into decades for the terminal."""
     if not hist:
         return
-    kinds = ("host_bound", "sync", "device_side")
+    kinds = ("host_bound", "sync", "device_side") + (("host_pause",) if any(
+        b["kind"] == "host_pause" for b in hist) else ())
     t = Table(show_edge=False, header_style="bold", title="gaps by length", title_justify="left")
     t.add_column("length")
     for k in kinds:
@@ -271,8 +280,10 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
     if ua is not None and ub is not None:
         how = lambda x: "measured" if x.get("untraced_measured") else "estimated"  # noqa: E731
         t.add_row(f"step time untraced ({how(a)} / {how(b)})", ms(ua), ms(ub), ms(ub - ua, sign=True))
-    for kind in ("host_bound", "sync", "device_side"):
-        va, vb = a["idle_by_kind_ns"][kind], b["idle_by_kind_ns"][kind]
+    for kind in ("host_bound", "sync", "device_side", "host_pause"):
+        va, vb = a["idle_by_kind_ns"].get(kind, 0), b["idle_by_kind_ns"].get(kind, 0)
+        if kind == "host_pause" and not (va or vb):
+            continue
         t.add_row(f"  idle {kind.replace('_', '-')}", ms(va), ms(vb), ms(vb - va, sign=True))
     t.add_row("kernels", str(a["n_kernels"]), str(b["n_kernels"]), str(b["n_kernels"] - a["n_kernels"]))
     t.add_row("launch calls", str(a["n_launch_calls"]), str(b["n_launch_calls"]),

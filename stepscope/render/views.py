@@ -44,6 +44,7 @@ class StepDiagnosis:
     top_class_time_ns: int = 0
     class_time_ns: int = 0        # the step's GPU time over every class
     tracer: str = "nsys"          # what traced the step, as the sentences name it ("under nsys")
+    n_launch_calls: int = 0       # the step's launch calls (what its CPU floor is made of)
 
 
 def _row(frame: pl.DataFrame | None, step: int) -> dict | None:
@@ -88,5 +89,5 @@ def step_diagnosis(d, step: int, *, whatif: dict | None) -> StepDiagnosis:
         whatif=whatif,
         top_class=top["class"] if top else None, top_class_time_ns=top["time_ns"] if top else 0,
         class_time_ns=c["time_ns"].sum() or 1,
-        tracer=tracer_name(trace.format),
+        tracer=tracer_name(trace.format), n_launch_calls=fig["n_launch_calls"] or 0,
     )
