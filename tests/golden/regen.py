@@ -65,6 +65,9 @@ def analyze(trace: Path, timeout: float = 300, code: Path = ROOT) -> dict:
     """`stepscope analyze TRACE --json --steps all` through the real entry point, parsed.
 
     `code`: the checkout whose `stepscope` package runs (`python -m stepscope` from there).
+    A trace stepscope refuses as a defective capture (exit 2: e.g. the `vllm serve` capture
+    stopped with SIGINT, which holds start-up only) is kept as `{"refused": {"exit", "error"}}`,
+    its one line with the temporary path taken out: the refusal is an output like any other.
     """
     trace = Path(trace)
     with tempfile.TemporaryDirectory(prefix="stepscope-golden-") as tmp:
@@ -74,6 +77,8 @@ def analyze(trace: Path, timeout: float = 300, code: Path = ROOT) -> dict:
             [sys.executable, "-m", "stepscope", "analyze", str(trace.resolve()), "--json", "--steps", "all"],
             capture_output=True, text=True, cwd=code, timeout=timeout,
         )
+    if p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1:
+        return {"refused": {"exit": 2, "error": p.stderr.strip().replace(str(trace.resolve()), trace.name)}}
     if p.returncode != 0:
         raise RuntimeError(f"stepscope analyze {trace} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
     return json.loads(p.stdout)
@@ -208,7 +213,8 @@ def main(argv: list[str]) -> int:
         doc = canonical(analyze(trace, code=args.code.resolve()))
         golden_path(trace).write_text(dumps(stored(doc)), encoding="utf-8")
         n += 1
-        print(f"{golden_path(trace).relative_to(ROOT)}: {len(doc['steps'])} steps", file=sys.stderr)
+        what = "refused" if "refused" in doc else f"{len(doc['steps'])} steps"
+        print(f"{golden_path(trace).relative_to(ROOT)}: {what}", file=sys.stderr)
     total = sum(p.stat().st_size for p in GOLDEN.glob("*.json"))
     print(f"{n} golden file(s) written; tests/golden/*.json total {total / 2**20:.2f} MiB", file=sys.stderr)
     return 0
