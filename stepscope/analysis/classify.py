@@ -54,7 +54,7 @@ FAMILY_LABELS = {"elementwise": "elementwise arithmetic", "copy": "copies and ca
                  "reduce": "reductions", "index": "indexing", "fill": "fills", "engine": "engine bookkeeping",
                  "other": "other glue"}
 FAMILY_DTYPE = pl.Enum(FAMILIES)
-PHASE_KEYS = ("combine", "per_token", "rows", "rows_bound", "query_tiles", "gemm_tile")
+PHASE_KEYS = ("combine", "per_token", "per_token_exact", "rows", "rows_bound", "query_tiles", "gemm_tile")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ decides names itself in `phase_by`:
 
   name     the step's NVTX name (phase=..., vLLM's execute_context counts): not evidence, a record
   combine  a split-KV combine pass ran in the step: decode's way of spreading one query over
-           the KV cache
+           the KV cache (unless the step's shape shows twice as many tokens as sampled rows or
+           more: FA3 splits a prompt's KV too, as vLLM's MLA prefill does; then `shape` decides)
   launch   the attention kernel's launch configuration against the step's tokens:
            FA2-layout grids count query tiles per head and sequence (> 1: prefill); otherwise
            at least one attention block per token is decode (one query row per sequence), and
@@ -43,8 +44,8 @@ def roles(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     label: the name to quote (a combine pass by the words that matched: FA3's short name is
     just `device_kernel`)."""
     out = []
-    pat = {k: rules.phase_pattern(k) for k in ("combine", "per_token", "rows", "rows_bound", "query_tiles",
-                                               "gemm_tile")}
+    pat = {k: rules.phase_pattern(k) for k in ("combine", "per_token", "per_token_exact", "rows", "rows_bound",
+                                               "query_tiles", "gemm_tile")}
 
     def hit(key, short, dem):
         p = pat[key]
@@ -60,6 +61,8 @@ def roles(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
             role = "query_tiles"
         elif r["class"] in ATTENTION:
             role = "attention"
+        elif hit("per_token_exact", short, dem):
+            role = "per_token_exact"
         elif hit("per_token", short, dem):
             role = "per_token"
         elif hit("rows", short, dem):
@@ -96,7 +99,7 @@ def step_evidence(k: pl.DataFrame, sm_count: dict[int, int]) -> pl.DataFrame:
     per = k.group_by("step").agg(
         device=pl.col("device").first(),
         combine=pl.col("label").filter(pl.col("role") == "combine").first(),
-        tokens=pl.col("grid_x").filter(pl.col("role") == "per_token").drop_nulls().mode().max(),
+        tokens=pl.col("grid_x").filter(pl.col("role").is_in(["per_token", "per_token_exact"])).drop_nulls().mode().max(),
         tile_max=pl.col("tile_n").filter(pl.col("role") == "gemm_tile").max(),
         rows=pl.col("grid_x").filter(pl.col("role") == "rows").drop_nulls().mode().max(),
         rows_bound=(pl.col("grid_x") * pl.col("block_y")).filter(pl.col("role") == "rows_bound").max(),
@@ -128,6 +131,13 @@ def _decide(r: dict, sms: int | None) -> tuple[str | None, str | None, str | Non
     if t_max is None and r["tile_max"] is not None and r["tile_max"] <= SKINNY_TILE:
         t_max, t_src = r["tile_max"], f"at most {r['tile_max']} tokens by the GEMMs' {r['tile_max']}-wide nvjet tiles"
     if r["combine"]:
+        if tokens is not None and r["rows"] is not None and tokens >= 2 * r["rows"]:
+            # FA3 splits a prompt's KV too (vLLM's MLA prefill, long contexts): a combine pass beside
+            # at least twice as many tokens as sampled rows is a step of prompt tokens (a replayed
+            # CUDA graph pads a decode batch to its capture size, below twice the batch: 9 -> 16)
+            return "prefill", "shape", (f"{tokens} tokens through the layers (the per-token kernels' grid), "
+                                        f"{r['rows']} sequence(s) sampled: only each sequence's last token is "
+                                        f"sampled ({_short(r['combine'])}'s split-KV combine ran beside them)")
         return "decode", "combine", f"{_short(r['combine'])} ran: the combine pass of split-KV (decode) attention"
     if att is not None and r["att_role"] == "query_tiles" and r["gx"]:
         if r["gx"] > 1:
@@ -187,9 +197,10 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
 
     # one block-per-token kernel tells a step's tokens: the rarest name present in every step,
     # chosen before any row is taken (a million-kernel trace keeps a few rows per step)
-    per_token = (rows_of(of_roles("per_token"), steps).group_by("demangled_id")
-                 .agg(n=pl.len(), steps=pl.col("step").n_unique()).collect().sort("steps", "n", "demangled_id",
-                                                                                  descending=[True, False, False]))
+    # (a kernel whose grid is the tokens by construction before one that approximates it)
+    per_token = (rows_of(of_roles("per_token_exact", "per_token"), steps).group_by("demangled_id")
+                 .agg(n=pl.len(), steps=pl.col("step").n_unique(), exact=(pl.col("role") == "per_token_exact").any())
+                 .collect().sort("steps", "exact", "n", "demangled_id", descending=[True, True, False, False]))
     k = pick(of_roles("attention", "query_tiles", "combine", "rows", "rows_bound"), steps)
     if per_token.height:
         rarest = ev_names.filter(pl.col("demangled_id") == per_token["demangled_id"][0])
@@ -198,7 +209,8 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
     if k.is_empty():
         return pl.DataFrame(schema=PHASE_SCHEMA)
     # the GEMM tile bound, only for the steps whose tokens no per-token kernel tells
-    blind = sorted(set(k["step"].unique().to_list()) - set(k.filter(pl.col("role") == "per_token")["step"].to_list()))
+    blind = sorted(set(k["step"].unique().to_list())
+                   - set(k.filter(pl.col("role").is_in(["per_token", "per_token_exact"]))["step"].to_list()))
     if blind:
         k = pl.concat([k, pick(of_roles("gemm_tile"), blind)], how="vertical_relaxed")
     if not have:
@@ -207,7 +219,7 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
             # each step's main one counts (chosen by time): only the others' grids are read,
             # four columns of them (a read of the export's whole kernel table either way)
             need = sorted(set(main_attention(k)["short_id"].to_list())
-                          | set(k.filter(pl.col("role").is_in(["per_token", "rows", "rows_bound"]))["short_id"]
+                          | set(k.filter(pl.col("role").is_in(["per_token", "per_token_exact", "rows", "rows_bound"]))["short_id"]
                                 .unique().to_list()))
             cfg = launch_config(need, LAUNCH_COLS) if need else pl.DataFrame(
                 schema={"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, **dict.fromkeys(LAUNCH_COLS, pl.Int64)})
