@@ -176,12 +176,12 @@ def _expert_weights(t, E, k, h, inter, layers):
 
 
 def test_qwen3_expert_gemms_sit_above_their_floor_and_far_below_all_experts():
-    """Qwen3-30B-A3B's decode steps (1–16 tokens): the expert GEMMs take longer than the distinct
-    experts' weights need at peak bandwidth, and less than every expert's weights would: the
-    minimum is the reached experts, not all 128."""
+    """Qwen3-30B-A3B's decode steps (2–32 tokens: the batch as its replayed CUDA graph pads it):
+    the expert GEMMs take longer than the distinct experts' weights need at peak bandwidth, and
+    less than every expert's weights would: the minimum is the reached experts, not all 128."""
     steps, peak = _moe_gemm_time("qwen3-30b-a3b_r32_graph_plain")
-    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and t <= 16]
-    assert len(decode) >= 50 and {1, 2, 4, 8, 16} <= {t for t, _ in decode}
+    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and t <= 32]
+    assert len(decode) >= 50 and {2, 4, 8, 16, 24, 32} <= {t for t, _ in decode}
     for t, ns in decode:
         floor_ns = _expert_weights(t, 128, 8, 2048, 768, 48) / peak * 1e9
         assert floor_ns < ns, (t, ns, floor_ns)
@@ -194,10 +194,10 @@ def test_qwen3_expert_gemms_sit_above_their_floor_and_far_below_all_experts():
 
 def test_deepseek_dummy_router_is_skewed_and_the_note_says_what_that_means():
     """DeepSeek-V2-Lite's dummy-weight router sends the tokens of a step to about the same experts:
-    its 4–16-token decode steps run their expert GEMMs in about the time of one token's (0.9–1.3
+    its 4–32-token decode steps run their expert GEMMs in about the time of one token's (0.9–1.3
     ms), under the floor of the experts uniform routing would reach, above the floor of k experts."""
     steps, peak = _moe_gemm_time("deepseek-v2-lite_r32_graph_plain")
-    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and 4 <= t <= 16]
+    decode = [(t, ns) for t, phase, ns in steps if phase == "decode" and 4 <= t <= 32]
     assert len(decode) >= 30
     for t, ns in decode:
         assert ns < _expert_weights(t, 64, 6, 2048, 1408, 26) / peak * 1e9

@@ -90,7 +90,7 @@ def test_expert_parallel_projects_the_busiest_gpus_experts():
     tp, ep = library.tp(path), library.tp(path, expert_parallel=True, model="qwen3-30b-a3b")
     inp = ep["inputs"]
     tokens = library.load(path).steps.filter(pl.col("step") == inp["step"])["tokens"][0]
-    assert tokens == 12 and inp["expert_parallel_ns"] == tp["inputs"]["moe_gemm_ns"]
+    assert tokens == 24 and inp["expert_parallel_ns"] == tp["inputs"]["moe_gemm_ns"]
     rng = np.random.default_rng(0)
     trials = 4000
     reached = np.zeros((trials, 128), bool)
@@ -107,7 +107,7 @@ def test_expert_parallel_projects_the_busiest_gpus_experts():
         d_tp = next(r for r in tp["projection"] if r["tp"] == w)["device_floor_ns"]
         assert abs(d_ep - d_tp - inp["scale"] * inp["expert_parallel_ns"] * (share - 1 / w)) <= 2
     assert ep["projection"][0]["step_time_ns"] == tp["projection"][0]["step_time_ns"]  # TP=1: the same
-    assert any("experts split across the GPUs whole" in n and "12 token(s)" in n for n in ep["notes"])
+    assert any("experts split across the GPUs whole" in n and "24 token(s)" in n for n in ep["notes"])
     for kw, words in (({"expert_parallel": True}, "--expert-parallel needs --model"),
                       ({"expert_parallel": True, "model": "llama-3.1-8b"}, "llama-3.1-8b has no experts"),
                       ({"model": "qwen3-30b-a3b"}, "--model is read by tp with --expert-parallel only")):

@@ -5,7 +5,7 @@ section's source). The analyses give the fields, these functions the words."""
 
 from __future__ import annotations
 
-from stepscope.render.units import ms, node_gap, signed_percent, times, us
+from stepscope.render.units import ms, node_gap, plural, signed_percent, times, us
 
 
 def runs_sentence(r: dict) -> str:
@@ -239,7 +239,7 @@ def cpu_floor_how(f: dict, n_launch_calls: int | None) -> str:
     be more than the host's launching inside the step (launches issued before the step began,
     or fast bursts beside slow launches), "the host's launching inside the step (less than …)"."""
     n, t = n_launch_calls or 0, f.get("t_launch_ns") or 0
-    times_t = f"{n} launch calls × {us(t)}" if n else f"launch calls × {us(t)}"
+    times_t = f"{plural(n, 'launch call')} × {us(t)}" if n else f"launch calls × {us(t)}"
     lh = f.get("launch_host_ns")
     if lh is not None and n and f.get("cpu_floor_ns") == lh and lh < n * t:
         ahead = f.get("launches_ahead") or 0
