@@ -35,7 +35,7 @@ def why(r: dict) -> str:
     v = r.get("verdict")
     step = max(r.get("step_time_ns") or 1, 1)
     if v == "launch-bound":
-        return (f"launch-bound: {r['n_launch_calls']} launches, CPU floor {ms(r['cpu_floor_ns'])} "
+        return (f"launch-bound: {r['n_launch_calls']:,} launches, CPU floor {ms(r['cpu_floor_ns'])} "
                 f"> GPU {ms(r['device_floor_ns'])}")
     if v == "host-bound":
         return (f"host-bound: the GPU waits on the host {100 * (r.get('host_wait_ns') or 0) / step:.0f}% of it, "
@@ -54,9 +54,9 @@ def headline(view: dict) -> str:
         n, t = by_phase.setdefault(k["phase"] or "phase unknown", [0, 0])
         by_phase[k["phase"] or "phase unknown"] = [n + k["count"], t + k["time_ns"]]
     total = max(view["steps_time_ns"], 1)
-    parts = [f"{n} {p} ({100 * t / total:.0f}% of step time)"
+    parts = [f"{n:,} {p} ({100 * t / total:.0f}% of step time)"
              for p, (n, t) in sorted(by_phase.items(), key=lambda x: -x[1][1])]
-    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(view["verdicts"].items(), key=lambda x: -x[1]))
+    verdicts = ", ".join(f"{n:,} {v}" for v, n in sorted(view["verdicts"].items(), key=lambda x: -x[1]))
     from stepscope.render.console import plural
 
     return (f"{plural(view['steps'], 'step')} in {seconds(view['wall_ns'])}: " + ", ".join(parts)
@@ -107,7 +107,7 @@ def render_run(view: dict, console, width: int | None = None, tracer: str = "nsy
     for col in ("n", "share", "p50 ms", "p90 ms", "max ms", "tokens"):
         kinds.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for k in view["kinds"]:
-        kinds.add_row(term(k["kind"]), str(k["count"]), f"{100 * k['share']:.0f}%", ms_num(k['p50_ns']),
+        kinds.add_row(term(k["kind"]), f"{k['count']:,}", f"{100 * k['share']:.0f}%", ms_num(k['p50_ns']),
                       ms_num(k['p90_ns']), ms_num(k['max_ns']),
                       "–" if k["tokens"] is None else f"{k['tokens']:,}")
     console.print(kinds)
@@ -147,7 +147,7 @@ def run_html(view: dict, steps: list[dict] | None = None, tracer: str = "nsys") 
         out.append(step_time_chart(steps))
     head = "".join(f"<th>{h}</th>" for h in ("kind", "steps", "share", "p50 ms", "p90 ms", "max ms", "tokens"))
     rows = "".join(
-        f"<tr><td>{escape(k['kind'])}</td><td>{k['count']}</td><td>{100 * k['share']:.0f}%</td>"
+        f"<tr><td>{escape(k['kind'])}</td><td>{k['count']:,}</td><td>{100 * k['share']:.0f}%</td>"
         f"<td>{ms_num(k['p50_ns'])}</td><td>{ms_num(k['p90_ns'])}</td><td>{ms_num(k['max_ns'])}</td>"
         f"<td>{'–' if k['tokens'] is None else format(k['tokens'], ',')}</td></tr>" for k in view["kinds"])
     out.append(f'<table id="run-kinds"><tr>{head}</tr>{rows}</table>')
@@ -200,7 +200,7 @@ def run_markdown(view: dict, cell, tracer: str = "nsys") -> list[str]:
     if tp:
         out += [tp, ""]
     out += ["| kind | steps | share | p50 ms | p90 ms | max ms | tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {cell(k['kind'])} | {k['count']} | {100 * k['share']:.0f}% | {ms_num(k['p50_ns'])} | "
+    out += [f"| {cell(k['kind'])} | {k['count']:,} | {100 * k['share']:.0f}% | {ms_num(k['p50_ns'])} | "
             f"{ms_num(k['p90_ns'])} | {ms_num(k['max_ns'])} | "
             f"{'–' if k['tokens'] is None else format(k['tokens'], ',')} |" for k in view["kinds"]]
     wall = max(view["wall_ns"], 1)
