@@ -171,7 +171,10 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
     t0 = min(s["begin_ns"] for s in steps)
     span = max(max(s["begin_ns"] for s in steps) - t0, 1)
     top = max(max(s["step_time_ns"] for s in steps), 1)
-    left, bottom = 50, 24
+    # the longest step, in seconds from 1 s (`1043 ms` was drawn left of the chart's edge); the
+    # left margin fits the label at about 7 px a character of the report's 11 px labels
+    top_label = f"{top / 1e9:.3g} s" if top >= 1e9 else tick(top)
+    left, bottom = max(50, 8 + 7 * len(top_label)), 24
     pw, ph = width - left - 10, height - bottom - 10
     dots = []
     for s in steps:
@@ -183,7 +186,7 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
                     f'{seconds(s["begin_ns"] - t0)}</title></circle>')
     axes = (f'<line x1="{left}" y1="{10 + ph}" x2="{left + pw}" y2="{10 + ph}" stroke="#999"/>'
             f'<line x1="{left}" y1="10" x2="{left}" y2="{10 + ph}" stroke="#999"/>'
-            f'<text x="{left - 4}" y="14" text-anchor="end">{tick(top)}</text>'
+            f'<text x="{left - 4}" y="14" text-anchor="end">{top_label}</text>'
             f'<text x="{left - 4}" y="{10 + ph}" text-anchor="end">0</text>'
             f'<text x="{left}" y="{height - 6}">0 s</text>'
             f'<text x="{left + pw}" y="{height - 6}" text-anchor="end">{seconds(span)}</text>')
