@@ -213,6 +213,7 @@ def _holds(doc: dict, facts: dict) -> None:
     if run is not None and steps:
         assert run["steps_time_ns"] == total
         assert sum(k["count"] for k in run["kinds"]) == len(steps)
+        assert sum(run["verdicts"].values()) == len(steps)  # one verdict a step
         assert abs(sum(k["share"] for k in run["kinds"]) - 1) < 1e-6 or total == 0
     assert total <= facts["session_ns"], (total, facts["session_ns"])  # steps on one GPU never overlap
 
