@@ -300,6 +300,7 @@ ADBC_MODULES = {
     "test_ingest", "test_golden_json", "test_sqlite_damage", "test_impossible_values", "test_cache_freshness",
     "test_cache", "test_memory_policy", "test_library", "test_steps_without_names", "test_bytes_budget", "test_bytes_real",
     "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto", "test_sqlite_reader",
+    "test_mutated_captures",
 }
 # the modules that touch no polars data path (capture's process handling, the torch engine's own
 # step, the docs, the import graph, native allocator settings, path refusals): every other
@@ -316,7 +317,7 @@ XDIST_GROUPS = {
     "test_serving_run": "serving", "test_compare_runs": "serving", "test_many_reports": "many_reports",
     "test_whatif": "whatif", "test_steps_without_ranges": "steps_without_ranges", "test_known_step": "known_step",
     "test_selection_serving": "selection_serving", "test_columnar": "columnar", "test_vllm_fixtures": "vllm_fixtures",
-    "test_classes_models": "classes_models",
+    "test_classes_models": "classes_models", "test_mutated_captures": "mutated_captures",
 }
 
 

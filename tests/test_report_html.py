@@ -88,6 +88,38 @@ def test_html_of_a_kineto_trace_and_a_foreign_export(tmp_path):
         assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
 
 
+MEASURE = """<script>window.addEventListener('load', () => {
+  const svg = document.getElementById('run-chart'), w = svg.width.baseVal.value, out = [];
+  svg.querySelectorAll('text').forEach(t => { const b = t.getBBox(); out.push([t.textContent, b.x, b.x + b.width, w]); });
+  const p = document.createElement('pre'); p.id = 'measured'; p.textContent = JSON.stringify(out);
+  document.body.appendChild(p); });</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_run_chart_labels_inside_the_chart(tmp_path):
+    """The run chart's axis labels lie inside its SVG as Chromium lays them out (a whole run's
+    longest step, Qwen3-MoE's 1,043 ms JIT-paused one, was labelled `1043 ms` from x = -1.9 px: cut
+    at the page's edge); the top label reads as the run's longest step (analyze --json)."""
+    import json
+
+    from tests.conftest import gunzipped
+
+    src = gunzipped(FIXTURES / "models" / "qwen3-30b-a3b_r32_graph_plain.sqlite.gz")
+    out = render(tmp_path, str(src))
+    measured = tmp_path / "measured.html"
+    measured.write_text(out.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    dom = chromium(["--dump-dom"], measured).stdout
+    labels = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)[1].replace("&quot;", '"'))
+    assert len(labels) >= 4
+    for text, x0, x1, width in labels:
+        assert 0 <= x0 and x1 <= width, (text, x0, x1, width)
+    r = CliRunner().invoke(app, ["analyze", str(src), "--json", "--steps", "all", "--no-cache"])
+    longest = max(s["step_time_ns"] for s in json.loads(r.stdout)["steps"])
+    top = labels[0][0]
+    value, unit = top.split()
+    assert abs(float(value) * {"s": 1e9, "ms": 1e6, "µs": 1e3}[unit] - longest) <= 0.01 * longest, (top, longest)
+
+
 def test_markdown_report(tmp_path):
     out = render(tmp_path, str(need(EAGER)), "--compare", str(need(GRAPH)), name="report.md")
     md = out.read_text()

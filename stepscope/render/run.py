@@ -35,7 +35,7 @@ def why(r: dict) -> str:
     v = r.get("verdict")
     step = max(r.get("step_time_ns") or 1, 1)
     if v == "launch-bound":
-        return (f"launch-bound: {r['n_launch_calls']} launches, CPU floor {ms(r['cpu_floor_ns'])} "
+        return (f"launch-bound: {r['n_launch_calls']:,} launches, CPU floor {ms(r['cpu_floor_ns'])} "
                 f"> GPU {ms(r['device_floor_ns'])}")
     if v == "host-bound" and r.get("host_bound_on") == "a host pause":
         from stepscope.render.sentences import pause_phrase
@@ -63,9 +63,9 @@ def headline(view: dict) -> str:
         n, t = by_phase.setdefault(k["phase"] or "phase unknown", [0, 0])
         by_phase[k["phase"] or "phase unknown"] = [n + k["count"], t + k["time_ns"]]
     total = max(view["steps_time_ns"], 1)
-    parts = [f"{n} {p} ({100 * t / total:.0f}% of step time)"
+    parts = [f"{n:,} {p} ({100 * t / total:.0f}% of step time)"
              for p, (n, t) in sorted(by_phase.items(), key=lambda x: -x[1][1])]
-    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(view["verdicts"].items(), key=lambda x: -x[1]))
+    verdicts = ", ".join(f"{n:,} {v}" for v, n in sorted(view["verdicts"].items(), key=lambda x: -x[1]))
     from stepscope.render.console import plural
 
     return (f"{plural(view['steps'], 'step')} in {seconds(view['wall_ns'])}: " + ", ".join(parts)
@@ -117,7 +117,7 @@ def render_run(view: dict, console, width: int | None = None, tracer: str = "nsy
     for col in ("n", "share", "p50 ms", "p90 ms", "max ms", "tokens"):
         kinds.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for k in view["kinds"]:
-        kinds.add_row(term(k["kind"]), str(k["count"]), f"{100 * k['share']:.0f}%", ms_num(k['p50_ns']),
+        kinds.add_row(term(k["kind"]), f"{k['count']:,}", f"{100 * k['share']:.0f}%", ms_num(k['p50_ns']),
                       ms_num(k['p90_ns']), ms_num(k['max_ns']),
                       "–" if k["tokens"] is None else f"{k['tokens']:,}")
     console.print(kinds)
@@ -157,7 +157,7 @@ def run_html(view: dict, steps: list[dict] | None = None, tracer: str = "nsys") 
         out.append(step_time_chart(steps))
     head = "".join(f"<th>{h}</th>" for h in ("kind", "steps", "share", "p50 ms", "p90 ms", "max ms", "tokens"))
     rows = "".join(
-        f"<tr><td>{escape(k['kind'])}</td><td>{k['count']}</td><td>{100 * k['share']:.0f}%</td>"
+        f"<tr><td>{escape(k['kind'])}</td><td>{k['count']:,}</td><td>{100 * k['share']:.0f}%</td>"
         f"<td>{ms_num(k['p50_ns'])}</td><td>{ms_num(k['p90_ns'])}</td><td>{ms_num(k['max_ns'])}</td>"
         f"<td>{'–' if k['tokens'] is None else format(k['tokens'], ',')}</td></tr>" for k in view["kinds"])
     out.append(f'<table id="run-kinds"><tr>{head}</tr>{rows}</table>')
@@ -181,7 +181,10 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
     t0 = min(s["begin_ns"] for s in steps)
     span = max(max(s["begin_ns"] for s in steps) - t0, 1)
     top = max(max(s["step_time_ns"] for s in steps), 1)
-    left, bottom = 50, 24
+    # the longest step, in seconds from 1 s (`1043 ms` was drawn left of the chart's edge); the
+    # left margin fits the label at about 7 px a character of the report's 11 px labels
+    top_label = f"{top / 1e9:.3g} s" if top >= 1e9 else tick(top)
+    left, bottom = max(50, 8 + 7 * len(top_label)), 24
     pw, ph = width - left - 10, height - bottom - 10
     dots = []
     for s in steps:
@@ -193,7 +196,7 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
                     f'{seconds(s["begin_ns"] - t0)}</title></circle>')
     axes = (f'<line x1="{left}" y1="{10 + ph}" x2="{left + pw}" y2="{10 + ph}" stroke="#999"/>'
             f'<line x1="{left}" y1="10" x2="{left}" y2="{10 + ph}" stroke="#999"/>'
-            f'<text x="{left - 4}" y="14" text-anchor="end">{tick(top)}</text>'
+            f'<text x="{left - 4}" y="14" text-anchor="end">{top_label}</text>'
             f'<text x="{left - 4}" y="{10 + ph}" text-anchor="end">0</text>'
             f'<text x="{left}" y="{height - 6}">0 s</text>'
             f'<text x="{left + pw}" y="{height - 6}" text-anchor="end">{seconds(span)}</text>')
@@ -210,7 +213,7 @@ def run_markdown(view: dict, cell, tracer: str = "nsys") -> list[str]:
     if tp:
         out += [tp, ""]
     out += ["| kind | steps | share | p50 ms | p90 ms | max ms | tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
-    out += [f"| {cell(k['kind'])} | {k['count']} | {100 * k['share']:.0f}% | {ms_num(k['p50_ns'])} | "
+    out += [f"| {cell(k['kind'])} | {k['count']:,} | {100 * k['share']:.0f}% | {ms_num(k['p50_ns'])} | "
             f"{ms_num(k['p90_ns'])} | {ms_num(k['max_ns'])} | "
             f"{'–' if k['tokens'] is None else format(k['tokens'], ',')} |" for k in view["kinds"]]
     wall = max(view["wall_ns"], 1)
