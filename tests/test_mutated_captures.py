@@ -172,10 +172,9 @@ def _facts(p: Path) -> dict:
         return {"kernels": con.execute(f"SELECT count(*) FROM {K}").fetchone()[0], "session_ns": hi - lo}
 
 
-# analysis/gaps.py's histogram bins a gap of 2^31 ns or more below 0 (2 ** bin computed as a 32-bit
-# literal): test_a_gap_over_two_seconds_in_its_histogram_bin (strict xfail) holds it; with the fix,
-# set this False and lift that mark
-KNOWN_BIN_OVERFLOW = True
+# analysis/gaps.py's histogram once binned a gap of 2^31 ns or more below 0 (2 ** bin computed as a
+# 32-bit literal); fixed: test_a_gap_over_two_seconds_in_its_histogram_bin holds it
+KNOWN_BIN_OVERFLOW = False
 
 
 def _known_bin_overflow(h: dict) -> bool:
@@ -297,9 +296,6 @@ def test_every_command_holds_on_mutated_captures(source, ops, command):
 FLUSH = FIXTURES / "vllm_serve" / "llama-3.1-8b_serve_flush.sqlite.gz"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known: analysis/steps.py _windows_engine indexes an empty `inside` (no launch between "
-                          "two anchors at one time) -> IndexError, exit 3; remove this mark with the fix")
 def test_kernel_rows_recorded_twice_in_a_plain_capture(tmp_path):
     """1 % of the kernel rows of the plain `vllm serve` capture recorded twice (the property test's
     `twice` mutation, found by it): the engine-loop segmentation must not fail on two launches at
@@ -316,10 +312,6 @@ def test_kernel_rows_recorded_twice_in_a_plain_capture(tmp_path):
 HOOKS = FIXTURES / "vllm_serve" / "llama-3.1-8b_serve_hooks.sqlite.gz"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known: analysis/gaps.py histogram computes 2 ** bin as a 32-bit literal: a gap of "
-                          "2^31 ns (2.15 s) or more lands in bin [-2^31, 0) and the terminal's 'gaps by length' "
-                          "drops it; pl.lit(2, pl.Int64) ** bin fixes it; remove this mark with the fix")
 def test_a_gap_over_two_seconds_in_its_histogram_bin(tmp_path):
     """A host stall of 3 s inside one step of the `vllm serve` hooks capture (everything the engine
     recorded after a launch in its 100th step moved 3 s later, the step's range with it: a JIT

@@ -126,7 +126,9 @@ def histogram(gaps: pl.DataFrame) -> pl.DataFrame:
     b = pl.col("gap_ns").cast(pl.Float64).log(2).floor().cast(pl.Int64).alias("bin")
     return (
         _by_step_kind(gaps, b)
-        .with_columns(bin_lo_ns=(2 ** pl.col("bin")).cast(pl.Int64), bin_hi_ns=(2 ** (pl.col("bin") + 1)).cast(pl.Int64))
+        # 2 as a 64-bit literal: a 32-bit one overflows at 2^31 ns (a 2.15 s gap, a JIT pause's length)
+        .with_columns(bin_lo_ns=(pl.lit(2, pl.Int64) ** pl.col("bin")).cast(pl.Int64),
+                      bin_hi_ns=(pl.lit(2, pl.Int64) ** (pl.col("bin") + 1)).cast(pl.Int64))
         .select("step", "bin_lo_ns", "bin_hi_ns", "kind", "count", "time_ns")
         .sort("step", "bin_lo_ns", pl.col("kind").cast(pl.String))
     )

@@ -303,6 +303,8 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
         for i in lonely:
             # no output between two preparations: before the longest host pause between them
             inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
+            if not inside.size:
+                continue  # no launch between the two preparations (two recorded at one time): nothing to move
             pause = w_start[inside] - np.concatenate(([w_end[inside[0] - 1] if inside[0] else prev[i]],
                                                        w_end[inside[:-1]]))
             starts[i] = int(w_start[inside[np.argmax(pause)]])
