@@ -251,3 +251,49 @@ def test_a_capture_that_ends_before_the_traffic_has_no_engine_step(tmp_path):
     assert len(line.splitlines()) == 1 and "no engine step found" in line
     assert f"CUDA-graph capture: {captures:,} graphs" in line and "start-up only" in line
     assert f"its CUDA records end {(session - end) / 1e9:.1f} s before the session" in line
+
+
+DEEPSEEK = FIXTURES / "models" / "deepseek-v2-lite_r32_graph_plain.sqlite.gz"
+_EARLY_SQL = ("SELECT count(*), max(r.start - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+              "ON r.correlationId = k.correlationId AND r.globalTid / 16777216 % 16777216 = k.globalPid / 16777216 % 16777216 "
+              "WHERE r.start - k.start > 1000000")
+
+
+@pytest.mark.parametrize("shift_ns, words", [(-10_000_000_000, "start before the call that launched them"),
+                                             (1_000_000_000_000, "end after the session did")])
+def test_gpu_records_on_another_clock_are_refused(tmp_path, shift_ns, words):
+    """The GPU's rows moved 10 s earlier (kernels before their launches) or 1000 s later (past the
+    session): the steps would be measured across two clocks, so nothing is analyzed: one line, exit
+    2, the source untouched. Counted in SQL: every kernel moves."""
+    p = _copy(gunzipped(need(DEEPSEEK)), tmp_path)
+    _sql(p, *(f"UPDATE {t} SET start = start + {shift_ns}, end = end + {shift_ns}" for t in
+              ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")))
+    before = sha256(p)
+    if shift_ns < 0:
+        n, by = ro(p).execute(_EARLY_SQL).fetchone()
+        assert n == ro(p).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    r = run("analyze", p, "--json", "--no-cache")
+    assert r.exit_code == 2 and r.stdout == ""
+    err = r.stderr.strip()
+    assert "\n" not in err and "the GPU's records are not on the host's clock" in err and words in err
+    if shift_ns < 0:
+        assert f"{n:,} of its {n:,} kernels start before the call that launched them, by up to {by / 1e9:.1f} s" in err
+    assert "nsys export --type sqlite" in err
+    assert sha256(p) == before
+
+
+def test_a_few_kernels_off_the_clock_are_named_and_the_rest_analyzed(tmp_path):
+    """Ten kernels moved 5 s before their launches (under 1 % of 89,894): the defect comes first in
+    the JSON's `capture`, with the count SQL gives, and the steps are still analyzed."""
+    p = _copy(gunzipped(need(DEEPSEEK)), tmp_path)
+    _sql(p, "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start - 5000000000, end = end - 5000000000 "
+            "WHERE rowid IN (SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start DESC LIMIT 10)")
+    n, _ = ro(p).execute(_EARLY_SQL).fetchone()
+    assert n == 10
+    r = run("analyze", p, "--json", "--no-cache")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    clock = [d for d in doc["capture"] if d["kind"] == "clock"]
+    assert len(clock) == 1 and clock[0]["text"].startswith(
+        f"the GPU's records are not on the host's clock: {n:,} of its 89,894 kernels start before")
+    assert doc["capture"][0]["kind"] == "clock" and len(doc["steps"]) > 0

@@ -22,7 +22,7 @@ from stepscope.analysis.steps import COMPILE_PAUSE_NS  # a host pause this long 
 
 DEFECT_SCHEMA = {"kind": pl.String, "pid": pl.Int64, "text": pl.String, "remedy": pl.String,
                  "records_end_ns": pl.Int64, "session_end_ns": pl.Int64, "missing_ns": pl.Int64}
-KINDS = ("truncated", "startup_only", "untraced", "graph_level", "no_nvtx")
+KINDS = ("clock", "truncated", "startup_only", "untraced", "graph_level", "no_nvtx")
 
 # The engine's records end this long before the session (and this share of it) at least: a
 # clean exit leaves a few seconds of teardown (2-5 s on the H200 captures of fixtures/)
@@ -43,6 +43,14 @@ REMEDY_GRAPH = "capture with nsys profile --cuda-graph-trace=node"
 REMEDY_NVTX = ("capture with -t cuda,nvtx and vLLM's ranges: its profiler hooks (execute_context step ranges) "
                "or VLLM_NVTX_SCOPES_FOR_PROFILING=1 (scheduler ranges)")
 REMEDY_RANGES = "capture with -t cuda,nvtx and an NVTX range around each step (--step-regex names yours)"
+# A kernel cannot start before the call that launched it began: one that does, by more than this,
+# says the GPU's and the host's records are on different clocks (a report merged with an offset, a
+# damaged export); at this share of the kernels or more the steps cannot be trusted and nothing is
+# analyzed (the `clock` defect refuses), below it the defect is said and the analysis goes on
+CLOCK_SLACK_NS = 1_000_000
+CLOCK_REFUSE_SHARE = 0.01
+REMEDY_CLOCK = ("export the report again with the nsys that recorded it (nsys export --type sqlite), and do not "
+                "merge or edit the tables of an export by hand")
 # the reader's warning that the graph_level defect stands for (ingest/nsys_sqlite.py)
 GRAPH_LEVEL_WARNING = "per-kernel inventory unavailable for "
 
@@ -67,6 +75,9 @@ def record_defects(trace, api: pl.DataFrame, session_end_ns: int | None, vllm_pi
     """The defects of what was recorded (truncated, startup_only, untraced, graph_level): read
     from the event frames, before an analysis lets them go."""
     rows: list[dict] = []
+    clock = _clock(trace, api, session_end_ns)
+    if clock is not None:
+        rows.append(clock)
     truncated = _truncated(trace, api, session_end_ns, vllm_pids)
     rows += truncated
     lost = {r["pid"] for r in truncated}
@@ -91,13 +102,54 @@ def step_defects(trace, steps: pl.DataFrame, vllm_pids: set[int]) -> list[dict]:
 
 def defect_frame(rows: list[dict]) -> pl.DataFrame:
     """DEFECT_SCHEMA rows in KINDS order (a stable sort: per kind as found)."""
-    rows = sorted(rows, key=lambda r: KINDS.index(r["kind"]))
+    rows = [{k: r[k] for k in DEFECT_SCHEMA} for r in sorted(rows, key=lambda r: KINDS.index(r["kind"]))]
     return pl.DataFrame(rows, schema=DEFECT_SCHEMA) if rows else pl.DataFrame(schema=DEFECT_SCHEMA)
 
 
 def _row(kind: str, pid: int | None, text: str, remedy: str, end=None, session=None, missing=None) -> dict:
     return {"kind": kind, "pid": pid, "text": text, "remedy": remedy, "records_end_ns": end,
             "session_end_ns": session, "missing_ns": missing}
+
+
+def _clock(trace, api: pl.DataFrame, session_end_ns: int | None) -> dict | None:
+    """Kernels that start before the call that launched them (by more than CLOCK_SLACK_NS), or
+    that end after the session did: the GPU's records are not on the host's clock."""
+    k = trace.kernels
+    if k.is_empty():
+        return None
+    calls = api.filter(pl.col("is_launch")).select(pl.col("pid").cast(pl.Int64), "corr", pl.col("start").alias("call"))
+    d = (k.lazy().select(pl.col("pid").cast(pl.Int64), "corr", "start", "end")
+         .join(calls.lazy(), on=["pid", "corr"], how="left")
+         .select(early=pl.col("call") - pl.col("start"),
+                 late=pl.col("end") - (session_end_ns if session_end_ns is not None else pl.col("end")))
+         .select(n_early=(pl.col("early") > CLOCK_SLACK_NS).sum(), by_early=pl.col("early").max(),
+                 n_late=(pl.col("late") > CLOCK_SLACK_NS).sum(), by_late=pl.col("late").max())
+         .collect().row(0, named=True))
+    j = {k_: (v or 0) for k_, v in d.items()}
+    n = k.height
+    if not j["n_early"] and not j["n_late"]:
+        return None
+    parts = []
+    if j["n_early"]:
+        parts.append(f"{j['n_early']:,} of its {n:,} kernels start before the call that launched them, by up to "
+                     f"{s1(j['by_early'])}")
+    if j["n_late"]:
+        parts.append(f"{j['n_late']:,} kernels end after the session did, by up to {s1(j['by_late'])}")
+    share = max(j["n_early"], j["n_late"]) / n
+    text = ("the GPU's records are not on the host's clock: " + "; ".join(parts)
+            + ("" if share < CLOCK_REFUSE_SHARE else
+               ": the steps, gaps and floors would be measured across two clocks"))
+    row = _row("clock", None, text, REMEDY_CLOCK, session=session_end_ns)
+    row["refuse"] = share >= CLOCK_REFUSE_SHARE
+    return row
+
+
+def refusal(path, rows: list[dict]) -> str | None:
+    """The one line that refuses a capture whose defects leave nothing to analyze, else None."""
+    for r in rows:
+        if r.get("refuse"):
+            return f"{path}: {r['text']}; to fix: {r['remedy']}"
+    return None
 
 
 def _records_end(trace, api: pl.DataFrame) -> pl.DataFrame:

@@ -240,6 +240,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     vllm, without_steps = vllm_engine_pids(trace), engine_pids_without_steps(trace, windows)
     # what the capture lacks, read from the event frames before they may go (memory policy)
     recorded = capture_check.record_defects(trace, api, _session_end(trace, api), vllm, without_steps)
+    refused = capture_check.refusal(trace.path, recorded)
+    if refused:
+        raise InputError(refused)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
     split = split_capture_windows(windows, acts, api)
