@@ -71,8 +71,10 @@ def sql_kernels(path: Path) -> pl.DataFrame:
 
 
 def classed(inv, steps_only: bool) -> pl.DataFrame:
-    """The analysis's kernels (key, step, class), every kernel of the file or those of its steps."""
-    a = inv.acts.filter(pl.col("is_kernel"))
+    """The analysis's kernels (key, step, class), every kernel of the file or those of its steps
+    (whole-graph replays, a graph-level capture's rows of CUPTI_ACTIVITY_KIND_GRAPH_TRACE, left
+    out: SQL's kernel table does not hold them; test_graph_replays_are_their_own_class counts them)."""
+    a = inv.acts.filter(pl.col("is_kernel") & (pl.col("class").cast(pl.String) != "cuda_graph"))
     if steps_only:
         a = a.filter(pl.col("step").is_not_null())
     return a.select(pl.col("start").cast(pl.Int64), pl.col("device").cast(pl.Int64), pl.col("stream").cast(pl.Int64),
@@ -230,3 +232,15 @@ def test_mla_attention_and_its_cache_write():
         assert rows.height and set(rows["class"]) <= classes, name
     fa = every.filter(pl.col("dem").str.contains("flash::"))
     assert fa.height > 3000 and fa["class"].is_in(["attention_prefill", "attention_decode"]).all()
+
+
+def test_graph_replays_are_their_own_class():
+    """The flush capture traced graphs whole: each replay of CUPTI_ACTIVITY_KIND_GRAPH_TRACE is one
+    `cuda_graph` activity with the replay's GPU time (plain SQL), and no kernel of the kernel table
+    is in that class."""
+    inv, path = analyzed("serve_flush")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    n, ns = con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE").fetchone()
+    g = inv.acts.filter(pl.col("class").cast(pl.String) == "cuda_graph")
+    assert g.height == n == 118 and (g["end"] - g["start"]).sum() == ns
+    assert g["name"].unique().to_list() == ["CUDA graph replay (traced whole: --cuda-graph-trace=graph)"]

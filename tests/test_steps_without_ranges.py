@@ -35,9 +35,18 @@ def _delete(path, sql: str) -> int:
     return n
 
 
+def _gpu_rows(con) -> str:
+    """The GPU rows a step holds: its kernels, and the replays of graphs traced whole (one
+    CUPTI_ACTIVITY_KIND_GRAPH_TRACE row each, which stepscope reads as one activity)."""
+    has = con.execute("SELECT 1 FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_GRAPH_TRACE'").fetchone()
+    return ("(SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+            "SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_GRAPH_TRACE)" if has else "CUPTI_ACTIVITY_KIND_KERNEL")
+
+
 def _kernels_launched(con, lo: int, hi: int) -> int:
-    """Kernels whose launching call (same process, same correlation id) starts in [lo, hi)."""
-    return con.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+    """GPU rows (kernels, whole-graph replays) whose launching call (same process, same
+    correlation id) starts in [lo, hi)."""
+    return con.execute(f"""SELECT count(*) FROM {_gpu_rows(con)} k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
                           ON r.correlationId = k.correlationId AND r.globalTid >> 24 = k.globalPid >> 24
                           WHERE r.start >= ? AND r.start < ?""", (lo, hi)).fetchone()[0]
 
@@ -337,7 +346,7 @@ def test_plain_capture_without_scopes_or_node_tracing(serving):
     (row,) = a.inventory.startup.to_dicts()
     assert row["graph_captures"] == _calls_before(path, "cudaStreamEndCapture%", row["end_ns"]) == 194
     # every kernel is in a step or in the start-up, but for what ran after the last step's launches
-    total = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    total = ro(path).execute(f"SELECT count(*) FROM {_gpu_rows(ro(path))}").fetchone()[0]
     assert row["kernels"] + s["n_kernels"].sum() == total
 
 

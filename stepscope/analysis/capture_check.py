@@ -88,9 +88,9 @@ def record_defects(trace, api: pl.DataFrame, session_end_ns: int | None, vllm_pi
     if trace.graph_level_launches:
         n = trace.graph_level_launches
         rows.append(_row("graph_level", None,
-                         f"CUDA graphs were traced as whole replays (nsys's default --cuda-graph-trace=graph): the "
-                         f"{n:,} graph launches have no kernel rows, so the kernels, classes and GPU time of the steps "
-                         "that replay a graph leave those replays out", REMEDY_GRAPH))
+                         f"CUDA graphs were traced as whole replays (nsys's default --cuda-graph-trace=graph): each "
+                         f"of the {n:,} graph launches is one GPU row (class cuda_graph), so its time counts but the "
+                         "kernels inside it, and their classes, are not in the trace", REMEDY_GRAPH))
     return rows
 
 

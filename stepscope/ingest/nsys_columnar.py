@@ -25,6 +25,7 @@ import stepscope.ingest.sanity as sanity  # the modules, not the package: no cir
 import stepscope.ingest.typed as typed
 from stepscope.ingest.nsys_sqlite import (KERNEL_TABLE, LAUNCH_COLUMNS, PROCESS_COLUMNS, RUNTIME_TABLE,
                                           THREAD_COLUMNS, _merged, _unpack_pid, _unpack_tid, read_names)
+from stepscope.ingest import graph_replays
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.model import (API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, STRING_SCHEMA,
                              Trace, empty)
@@ -254,6 +255,10 @@ def _read(t: Tables, path: Path, launch_config: bool, fmt: str) -> Trace:
     if not graphs:
         kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
     kernels = kernels.select([c for c in KERNEL_SCHEMA if launch_config or not c.startswith(("grid_", "block_"))])
+    if t.rows(graph_replays.TABLE):
+        replays, rep = _frame(t, graph_replays.QUERY)
+        readings.append(rep)
+        kernels = graph_replays.with_replays(kernels, replays.with_columns(_unpack_pid("pid")))
 
     api = empty(API_SCHEMA)
     if t.has(RUNTIME_TABLE):
@@ -275,8 +280,9 @@ def _read(t: Tables, path: Path, launch_config: bool, fmt: str) -> Trace:
 
     memops = _read_memops(t, readings)
     nvtx = _read_nvtx(t, readings, warnings)
-    strings = _read_strings(t, pl.concat([kernels["short_id"].unique(), kernels["demangled_id"].unique(),
-                                          api["name_id"].unique()]).unique().drop_nulls(), readings)
+    strings = graph_replays.with_replay_name(
+        _read_strings(t, pl.concat([kernels["short_id"].unique(), kernels["demangled_id"].unique(),
+                                    api["name_id"].unique()]).unique().drop_nulls(), readings), kernels)
     gpus = _read_gpus(t, readings, warnings)
     processes, threads = read_names(
         t.has, lambda *a: _lacks(t, *a), lambda: _frame(t, typed.Query("PROCESSES", PROCESS_COLUMNS)),

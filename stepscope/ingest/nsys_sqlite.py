@@ -20,6 +20,7 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
+from stepscope.ingest import graph_replays
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.paths import input_file
 from stepscope.model import (
@@ -429,6 +430,10 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
     wanted = [c for c in KERNEL_SCHEMA if launch_config or not c.startswith(("grid_", "block_"))]
     kernels = kernels.select(wanted)
+    if _count(con, schema, graph_replays.TABLE):
+        replays, rep = _frame(con, graph_replays.QUERY)
+        readings.append(rep)
+        kernels = graph_replays.with_replays(kernels, replays.with_columns(_unpack_pid("pid")))
     api = empty(API_SCHEMA)
     if len(frames) > 1:
         raw_api, rep = frames[1]
@@ -438,9 +443,9 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
 
     memops = _read_memops(con, schema, path, readings)
     nvtx = _read_nvtx(con, schema, path, readings, warnings, string_ids)
-    strings = string_ids.decoded(pl.concat([
+    strings = graph_replays.with_replay_name(string_ids.decoded(pl.concat([
         kernels["short_id"].unique(), kernels["demangled_id"].unique(), api["name_id"].unique()]).unique().drop_nulls(),
-        readings)
+        readings), kernels)
     gpus = _read_gpus(con, schema, readings, warnings)
     processes, threads = read_names(
         schema.has, lambda *a: _lacks(schema, *a), lambda: _frame(con, typed.Query("PROCESSES", PROCESS_COLUMNS)),
