@@ -48,6 +48,9 @@ REMEDY_RANGES = "capture with -t cuda,nvtx and an NVTX range around each step (-
 # damaged export); at this share of the kernels or more the steps cannot be trusted and nothing is
 # analyzed (the `clock` defect refuses), below it the defect is said and the analysis goes on
 CLOCK_SLACK_NS = 1_000_000
+# ... or starts this long after it: a queue holds a launch for milliseconds to seconds (a JIT
+# compile, a stream waiting on an event), never ten minutes
+CLOCK_LATE_NS = 600_000_000_000
 CLOCK_REFUSE_SHARE = 0.01
 REMEDY_CLOCK = ("export the report again with the nsys that recorded it (nsys export --type sqlite), and do not "
                 "merge or edit the tables of an export by hand")
@@ -113,17 +116,17 @@ def _row(kind: str, pid: int | None, text: str, remedy: str, end=None, session=N
 
 def _clock(trace, api: pl.DataFrame, session_end_ns: int | None) -> dict | None:
     """Kernels that start before the call that launched them (by more than CLOCK_SLACK_NS), or
-    that end after the session did: the GPU's records are not on the host's clock."""
+    CLOCK_LATE_NS or more after it: the GPU's records are not on the host's clock. (Not the
+    session's end: some exports' events lie beyond their ANALYSIS_DETAILS duration.)"""
     k = trace.kernels
     if k.is_empty():
         return None
     calls = api.filter(pl.col("is_launch")).select(pl.col("pid").cast(pl.Int64), "corr", pl.col("start").alias("call"))
-    d = (k.lazy().select(pl.col("pid").cast(pl.Int64), "corr", "start", "end")
-         .join(calls.lazy(), on=["pid", "corr"], how="left")
-         .select(early=pl.col("call") - pl.col("start"),
-                 late=pl.col("end") - (session_end_ns if session_end_ns is not None else pl.col("end")))
+    d = (k.lazy().select(pl.col("pid").cast(pl.Int64), "corr", "start")
+         .join(calls.lazy(), on=["pid", "corr"], how="inner")
+         .select(early=pl.col("call") - pl.col("start"), late=pl.col("start") - pl.col("call"))
          .select(n_early=(pl.col("early") > CLOCK_SLACK_NS).sum(), by_early=pl.col("early").max(),
-                 n_late=(pl.col("late") > CLOCK_SLACK_NS).sum(), by_late=pl.col("late").max())
+                 n_late=(pl.col("late") >= CLOCK_LATE_NS).sum(), by_late=pl.col("late").max())
          .collect().row(0, named=True))
     j = {k_: (v or 0) for k_, v in d.items()}
     n = k.height
@@ -134,7 +137,8 @@ def _clock(trace, api: pl.DataFrame, session_end_ns: int | None) -> dict | None:
         parts.append(f"{j['n_early']:,} of its {n:,} kernels start before the call that launched them, by up to "
                      f"{s1(j['by_early'])}")
     if j["n_late"]:
-        parts.append(f"{j['n_late']:,} kernels end after the session did, by up to {s1(j['by_late'])}")
+        parts.append(f"{j['n_late']:,} of its {n:,} kernels start {s1(CLOCK_LATE_NS)} or more after the call that "
+                     f"launched them, up to {s1(j['by_late'])}")
     share = max(j["n_early"], j["n_late"]) / n
     text = ("the GPU's records are not on the host's clock: " + "; ".join(parts)
             + ("" if share < CLOCK_REFUSE_SHARE else

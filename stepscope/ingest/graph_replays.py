@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from stepscope.ingest import typed
-from stepscope.ingest.typed import INT32 as I32, Col as C
+from stepscope.ingest.typed import INT32 as I32, Col as C, Query
 
 TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 REPLAY_ID = -2
 REPLAY_NAME = "CUDA graph replay (traced whole: --cuda-graph-trace=graph)"
 
-QUERY = typed.Query(TABLE, [C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
+QUERY = Query(TABLE, [C("pid", "globalPid"), C("device", "deviceId", I32), C("stream", "streamId", I32),
                             C("corr", "correlationId", required=False), C("start", "start"), C("end", "end")])
 
 

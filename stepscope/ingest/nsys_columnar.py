@@ -25,7 +25,7 @@ import stepscope.ingest.sanity as sanity  # the modules, not the package: no cir
 import stepscope.ingest.typed as typed
 from stepscope.ingest.nsys_sqlite import (KERNEL_TABLE, LAUNCH_COLUMNS, PROCESS_COLUMNS, RUNTIME_TABLE,
                                           THREAD_COLUMNS, _merged, _unpack_pid, _unpack_tid, read_names)
-from stepscope.ingest import graph_replays
+import stepscope.ingest.graph_replays as graph_replays
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.model import (API_SCHEMA, GPU_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, NVTX_SCHEMA, STRING_SCHEMA,
                              Trace, empty)

@@ -20,7 +20,7 @@ from stepscope import apinames
 from stepscope.errors import InputError
 import stepscope.ingest.sanity as sanity  # the modules, not the package: no circle through ingest/__init__
 import stepscope.ingest.typed as typed
-from stepscope.ingest import graph_replays
+import stepscope.ingest.graph_replays as graph_replays
 from stepscope.ingest.typed import INT32 as I32, TEXT, Col as C
 from stepscope.paths import input_file
 from stepscope.model import (

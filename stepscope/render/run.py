@@ -183,7 +183,7 @@ def step_time_chart(steps: list[dict], width: int = 900, height: int = 220) -> s
     top = max(max(s["step_time_ns"] for s in steps), 1)
     # the longest step, in seconds from 1 s (`1043 ms` was drawn left of the chart's edge); the
     # left margin fits the label at about 7 px a character of the report's 11 px labels
-    top_label = f"{top / 1e9:.3g} s" if top >= 1e9 else tick(top)
+    top_label = seconds(top) if top >= 1e9 else tick(top)
     left, bottom = max(50, 8 + 7 * len(top_label)), 24
     pw, ph = width - left - 10, height - bottom - 10
     dots = []
