@@ -70,6 +70,21 @@ def need(path: Path) -> Path:
     return path
 
 
+def eager_copy(tmp_path: Path) -> Path:
+    """A copy of the bundled eager decode step in tmp_path, for a test that damages or guards it."""
+    p = tmp_path / "t.sqlite"
+    shutil.copy(need(FIXTURES / "llama8b_decode_b1_eager.sqlite"), p)
+    return p
+
+
+def one_line_2(r, *needles) -> None:
+    """A CLI result that failed as bad input: exit 2, one line, no traceback, naming `needles`."""
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+    for n in needles:
+        assert n in r.output, r.output
+
+
 def mutated(tmp_path: Path, *sql: str, source: Path = FIXTURES / "llama8b_decode_b1_eager.sqlite") -> Path:
     """A copy of the export `source` in tmp_path with the statements `sql` applied to it (the
     fixture itself is never touched)."""

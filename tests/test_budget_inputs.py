@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.conftest import CliRunner
 
 from stepscope.cli import app
-from tests.conftest import FIXTURES, examples, need, sha256
+from tests.conftest import FIXTURES, eager_copy, one_line_2, examples, need, sha256
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 R5_EAGER = FIXTURES / "round5" / "llama8b_decode_b1_eager.sqlite"
@@ -268,16 +268,9 @@ def test_report_with_cells_on_damaged_traces(partial_cells, source, ops, which):
 
 @pytest.fixture
 def trace(tmp_path):
-    p = tmp_path / "t.sqlite"
-    shutil.copy(need(EAGER), p)
-    return p
+    return eager_copy(tmp_path)
 
 
-def one_line_2(r, *needles):
-    assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
-    for n in needles:
-        assert n in r.output, r.output
 
 
 @pytest.mark.parametrize("form", ["md", "html"])

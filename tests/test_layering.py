@@ -58,8 +58,8 @@ def test_the_reader_sees_the_package():
     assert "stepscope.analysis.verdict" in _imports(MODULES["stepscope.analysis.diagnosis"], True)
 
 
-def test_no_import_cycle():
-    graph = {m: _imports(p, True) for m, p in MODULES.items()}
+def _no_cycle(graph: dict[str, set[str]]) -> None:
+    """Fail naming the first import cycle of `graph` (module -> the modules it imports), depth first."""
     state: dict[str, int] = {}
 
     def visit(m, path):
@@ -74,6 +74,11 @@ def test_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_no_import_cycle():
+    graph = {m: _imports(p, True) for m, p in MODULES.items()}
+    _no_cycle(graph)
 
 
 @pytest.mark.parametrize("layer, forbidden", [
@@ -163,20 +168,7 @@ def test_no_import_cycle_anywhere_even_through_lazy_imports():
     vllm_serving). A package's `__init__` imports its modules lazily where it must; a module
     importing its own package (`from stepscope.ingest import x`) counts as importing it."""
     graph = {m: _imports(p, False) for m, p in MODULES.items()}
-    state: dict[str, int] = {}
-
-    def visit(m, path):
-        state[m] = 1
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
-            if n not in state:
-                visit(n, path + [n])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    _no_cycle(graph)
 
 
 def test_analyses_write_no_json_or_text_documents():
@@ -253,20 +245,7 @@ def test_no_import_cycle_even_through_lazy_imports():
     layers = ("stepscope.ingest", "stepscope.analysis", "stepscope.render", "stepscope.bytes")
     inside = {m: p for m, p in MODULES.items() if m.startswith(layers)}
     graph = {m: {n for n in _imports(p, False) if n in inside} for m, p in inside.items()}
-    state: dict[str, int] = {}
-
-    def visit(m, path):
-        state[m] = 1
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
-            if n not in state:
-                visit(n, path + [n])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    _no_cycle(graph)
 
 
 def test_packed_keys_of_the_analyses_only_through_frames():

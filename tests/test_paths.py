@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import CliRunner
 
 from stepscope.cli import app
-from tests.conftest import FIXTURES, need, sha256
+from tests.conftest import FIXTURES, eager_copy, need, sha256
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 NCU_RAW = FIXTURES / "ncu" / "smoke_ncu_raw.csv"
@@ -118,9 +118,7 @@ def test_names_that_are_not_utf8_work(tmp_path):
 
 @pytest.fixture
 def trace(tmp_path):
-    p = tmp_path / "t.sqlite"
-    shutil.copy(need(EAGER), p)
-    return p
+    return eager_copy(tmp_path)
 
 
 def _refused(args, *inputs):

@@ -17,7 +17,7 @@ from stepscope.analysis import steps
 from stepscope.analysis.classify import load_rules
 from stepscope.bytes import hbm
 from stepscope.cli import app
-from tests.conftest import FIXTURES, need, sha256
+from tests.conftest import FIXTURES, eager_copy, one_line_2, need, sha256
 
 EAGER = FIXTURES / "llama8b_decode_b1_eager.sqlite"
 N = 256 * 1024  # a quadratic pattern takes seconds here (the old gemm rule: 2 s), a linear one ms
@@ -182,16 +182,9 @@ def test_names_that_look_like_rich_markup_are_shown_as_they_are(tmp_path):
 
 @pytest.fixture
 def trace(tmp_path):
-    p = tmp_path / "t.sqlite"
-    shutil.copy(need(EAGER), p)
-    return p
+    return eager_copy(tmp_path)
 
 
-def one_line_2(r, *needles):
-    assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
-    for n in needles:
-        assert n in r.output, r.output
 
 
 @pytest.mark.parametrize("pattern,says", [("a{99999999}", "exceeds"), ("(?:a{500}){500}", "multiply"),

@@ -80,6 +80,12 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
         .then(pl.concat_str(pl.lit("the step's other layers run "), pl.col("by_layer"), pl.lit(" at this position")))
         .otherwise(pl.col("why")),
     ).filter(pl.col("new").is_not_null())
+    return _reclassed(acts, k)
+
+
+def _reclassed(acts: pl.DataFrame, k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`acts` with the rows of `k` (row, new, name, demangled, class_by) taking class `new`, and
+    the evidence frame that says why (EVIDENCE_SCHEMA)."""
     if k.is_empty():
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
     acts = acts.join(k.select("row", pl.col("new").cast(CLASS_DTYPE)), on="row", how="left", maintain_order="left") \
@@ -133,13 +139,7 @@ def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tup
                          orient="row")
     k = k.filter(pl.col("cand")).join(pairs, on=["prev", "next"], how="left").filter(
         pl.col("new").is_not_null() & (pl.col("new") != pl.col("class")))
-    if k.is_empty():
-        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
-    acts = acts.join(k.select("row", pl.col("new").cast(CLASS_DTYPE)), on="row", how="left", maintain_order="left") \
-        .with_columns(pl.coalesce("new", "class").alias("class")).drop("new")
-    ev = k.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String), pl.col("new").alias("class"),
-                  "class_by").unique(maintain_order=True)
-    return acts, ev
+    return _reclassed(acts, k)
 
 
 def fused_notes(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:

@@ -60,20 +60,28 @@ class SessionSpan:
     end_ns: int               # where the session ends on the clock of the export's events
 
 
-def session_span(path: str | Path, last_event_ns: int | None = None) -> SessionSpan | None:
-    """The session's length and end of an nsys SQLite export (read-only); None for any other
-    file, or an export without ANALYSIS_DETAILS. nsys 2025's exports time their events from the
-    collection's start, so the session ends at `duration`; an export whose events lie past that
-    (events timed from the session's start, as some exports are) ends at stopTime instead:
-    `last_event_ns`, the latest event, tells which."""
+def _open(path: str | Path) -> sqlite3.Connection | None:
+    """A read-only connection to an SQLite export, or None for any other file: a FIFO, socket or
+    device is never opened (a read of one blocks: the reader refused it)."""
     from stepscope.ingest.nsys_sqlite import connect_readonly, is_sqlite
 
     path = Path(path)
     try:
         if not path.is_file() or not is_sqlite(path):
             return None
-        con = connect_readonly(path)
+        return connect_readonly(path)
     except (OSError, sqlite3.Error):
+        return None
+
+
+def session_span(path: str | Path, last_event_ns: int | None = None) -> SessionSpan | None:
+    """The session's length and end of an nsys SQLite export (read-only); None for any other
+    file, or an export without ANALYSIS_DETAILS. nsys 2025's exports time their events from the
+    collection's start, so the session ends at `duration`; an export whose events lie past that
+    (events timed from the session's start, as some exports are) ends at stopTime instead:
+    `last_event_ns`, the latest event, tells which."""
+    con = _open(path)
+    if con is None:
         return None
     try:
         row = con.execute("SELECT duration, stopTime FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
@@ -94,15 +102,8 @@ def cuda_processes(path: str | Path) -> list[tuple[int, str | None, int]] | None
     """For an nsys SQLite export that recorded no kernel (its kernel table absent or empty, and
     no CUDA-graph replay either): the processes that made CUDA calls, (pid, name, calls), most
     calls first. None for any other file (one with kernels included)."""
-    from stepscope.ingest.nsys_sqlite import connect_readonly, is_sqlite
-
-    path = Path(path)
-    try:
-        # a FIFO, socket or device is never opened (a read of one blocks): the reader refused it
-        if not path.is_file() or not is_sqlite(path):
-            return None
-        con = connect_readonly(path)
-    except (OSError, sqlite3.Error):
+    con = _open(path)
+    if con is None:
         return None
     try:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
