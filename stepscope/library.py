@@ -429,7 +429,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     gpu_name, peak = _gpu_peak(inv)
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.render.headline import step_rows
-    from stepscope.render.views import step_diagnosis
+    from stepscope.analysis.step_view import step_diagnosis
 
     # the verdict block analyze opens with, so the budget is read beside the step's verdict
     from stepscope.pipeline import whatif_of

@@ -276,3 +276,58 @@ def test_packed_keys_of_the_analyses_only_through_frames():
            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.LShift)]
     assert not bad
 
+
+
+# the frame methods that derive a figure (a sum by group, a running value, a median) and the
+# Inventory/Diagnosis derivations that join or rank frames: a renderer calls none of them, it
+# formats the Result's values (analysis/step_view.py builds the terminal's and the reports'
+# step views below render/)
+DERIVING = {"group_by", "agg", "over", "cum_sum", "cum_max", "median", "mean", "quantile", "value_counts",
+            "rolling", "pivot", "kernels_with_evidence", "top_gaps"}
+# where render/ still calls one, and why: perfetto lays slices out in lanes (where each slice is
+# drawn, no figure of the trace), sections encodes the Diagnosis' longest gaps column-wise as JSON
+# text; the others are the frame work still to move below render/ (issue 43), listed so that no
+# new one appears
+LAYOUT = {"stepscope.render.perfetto": {"group_by", "len", "over", "cum_sum", "cum_max"},
+          "stepscope.render.sections": {"top_gaps"}}
+NOT_YET_MOVED = {"stepscope.render.json": {"group_by", "agg", "kernels_with_evidence"},
+                 "stepscope.render.report_data": {"kernels_with_evidence"},
+                 "stepscope.render.reports_run": {"group_by", "agg", "median"},
+                 "stepscope.render.notebook": {"group_by"}}
+
+
+def test_renderers_derive_no_figure_from_frames():
+    """No module of render/ groups, aggregates or runs a derivation of the Inventory or the
+    Diagnosis (a string's `.join` is words, not frames), beyond LAYOUT and NOT_YET_MOVED; the
+    terminal, the verdict block and the report renderers import no polars at all."""
+    bad = []
+    for m, p in MODULES.items():
+        if not m.startswith("stepscope.render"):
+            continue
+        allowed = LAYOUT.get(m, set()) | NOT_YET_MOVED.get(m, set())
+        for n in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in DERIVING
+                    and not isinstance(n.func.value, ast.Constant) and n.func.attr not in allowed):
+                bad.append((m, n.func.attr, n.lineno))
+    assert not bad
+    for m in ("stepscope.render.terminal", "stepscope.render.headline", "stepscope.render.html",
+              "stepscope.render.markdown"):
+        tree = ast.parse(MODULES[m].read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [x for x in names if x == "polars" or x.startswith("polars.")], m
+
+
+def test_the_step_views_are_built_below_render():
+    """The terminal's step view, class breakdown and head line are analysis/step_view.py's, built
+    by pipeline.result_of: no renderer defines or builds them."""
+    for m, p in MODULES.items():
+        if m.startswith("stepscope.render"):
+            tree = ast.parse(p.read_text())
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            assert not defined & {"step_diagnosis", "kind_figures", "head_figures", "StepDiagnosis"}, m
+    assert "stepscope.render.views" not in MODULES
+    for m in ("stepscope.render.terminal", "stepscope.render.headline"):
+        called = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", None)
+                  for n in ast.walk(ast.parse(MODULES[m].read_text())) if isinstance(n, ast.Call)}
+        assert not called & {"step_diagnosis", "kind_figures", "head_figures", "step_kinds"}, m
