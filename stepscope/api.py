@@ -152,7 +152,7 @@ def open_trace(path: str | Path, step_regex: str | None = None, rules: str | Pat
     `stepscope analyze` does. A step's kernels with their grid and block:
     `inventory.step_acts(step)` (read from the export for that step alone); the trace's raw
     kernel, memop and API frames are let go once the analysis holds their rows, and read again
-    from its file if asked for (analysis/memory.py NOTEBOOK)."""
+    from its file by `a.trace.read_events()` (analysis/memory.py NOTEBOOK)."""
     from stepscope import library
 
     return Analysis(library.load(path, step_regex, rules, cache=cache))

@@ -29,19 +29,23 @@ def bundled_trace() -> Path:
 
 
 def load(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, strict: bool = False):
+         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, strict: bool = False,
+         events: bool = True):
     """Read a trace (nsys SQLite export or PyTorch-profiler JSON; None: the bundled one) and
     analyze its steps: the Inventory. `launch_config`: also read every kernel's grid and block
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py; `strict`: a `step_regex` that matches
-    no range is an InputError, not a warning."""
-    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory, strict)
+    no range is an InputError, not a warning; `events=False`: the caller reads only the per-step
+    results (a one-shot document, compare), so an analysis kept beside the frames is restored
+    without its activities and launch calls (read up front otherwise)."""
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory, strict, events)
     inv.kept = key
     return inv
 
 
-def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention, strict: bool = False):
+def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention, strict: bool = False,
+          events: bool = True):
     """load()'s Inventory, and the key of its kept analysis (None: not kept; _analysis_key)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
@@ -73,12 +77,13 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
         if got is not None:
             frames, extra = got
             memory.activities_built(t)
-            inv = Inventory.restored(t, frames, extra["warnings"], reader)
+            inv = Inventory.restored(t, frames, extra["warnings"], reader, events=events)
             memory.inventory_built(inv)
             return inv, key
     # parsed only now: a kept analysis needs no rules (its key holds the rules file's bytes, which
     # parsed when it was kept), and parsing them is ~20 ms of a 0.7 s warm run
     ruleset = load_rules(rules)
+    t.read_events()  # read without them for a kept analysis that is not there: the analysis reads them
     progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
     inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader, strict=strict)
     if key is not None and not _keep_analysis(t, inv, key):
@@ -162,6 +167,7 @@ def _diagnosed(inv, key: str | None, calibration):
     got = load_derived(entry, "diagnosis", key) if key is not None else None
     if got is not None and set(got[0]) == set(CALIBRATION_FREE):
         return diagnose(inv, calibration, known=got[0])
+    inv.read_events()  # restored without its activities (events=False): the diagnosis reads them
     known = calibration_free(inv) if key is not None else None
     d = diagnose(inv, calibration, known=known)
     if key is not None:
@@ -195,7 +201,7 @@ def step_texts(inv):
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
               cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
-              calibration=None, strict: bool = False):
+              calibration=None, strict: bool = False, events: bool = True):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
@@ -203,7 +209,8 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
-    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict)
+    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,
+               events=events)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
     return _diagnosed(inv, inv.kept, chosen(calibration)).only_steps(steps)
 
@@ -221,7 +228,7 @@ def analyze(trace: str | Path | None = None, options=None, *, steps: str | None 
     o = Options() if options is None else options
     check_steps(steps)  # a bad --steps fails before the trace is read
     d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
-                  strict=o.strict)
+                  strict=o.strict, events=events)
     result = result_of(d, steps, views=views)
     if events:
         return result
@@ -238,7 +245,7 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: 
     if hasattr(x, "diagnosis"):
         return x.diagnosis.only_steps(steps)
     d = diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=memory, calibration=calibration,
-                  strict=strict)
+                  strict=strict, events=not memory.one_shot)
     memory.results_ready(d)
     return d
 

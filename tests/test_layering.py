@@ -331,3 +331,21 @@ def test_the_step_views_are_built_below_render():
         called = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", None)
                   for n in ast.walk(ast.parse(MODULES[m].read_text())) if isinstance(n, ast.Call)}
         assert not called & {"step_diagnosis", "kind_figures", "head_figures", "step_kinds"}, m
+
+
+def test_no_frame_is_read_on_an_attribute_access():
+    """What is read is decided up front (library.load's `events`, read_trace's `events`) and read
+    by an explicit call (Trace.read_events, Inventory.read_events): the Trace's and the
+    Inventory's `__getattr__` call nothing but the AttributeError they raise (and the lookups
+    that word it). (The package's lazy imports, stepscope/__init__ and lazy_numpy, read no file.)"""
+    bad = []
+    for m in ("stepscope.model", "stepscope.analysis.inventory"):
+        p = MODULES[m]
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.FunctionDef) and n.name == "__getattr__":
+                for c in ast.walk(n):
+                    if isinstance(c, ast.Call):
+                        f = c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", None)
+                        if f not in ("AttributeError", "get", "type"):
+                            bad.append((m, n.lineno, f))
+    assert not bad
