@@ -137,6 +137,12 @@ class Trace:
             self.__dict__[f] = getattr(fresh, f)
         return self
 
+    def __repr__(self) -> str:
+        # the dataclass' own repr would touch the frames let go (and print a million rows)
+        held = ", ".join(f"{f}={self.__dict__[f].height} rows" if f in self.__dict__ else f"{f}=let go"
+                         for f in EVENT_FRAMES)
+        return f"Trace(path={self.path!r}, format={self.format!r}, {held})"
+
     def __getattr__(self, name: str):
         # reached only when normal lookup fails: an event frame drop_event_frames() let go; says
         # why, reads nothing (read_events does, when asked)

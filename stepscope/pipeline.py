@@ -92,6 +92,9 @@ def analyze(trace, options: Options = Options(), steps: str | None = "all", *, v
     from stepscope.selection import check_steps
 
     check_steps(steps)
+    # the analysis reads the trace's event frames: a trace an earlier analysis let go of them
+    # (Options.memory) reads them again from its file here, before anything else
+    trace.read_events()
     inv = analyze_trace(trace, options.step_regex, load_rules(options.rules), memory=options.memory,
                         strict=options.strict)
     return result_of(diagnose(inv, chosen(options.calibration)), steps, views=views)
