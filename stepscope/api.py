@@ -72,7 +72,9 @@ class Analysis:
     def __init__(self, inventory: Inventory, diagnosis=None):
         self.inventory = inventory
         self.trace = inventory.trace
-        self.warnings = inventory.warnings
+        from stepscope.render.sentences import warning_texts
+
+        self.warnings = warning_texts(inventory.warnings)
         # the capture's own defects (analysis/capture_check.py): one row per defect, before any step
         self.capture = inventory.capture
         if diagnosis is not None:

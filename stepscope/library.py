@@ -77,7 +77,9 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
         if got is not None:
             frames, extra = got
             memory.activities_built(t)
-            inv = Inventory.restored(t, frames, extra["warnings"], reader, events=events)
+            from stepscope.analysis.notes import from_data
+
+            inv = Inventory.restored(t, frames, from_data(extra["warnings"]), reader, events=events)
             memory.inventory_built(inv)
             return inv, key
     # parsed only now: a kept analysis needs no rules (its key holds the rules file's bytes, which
@@ -154,7 +156,10 @@ def _keep_analysis(t, inv, key: str) -> bool:
         return False  # the inventory's warnings must be the trace's then its own, to be composed again
     # the per-event frames with their columns alone beside them: a one-shot document never reads them
     empty = {f"{f}_empty": getattr(inv, f).clear() for f in LATE_FIELDS}
-    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty, {"warnings": inv.warnings[n:]}) is not None
+    from stepscope.analysis.notes import as_data
+
+    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty,
+                         {"warnings": as_data(inv.warnings[n:])}) is not None
 
 
 def _diagnosed(inv, key: str | None, calibration):
@@ -364,7 +369,9 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     if ranks:
         doc["ranks"] = ranks
     if d.inv.warnings:  # only when there are: the key is new (processes sharing a GPU, analysis/overlap.py)
-        doc["warnings"] = list(d.inv.warnings)
+        from stepscope.render.sentences import warning_texts
+
+        doc["warnings"] = warning_texts(d.inv.warnings)
     # each TP step as the document gives it: its figures, then its verdict in words
     groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
@@ -685,6 +692,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     from stepscope.analysis.whatif import scheduling
     from stepscope.ingest.session import session_clock
     from stepscope.paths import shown
+    from stepscope.render.sentences import warning_texts
     from stepscope.reports import FLOOR_COLUMNS, STEP_COLUMNS, ReportResult
 
     d = diagnosis(path, step_regex, rules, cache=cache, memory=ONE_SHOT, strict=strict)
@@ -702,7 +710,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     n_kernels = int(inv.steps["n_kernels"].sum() or 0)
     t = inv.trace
     out = ReportResult(shown(path), clock.start_utc_ns, clock.host, t.nsys_version, t.schema_version,
-                       t.gpus.to_dicts(), list(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
+                       t.gpus.to_dicts(), warning_texts(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
                        touching, other, n_kernels, scheduling(inv))
     ONE_SHOT.results_ready(d)
     return out

@@ -349,3 +349,30 @@ def test_no_frame_is_read_on_an_attribute_access():
                         if f not in ("AttributeError", "get", "type"):
                             bad.append((m, n.lineno, f))
     assert not bad
+
+
+# the analyses' warnings still written as sentences (to become analysis/notes.py codes in turn):
+# the unmatched --step-regex (its pattern is the user's), compare's model and layer checks, a
+# run's reports without a session start
+SENTENCE_WARNINGS = {"stepscope.analysis.inventory": 1, "stepscope.analysis.compare": 3,
+                     "stepscope.analysis.reports_run": 1}
+
+
+def test_analyses_warn_with_notes_not_sentences():
+    """An analysis appends a Note (a code and its fields, analysis/notes.py), worded by
+    render/sentences.py's WARNING_WORDS: no `warnings.append(<text>)` in analysis/ beyond
+    SENTENCE_WARNINGS, and every code has its words."""
+    from stepscope.analysis.notes import CODES
+    from stepscope.render.sentences import WARNING_WORDS
+
+    found = {}
+    for m, p in MODULES.items():
+        if not m.startswith("stepscope.analysis"):
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "warnings" and n.args
+                    and not (isinstance(n.args[0], ast.Call) and getattr(n.args[0].func, "id", None) == "note")):
+                found[m] = found.get(m, 0) + 1
+    assert found == SENTENCE_WARNINGS
+    assert set(WARNING_WORDS) == set(CODES)

@@ -17,6 +17,7 @@ from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
+from stepscope.analysis.notes import NO_LAUNCHING_CALL, PHASE_FROM_NAMES, note
 from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
@@ -309,19 +310,12 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         warnings.append(msg)
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
-        warnings.append(
-            f"{unresolved} step(s) have attention kernels but no recorded phase, and the trace does not "
-            "show it either: prefill/decode was taken from the kernel names (name the step range with "
-            "phase=..., or vLLM's names)"
-        )
+        warnings.append(note(PHASE_FROM_NAMES, count=unresolved))
     warnings += impossible_figures(steps, classes)
     warnings += shared_devices(acts)
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
-        warnings.append(
-            f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
-            "they count only in steps delimited by the kernel sequence"
-        )
+        warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
                     class_by, families, ops, graph_steps, launch_config, started, defects, host_silences=silences)
     memory.inventory_built(inv)

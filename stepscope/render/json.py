@@ -155,7 +155,9 @@ def _document(result) -> tuple[bytes, int]:
     if getattr(inv, "capture", None) is not None and inv.capture.height:
         # the capture's own defects (analysis/capture_check.py), only when there are: before the warnings
         head["capture"] = inv.capture.to_dicts()
-    head["warnings"] = inv.warnings
+    from stepscope.render.sentences import warning_texts
+
+    head["warnings"] = warning_texts(inv.warnings)
     if inv.startup.height:
         # a serving run's start-up, left out of its steps (analysis/startup.py)
         head["startup"] = inv.startup.to_dicts()
