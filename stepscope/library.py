@@ -255,14 +255,32 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: 
     return d
 
 
-def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
+def _options(options, step_regex=None, rules=None, strict=False, calibration=None):
+    """The pipeline.Options a command's library call runs under: `options`, or one made of the
+    keyword arguments that stand for its fields (never both). Its `memory` is the command's own
+    policy (analysis/memory.py: what the command reads after), not the Options'."""
+    from stepscope.pipeline import Options
+
+    if options is None:
+        return Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration)
+    if step_regex is not None or rules is not None or strict or calibration is not None:
+        raise TypeError("give the analysis options either as Options or as step_regex/rules/strict/calibration, "
+                        "not both")
+    return options
+
+
+def compare(a, b, options=None, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
             rules: str | Path | None = None, graph_gap_ns: float | None = None,
             graph_launch_ns: float | None = None, cache: bool = True, calibration=None,
             strict: bool = False) -> dict:
     """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
-    `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
-    else the bundled one)."""
+    `options`: pipeline.Options (rules, step regex, strict, calibration), as analyze takes them;
+    `step_regex`, `rules`, `strict` and `calibration` stand for its fields (the what-if's
+    calibration: a file or a Calibration; None: the user's file, else the bundled one)."""
     from stepscope import options as opt
+
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
@@ -323,7 +341,7 @@ def _mode(p) -> dict | None:
     return None if p is None else {"rows": p.rows, "launch_bound_from_tp": p.launch_bound_from_tp}
 
 
-def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
+def tp(trace=None, options=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
        cache: bool = True, calibration=None, strict: bool = False, expert_parallel: bool = False,
@@ -332,9 +350,12 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
     calibration for the graph mode (a file or a Calibration; None: the user's file, else the
     bundled one). `expert_parallel` with `model` (an MoE card): the experts split across the GPUs
-    instead of each one sharded."""
+    instead of each one sharded. `options`: pipeline.Options, as compare takes them."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
+
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.render.sentences import tp_note, tp_sentence
 
     check_steps(steps)
@@ -533,7 +554,7 @@ class Written:
         return json.loads(gzip.decompress(c) if isinstance(c, bytes) else c)
 
 
-def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
+def report(trace, output: str | Path | None = None, options=None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
            step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
            batch: int | None = None, context: int | None = None, phase: str | None = None,
@@ -543,10 +564,13 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     the extension of `output` picks it (render/report_data.RENDERERS; HTML for `-`, stdout).
     Written to `output` (all or nothing; `force`: even over a read-only file) when given.
     `trace` and `compare`: paths or Analysis objects; model, batch, context and phase: the byte
-    budget's shape, as `budget` takes it (default: the step's name, then the capture's sidecar)."""
+    budget's shape, as `budget` takes it (default: the step's name, then the capture's sidecar).
+    `options`: pipeline.Options, as compare takes them."""
     from stepscope import options as opt
     import polars as pl
 
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic
@@ -606,12 +630,17 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
                    (first.step,) + ((other.step,) if other is not None else ()))
 
 
-def export(trace, output: str | Path | None = None, *, steps: str = "all", step_regex: str | None = None,
-           rules: str | Path | None = None, force: bool = False, strict: bool = False) -> Written:
+def export(trace, output: str | Path | None = None, options=None, *, steps: str = "all",
+           step_regex: str | None = None, rules: str | Path | None = None, force: bool = False,
+           strict: bool = False) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
     `output` ends in .gz; written to `output` (all or nothing; `-`: stdout; `force`: even over a
-    read-only file) when given."""
+    read-only file) when given. `options`: pipeline.Options, as compare takes them (an export
+    draws no what-if: its calibration is not read)."""
     import polars as pl
+
+    o = _options(options, step_regex, rules, strict)
+    step_regex, rules, strict = o.step_regex, o.rules, o.strict
 
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic_with
