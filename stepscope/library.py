@@ -105,25 +105,30 @@ def _untraced_engine(path: Path) -> None:
 
 
 # The one-shot analysis of a cached export is a pure function of the export's frames, the
-# rules, --step-regex, --strict and this code: kept beside the frames (ingest/cache.py's derived
-# entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
-# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns.
-ANALYSIS_FORMAT = 2  # 2: the per-event frames' columns kept beside them (read when asked for)
+# rules, --step-regex, --strict and the analysis code: kept beside the frames (ingest/cache.py's
+# derived entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
+# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns. Each derived entry is
+# keyed by what decides its content, the code by a format version of its own: bump one when a
+# change alters what that entry holds (a figure, a column, a warning), so that no entry kept by
+# the code before is read by the code after (docs/PERFORMANCE.md, "The cache and the kept analysis").
+ANALYSIS_FORMAT = 3  # the inventory's frames and warnings (3: keyed by format versions, warnings as notes)
+DIAGNOSIS_FORMAT = 1  # the diagnosis' calibration-free frames (_diagnosed)
+TEXTS_FORMAT = 1  # each step's inventory part of the JSON document (step_texts)
 
 
 @functools.cache
-def _code_digest() -> str:
-    """The package's source and rules as they are on disk: an edited module or rules.toml is
-    another analysis (a development checkout, an upgrade in place)."""
+def _bundled_rules_digest() -> str:
+    """The bundled classification rules as on disk (data/rules.toml): they decide the classes."""
     import hashlib
 
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted([*root.rglob("*.py"), root / "data" / "rules.toml"]):
-        if "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
-            h.update(p.read_bytes() + b"\0")
-    return h.hexdigest()
+    return hashlib.sha256((Path(__file__).resolve().parent / "data" / "rules.toml").read_bytes()).hexdigest()
+
+
+def _entry_key(key: str, name: str, version: int) -> str:
+    """The key of the derived entry `name` (format `version`) of the kept analysis `key`."""
+    import hashlib
+
+    return hashlib.sha256(f"{key}|{name}|{version}".encode()).hexdigest()[:24]
 
 
 def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader,
@@ -138,12 +143,14 @@ def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: R
         return None
     try:
         user_rules = None if rules is None else (str(Path(rules).resolve()), Path(rules).read_bytes())
-        code = _code_digest()
-    except OSError:  # a source file that cannot be read (a zipped install): nothing is kept
+        bundled = _bundled_rules_digest()
+    except OSError:  # a rules file that cannot be read (a zipped install): nothing is kept
         return None
     rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
-    raw = "|".join([str(ANALYSIS_FORMAT), code, pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
-                    rules_part, str(bool(strict)), repr(memory), type(reader).__name__])
+    from stepscope import __version__
+
+    raw = "|".join([str(ANALYSIS_FORMAT), __version__, bundled, pl.__version__, t.cache_dir.name, str(t.path),
+                    repr(step_regex), rules_part, str(bool(strict)), repr(memory), type(reader).__name__])
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
@@ -169,7 +176,8 @@ def _diagnosed(inv, key: str | None, calibration):
     from stepscope.ingest.cache import load_derived, store_derived
 
     entry = inv.trace.cache_dir
-    got = load_derived(entry, "diagnosis", key) if key is not None else None
+    dkey = _entry_key(key, "diagnosis", DIAGNOSIS_FORMAT) if key is not None else None
+    got = load_derived(entry, "diagnosis", dkey) if key is not None else None
     if got is not None and set(got[0]) == set(CALIBRATION_FREE):
         return diagnose(inv, calibration, known=got[0])
     inv.read_events()  # restored without its activities (events=False): the diagnosis reads them
@@ -181,14 +189,14 @@ def _diagnosed(inv, key: str | None, calibration):
                 "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work,
                 "untraced_replay": known["untraced_replay"], "replay_figures": known["replay_figures"]}
         kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
-        store_derived(entry, "diagnosis", key, kept, {})
+        store_derived(entry, "diagnosis", dkey, kept, {})
     return d
 
 
 def step_texts(inv):
     """render.json.inventory_texts(inv) (every step), kept beside the analysis inv.kept names and
     read back from there on the next run; None when the analysis is not kept. The text is a
-    pure function of the kept frames and the code (both in the key), and building it is ~60 ms of
+    pure function of the kept frames and the code (TEXTS_FORMAT and the analysis' key), and building it is ~60 ms of
     a 0.7 s warm run on a million kernels against ~15 ms to read it."""
     if inv.kept is None:
         return None
@@ -196,11 +204,12 @@ def step_texts(inv):
     from stepscope.render.json import inventory_texts
 
     entry = inv.trace.cache_dir
-    got = load_derived(entry, "texts", inv.kept)
+    key = _entry_key(inv.kept, "texts", TEXTS_FORMAT)
+    got = load_derived(entry, "texts", key)
     if got is not None and set(got[0]) == {"texts"}:
         return got[0]["texts"]
     texts = inventory_texts(inv)
-    store_derived(entry, "texts", inv.kept, {"texts": texts}, {})
+    store_derived(entry, "texts", key, {"texts": texts}, {})
     return texts
 
 

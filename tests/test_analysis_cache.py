@@ -200,25 +200,48 @@ def test_step_regex_and_strict_are_part_of_the_key(tmp_path, monkeypatch, small_
     assert _analyze(p) == (0, plain)
 
 
-def test_another_code_is_another_analysis(tmp_path, monkeypatch, small_cached):
+def test_another_analysis_format_is_another_analysis(tmp_path, monkeypatch, small_cached):
+    """A change to what the analysis holds bumps ANALYSIS_FORMAT: the kept one is not read again
+    but replaced."""
     from stepscope import library
 
     p = _copy(tmp_path, TRACES[0])
     _, plain = _analyze(p)
     first = _entries(tmp_path)
-    monkeypatch.setattr(library, "_code_digest", lambda: "an edited checkout")
+    monkeypatch.setattr(library, "ANALYSIS_FORMAT", library.ANALYSIS_FORMAT + 1)
     calls = _count_analyses(monkeypatch)
     assert _analyze(p) == (0, plain) and calls == [1]
     after = _entries(tmp_path)
     assert len(after) == 1 and after != first  # the old one replaced, not kept beside
 
 
-def test_the_code_digest_follows_the_source():
+@pytest.mark.parametrize("name, version", [("diagnosis", "DIAGNOSIS_FORMAT"), ("texts", "TEXTS_FORMAT")])
+def test_a_format_version_renews_its_own_entry_only(tmp_path, monkeypatch, small_cached, name, version):
+    """The diagnosis and the texts are keyed by their own format version beside the analysis':
+    bumping one renews that entry, the kept analysis still read (no analysis of the activities)."""
     from stepscope import library
 
-    library._code_digest.cache_clear()
-    d = library._code_digest()
-    assert len(d) == 64 and d == library._code_digest()
+    p = _copy(tmp_path, TRACES[0])
+    _, plain = _analyze(p)
+    entry = tmp_path / ".stepscope-cache"
+    before = sorted(entry.glob(f"*/{name}-*"))
+    others = sorted(x for x in entry.glob("*/*-*") if not x.name.startswith(name + "-"))
+    assert len(before) == 1
+    monkeypatch.setattr(library, version, getattr(library, version) + 1)
+    _forbid_analysis(monkeypatch)
+    assert _analyze(p) == (0, plain)
+    after = sorted(entry.glob(f"*/{name}-*"))
+    assert len(after) == 1 and after != before
+    assert sorted(x for x in entry.glob("*/*-*") if not x.name.startswith(name + "-")) == others
+
+
+def test_the_bundled_rules_are_in_the_key():
+    from stepscope import library
+
+    library._bundled_rules_digest.cache_clear()
+    d = library._bundled_rules_digest()
+    assert len(d) == 64 and d == library._bundled_rules_digest()
+    assert not hasattr(library, "_code_digest")  # no hash of the package's source
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "meta"])
@@ -409,7 +432,10 @@ def test_the_steps_texts_are_kept_with_the_analysis(tmp_path, monkeypatch, small
     calls = _count_texts(monkeypatch)
     assert _analyze(p) == (0, plain) and len(calls) == 1  # built once, for the document and the entry
     (texts,) = (tmp_path / ".stepscope-cache").glob("*/texts-*")
-    assert texts.name.split("-", 1)[1] == _entries(tmp_path)[0].name.split("-", 1)[1]  # the analysis' key
+    from stepscope import library
+
+    analysis_key = _entries(tmp_path)[0].name.split("-", 1)[1]  # the analysis' key, with TEXTS_FORMAT
+    assert texts.name.split("-", 1)[1] == library._entry_key(analysis_key, "texts", library.TEXTS_FORMAT)
     assert _analyze(p) == (0, plain) and len(calls) == 1  # read back, none built
     _, one = _analyze(p, "--no-cache", "--steps", "0")
     assert _analyze(p, "--steps", "0") == (0, one)
