@@ -125,7 +125,9 @@ class Analysis:
     def __repr__(self) -> str:
         from stepscope.render.notebook import analysis_repr
 
-        return analysis_repr(Path(self.trace.path).name, self.table)
+        t = self.table
+        verdicts = t.group_by("verdict").len().sort("len", descending=True).rows() if t.height else []
+        return analysis_repr(Path(self.trace.path).name, t, verdicts)
 
     def _repr_html_(self) -> str:
         from stepscope.render.notebook import analysis_html

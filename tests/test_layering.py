@@ -292,8 +292,7 @@ LAYOUT = {"stepscope.render.perfetto": {"group_by", "len", "over", "cum_sum", "c
           "stepscope.render.sections": {"top_gaps"}}
 NOT_YET_MOVED = {"stepscope.render.json": {"group_by", "agg", "kernels_with_evidence"},
                  "stepscope.render.report_data": {"kernels_with_evidence"},
-                 "stepscope.render.reports_run": {"group_by", "agg", "median"},
-                 "stepscope.render.notebook": {"group_by"}}
+                 "stepscope.render.reports_run": {"group_by", "agg", "median"}}
 
 
 def test_renderers_derive_no_figure_from_frames():
