@@ -290,7 +290,7 @@ DERIVING = {"group_by", "agg", "over", "cum_sum", "cum_max", "median", "mean", "
 # new one appears
 LAYOUT = {"stepscope.render.perfetto": {"group_by", "len", "over", "cum_sum", "cum_max"},
           "stepscope.render.sections": {"top_gaps"}}
-NOT_YET_MOVED = {"stepscope.render.json": {"group_by", "agg", "kernels_with_evidence"},
+NOT_YET_MOVED = {"stepscope.render.json": {"kernels_with_evidence"},
                  "stepscope.render.report_data": {"kernels_with_evidence"},
                  "stepscope.render.reports_run": {"group_by", "agg", "median"}}
 

@@ -105,7 +105,9 @@ def _framework(inv: Inventory, sel: list[int]) -> pl.DataFrame:
     fam = inv.framework.filter(pl.col("step").is_in(sel))
     if fam.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "framework": pl.String})
-    total = fam.group_by("step").agg(pl.col("count").sum(), pl.col("time_ns").sum())
+    # the framework class's own row of each step (its families partition it): read, not summed again
+    total = (inv.classes.filter((pl.col("class") == "framework") & pl.col("step").is_in(fam["step"].unique().implode()))
+             .select("step", pl.col("count").cast(pl.Int64), pl.col("time_ns").cast(pl.Int64)))
     head = total.select("step", jsontext.open_records(total, ["count", "time_ns"]).alias("head"))
     members = jsontext.members(fam, "step", "family", ["count", "time_ns"], "families")
     ops = inv.framework_ops.filter(pl.col("step").is_in(sel))
