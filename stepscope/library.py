@@ -320,12 +320,13 @@ def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch
 def _compared(da, db, consts=None) -> dict:
     """The compare document of two Diagnoses, its verdict sentence included."""
     from stepscope.analysis.compare import compare as compared
-    from stepscope.render.sentences import compare_sentence, untraced_source
+    from stepscope.render.sentences import compare_sentence, untraced_source, warning_texts
 
     doc = compared(da, db, consts)
     for tag, d in (("a", da), ("b", db)):
         if "untraced_source" in doc[tag]:
             doc[tag]["untraced_source"] = untraced_source(doc[tag]["untraced_source"], d.inv.trace.sidecar)
+    doc["warnings"] = warning_texts(doc["warnings"])
     doc["verdict"] = compare_sentence(doc)
     return doc
 

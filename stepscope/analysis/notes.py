@@ -15,7 +15,11 @@ NO_LAUNCHING_CALL = "no_launching_call"        # count: GPU activities without a
 EMPTY_STEP_RANGES = "empty_step_ranges"        # count: step ranges that launched no GPU work
 PHASE_FROM_NAMES = "phase_from_names"          # count: steps whose phase only the kernel names give
 ONE_STEP_STREAMS = "one_step_streams"          # count: process/device streams analyzed as one step
-CODES = (NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS)
+DIFFERENT_MODELS = "different_models"          # a, b: the two traces' model names (compare)
+DIFFERENT_LAYERS = "different_layers"          # a, b: the two traces' layer counts (compare)
+FEW_SHARED_LAUNCHES = "few_shared_launches"    # share: the kernel launches the traces share by name, 0-1
+CODES = (NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
+         DIFFERENT_LAYERS, FEW_SHARED_LAUNCHES)
 
 
 @dataclass(frozen=True)

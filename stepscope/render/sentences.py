@@ -271,6 +271,12 @@ WARNING_WORDS = {
     "phase_from_names": lambda f: (f"{f['count']} step(s) have attention kernels but no recorded phase, and the trace "
                                    "does not show it either: prefill/decode was taken from the kernel names (name the "
                                    "step range with phase=..., or vLLM's names)"),
+    "different_models": lambda f: (f"the traces are of different models ({f['a']} vs {f['b']}): "
+                                   "differences are not a before/after of one change"),
+    "different_layers": lambda f: (f"the traces have different layer counts ({f['a']} vs {f['b']}): "
+                                   "they may be of different models"),
+    "few_shared_launches": lambda f: (f"the traces share only {100 * f['share']:.0f}% of their kernel launches by "
+                                      "name: they may be of different models or workloads"),
     "one_step_streams": lambda f: (f"{f['count']} process/device stream(s) had no step markers and no repeating kernel "
                                    "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"),
 }
