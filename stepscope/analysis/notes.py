@@ -18,7 +18,8 @@ ONE_STEP_STREAMS = "one_step_streams"          # count: process/device streams a
 DIFFERENT_MODELS = "different_models"          # a, b: the two traces' model names (compare)
 DIFFERENT_LAYERS = "different_layers"          # a, b: the two traces' layer counts (compare)
 FEW_SHARED_LAUNCHES = "few_shared_launches"    # share: the kernel launches the traces share by name, 0-1
-CODES = (NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
+REPORTS_WITHOUT_START = "reports_without_start"  # count, first: a run's reports without a session start
+CODES = (REPORTS_WITHOUT_START, NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
          DIFFERENT_LAYERS, FEW_SHARED_LAUNCHES)
 
 

@@ -277,6 +277,8 @@ WARNING_WORDS = {
                                    "they may be of different models"),
     "few_shared_launches": lambda f: (f"the traces share only {100 * f['share']:.0f}% of their kernel launches by "
                                       "name: they may be of different models or workloads"),
+    "reports_without_start": lambda f: (f"{f['count']} report(s) record no session start ({f['first']}…): their "
+                                        "timestamps are taken as already on the run's timeline"),
     "one_step_streams": lambda f: (f"{f['count']} process/device stream(s) had no step markers and no repeating kernel "
                                    "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"),
 }
