@@ -72,7 +72,9 @@ class Analysis:
     def __init__(self, inventory: Inventory, diagnosis=None):
         self.inventory = inventory
         self.trace = inventory.trace
-        self.warnings = inventory.warnings
+        from stepscope.render.sentences import warning_texts
+
+        self.warnings = warning_texts(inventory.warnings)
         # the capture's own defects (analysis/capture_check.py): one row per defect, before any step
         self.capture = inventory.capture
         if diagnosis is not None:
@@ -123,7 +125,9 @@ class Analysis:
     def __repr__(self) -> str:
         from stepscope.render.notebook import analysis_repr
 
-        return analysis_repr(Path(self.trace.path).name, self.table)
+        t = self.table
+        verdicts = t.group_by("verdict").len().sort("len", descending=True).rows() if t.height else []
+        return analysis_repr(Path(self.trace.path).name, t, verdicts)
 
     def _repr_html_(self) -> str:
         from stepscope.render.notebook import analysis_html
@@ -152,7 +156,7 @@ def open_trace(path: str | Path, step_regex: str | None = None, rules: str | Pat
     `stepscope analyze` does. A step's kernels with their grid and block:
     `inventory.step_acts(step)` (read from the export for that step alone); the trace's raw
     kernel, memop and API frames are let go once the analysis holds their rows, and read again
-    from its file if asked for (analysis/memory.py NOTEBOOK)."""
+    from its file by `a.trace.read_events()` (analysis/memory.py NOTEBOOK)."""
     from stepscope import library
 
     return Analysis(library.load(path, step_regex, rules, cache=cache))

@@ -29,19 +29,23 @@ def bundled_trace() -> Path:
 
 
 def load(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
-         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, strict: bool = False):
+         cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, strict: bool = False,
+         events: bool = True):
     """Read a trace (nsys SQLite export or PyTorch-profiler JSON; None: the bundled one) and
     analyze its steps: the Inventory. `launch_config`: also read every kernel's grid and block
     (no command does: Inventory.step_acts reads a step's, the export reads them while writing);
     `cache=False` neither reads nor writes the Parquet
     cache (ingest/cache.py); `memory`: analysis/memory.py; `strict`: a `step_regex` that matches
-    no range is an InputError, not a warning."""
-    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory, strict)
+    no range is an InputError, not a warning; `events=False`: the caller reads only the per-step
+    results (a one-shot document, compare), so an analysis kept beside the frames is restored
+    without its activities and launch calls (read up front otherwise)."""
+    inv, key = _load(trace, step_regex, rules, cache, launch_config, memory, strict, events)
     inv.kept = key
     return inv
 
 
-def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention, strict: bool = False):
+def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Retention, strict: bool = False,
+          events: bool = True):
     """load()'s Inventory, and the key of its kept analysis (None: not kept; _analysis_key)."""
     from stepscope.analysis.classify import load_rules
     from stepscope.analysis.inventory import analyze_trace
@@ -73,12 +77,15 @@ def _load(trace, step_regex, rules, cache: bool, launch_config: bool, memory: Re
         if got is not None:
             frames, extra = got
             memory.activities_built(t)
-            inv = Inventory.restored(t, frames, extra["warnings"], reader)
+            from stepscope.analysis.notes import from_data
+
+            inv = Inventory.restored(t, frames, from_data(extra["warnings"]), reader, events=events)
             memory.inventory_built(inv)
             return inv, key
     # parsed only now: a kept analysis needs no rules (its key holds the rules file's bytes, which
     # parsed when it was kept), and parsing them is ~20 ms of a 0.7 s warm run
     ruleset = load_rules(rules)
+    t.read_events()  # read without them for a kept analysis that is not there: the analysis reads them
     progress.stage(f"analyzing {t.kernels.height:,} kernels of {path.name}")
     inv = analyze_trace(t, step_regex, ruleset, memory=memory, launch_config=reader, strict=strict)
     if key is not None and not _keep_analysis(t, inv, key):
@@ -98,25 +105,30 @@ def _untraced_engine(path: Path) -> None:
 
 
 # The one-shot analysis of a cached export is a pure function of the export's frames, the
-# rules, --step-regex, --strict and this code: kept beside the frames (ingest/cache.py's derived
-# entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
-# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns.
-ANALYSIS_FORMAT = 2  # 2: the per-event frames' columns kept beside them (read when asked for)
+# rules, --step-regex, --strict and the analysis code: kept beside the frames (ingest/cache.py's
+# derived entries), its next run skips the analysis of every activity (1M kernels: ~1 s of the warm
+# run's ~2.7 s). Only for ONE_SHOT: the other policies keep other columns. Each derived entry is
+# keyed by what decides its content, the code by a format version of its own: bump one when a
+# change alters what that entry holds (a figure, a column, a warning), so that no entry kept by
+# the code before is read by the code after (docs/PERFORMANCE.md, "The cache and the kept analysis").
+ANALYSIS_FORMAT = 3  # the inventory's frames and warnings (3: keyed by format versions, warnings as notes)
+DIAGNOSIS_FORMAT = 1  # the diagnosis' calibration-free frames (_diagnosed)
+TEXTS_FORMAT = 1  # each step's inventory part of the JSON document (step_texts)
 
 
 @functools.cache
-def _code_digest() -> str:
-    """The package's source and rules as they are on disk: an edited module or rules.toml is
-    another analysis (a development checkout, an upgrade in place)."""
+def _bundled_rules_digest() -> str:
+    """The bundled classification rules as on disk (data/rules.toml): they decide the classes."""
     import hashlib
 
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted([*root.rglob("*.py"), root / "data" / "rules.toml"]):
-        if "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root)).encode("utf-8", "surrogateescape") + b"\0")
-            h.update(p.read_bytes() + b"\0")
-    return h.hexdigest()
+    return hashlib.sha256((Path(__file__).resolve().parent / "data" / "rules.toml").read_bytes()).hexdigest()
+
+
+def _entry_key(key: str, name: str, version: int) -> str:
+    """The key of the derived entry `name` (format `version`) of the kept analysis `key`."""
+    import hashlib
+
+    return hashlib.sha256(f"{key}|{name}|{version}".encode()).hexdigest()[:24]
 
 
 def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: Retention, reader,
@@ -131,12 +143,14 @@ def _analysis_key(t, step_regex: str | None, rules: str | Path | None, memory: R
         return None
     try:
         user_rules = None if rules is None else (str(Path(rules).resolve()), Path(rules).read_bytes())
-        code = _code_digest()
-    except OSError:  # a source file that cannot be read (a zipped install): nothing is kept
+        bundled = _bundled_rules_digest()
+    except OSError:  # a rules file that cannot be read (a zipped install): nothing is kept
         return None
     rules_part = "-" if user_rules is None else user_rules[0] + "|" + hashlib.sha256(user_rules[1]).hexdigest()
-    raw = "|".join([str(ANALYSIS_FORMAT), code, pl.__version__, t.cache_dir.name, str(t.path), repr(step_regex),
-                    rules_part, str(bool(strict)), repr(memory), type(reader).__name__])
+    from stepscope import __version__
+
+    raw = "|".join([str(ANALYSIS_FORMAT), __version__, bundled, pl.__version__, t.cache_dir.name, str(t.path),
+                    repr(step_regex), rules_part, str(bool(strict)), repr(memory), type(reader).__name__])
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
@@ -149,7 +163,10 @@ def _keep_analysis(t, inv, key: str) -> bool:
         return False  # the inventory's warnings must be the trace's then its own, to be composed again
     # the per-event frames with their columns alone beside them: a one-shot document never reads them
     empty = {f"{f}_empty": getattr(inv, f).clear() for f in LATE_FIELDS}
-    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty, {"warnings": inv.warnings[n:]}) is not None
+    from stepscope.analysis.notes import as_data
+
+    return store_derived(t.cache_dir, "analysis", key, inv.frames() | empty,
+                         {"warnings": as_data(inv.warnings[n:])}) is not None
 
 
 def _diagnosed(inv, key: str | None, calibration):
@@ -159,9 +176,11 @@ def _diagnosed(inv, key: str | None, calibration):
     from stepscope.ingest.cache import load_derived, store_derived
 
     entry = inv.trace.cache_dir
-    got = load_derived(entry, "diagnosis", key) if key is not None else None
+    dkey = _entry_key(key, "diagnosis", DIAGNOSIS_FORMAT) if key is not None else None
+    got = load_derived(entry, "diagnosis", dkey) if key is not None else None
     if got is not None and set(got[0]) == set(CALIBRATION_FREE):
         return diagnose(inv, calibration, known=got[0])
+    inv.read_events()  # restored without its activities (events=False): the diagnosis reads them
     known = calibration_free(inv) if key is not None else None
     d = diagnose(inv, calibration, known=known)
     if key is not None:
@@ -170,14 +189,14 @@ def _diagnosed(inv, key: str | None, calibration):
                 "collective_kernels": c.kernels, "collective_steps": c.steps, "collective_work": c.work,
                 "untraced_replay": known["untraced_replay"], "replay_figures": known["replay_figures"]}
         kept |= {f: getattr(d, f) for f in CALIBRATION_FREE if f not in kept}
-        store_derived(entry, "diagnosis", key, kept, {})
+        store_derived(entry, "diagnosis", dkey, kept, {})
     return d
 
 
 def step_texts(inv):
     """render.json.inventory_texts(inv) (every step), kept beside the analysis inv.kept names and
     read back from there on the next run; None when the analysis is not kept. The text is a
-    pure function of the kept frames and the code (both in the key), and building it is ~60 ms of
+    pure function of the kept frames and the code (TEXTS_FORMAT and the analysis' key), and building it is ~60 ms of
     a 0.7 s warm run on a million kernels against ~15 ms to read it."""
     if inv.kept is None:
         return None
@@ -185,17 +204,18 @@ def step_texts(inv):
     from stepscope.render.json import inventory_texts
 
     entry = inv.trace.cache_dir
-    got = load_derived(entry, "texts", inv.kept)
+    key = _entry_key(inv.kept, "texts", TEXTS_FORMAT)
+    got = load_derived(entry, "texts", key)
     if got is not None and set(got[0]) == {"texts"}:
         return got[0]["texts"]
     texts = inventory_texts(inv)
-    store_derived(entry, "texts", inv.kept, {"texts": texts}, {})
+    store_derived(entry, "texts", key, {"texts": texts}, {})
     return texts
 
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
               cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
-              calibration=None, strict: bool = False):
+              calibration=None, strict: bool = False, events: bool = True):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
@@ -203,7 +223,8 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
-    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict)
+    inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,
+               events=events)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
     return _diagnosed(inv, inv.kept, chosen(calibration)).only_steps(steps)
 
@@ -221,7 +242,7 @@ def analyze(trace: str | Path | None = None, options=None, *, steps: str | None 
     o = Options() if options is None else options
     check_steps(steps)  # a bad --steps fails before the trace is read
     d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
-                  strict=o.strict)
+                  strict=o.strict, events=events)
     result = result_of(d, steps, views=views)
     if events:
         return result
@@ -238,19 +259,37 @@ def _diagnosis_of(x, step_regex, rules, cache: bool, steps: str | None, memory: 
     if hasattr(x, "diagnosis"):
         return x.diagnosis.only_steps(steps)
     d = diagnosis(x, step_regex, rules, cache=cache, steps=steps, memory=memory, calibration=calibration,
-                  strict=strict)
+                  strict=strict, events=not memory.one_shot)
     memory.results_ready(d)
     return d
 
 
-def compare(a, b, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
+def _options(options, step_regex=None, rules=None, strict=False, calibration=None):
+    """The pipeline.Options a command's library call runs under: `options`, or one made of the
+    keyword arguments that stand for its fields (never both). Its `memory` is the command's own
+    policy (analysis/memory.py: what the command reads after), not the Options'."""
+    from stepscope.pipeline import Options
+
+    if options is None:
+        return Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration)
+    if step_regex is not None or rules is not None or strict or calibration is not None:
+        raise TypeError("give the analysis options either as Options or as step_regex/rules/strict/calibration, "
+                        "not both")
+    return options
+
+
+def compare(a, b, options=None, *, steps: str = "all", steps_b: str | None = None, step_regex: str | None = None,
             rules: str | Path | None = None, graph_gap_ns: float | None = None,
             graph_launch_ns: float | None = None, cache: bool = True, calibration=None,
             strict: bool = False) -> dict:
     """Two traces side by side (paths, or Analysis objects): the `compare --json` document.
-    `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
-    else the bundled one)."""
+    `options`: pipeline.Options (rules, step regex, strict, calibration), as analyze takes them;
+    `step_regex`, `rules`, `strict` and `calibration` stand for its fields (the what-if's
+    calibration: a file or a Calibration; None: the user's file, else the bundled one)."""
     from stepscope import options as opt
+
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
@@ -281,12 +320,13 @@ def _compare(a, b, steps, steps_b, step_regex, rules, graph_gap_ns, graph_launch
 def _compared(da, db, consts=None) -> dict:
     """The compare document of two Diagnoses, its verdict sentence included."""
     from stepscope.analysis.compare import compare as compared
-    from stepscope.render.sentences import compare_sentence, untraced_source
+    from stepscope.render.sentences import compare_sentence, untraced_source, warning_texts
 
     doc = compared(da, db, consts)
     for tag, d in (("a", da), ("b", db)):
         if "untraced_source" in doc[tag]:
             doc[tag]["untraced_source"] = untraced_source(doc[tag]["untraced_source"], d.inv.trace.sidecar)
+    doc["warnings"] = warning_texts(doc["warnings"])
     doc["verdict"] = compare_sentence(doc)
     return doc
 
@@ -311,7 +351,7 @@ def _mode(p) -> dict | None:
     return None if p is None else {"rows": p.rows, "launch_bound_from_tp": p.launch_bound_from_tp}
 
 
-def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
+def tp(trace=None, options=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | None = None,
        launch_us: float | None = None, device_ms: float | None = None, collective_us: float | None = None,
        steps: str = "all", step_regex: str | None = None, rules: str | Path | None = None,
        cache: bool = True, calibration=None, strict: bool = False, expert_parallel: bool = False,
@@ -320,9 +360,12 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     alone (kernels, launch_us, device_ms): the `tp --json` document. `calibration`: the what-if's
     calibration for the graph mode (a file or a Calibration; None: the user's file, else the
     bundled one). `expert_parallel` with `model` (an MoE card): the experts split across the GPUs
-    instead of each one sharded."""
+    instead of each one sharded. `options`: pipeline.Options, as compare takes them."""
     from stepscope import options as opt
     from stepscope.analysis import tp as tpm
+
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.render.sentences import tp_note, tp_sentence
 
     check_steps(steps)
@@ -357,7 +400,9 @@ def tp(trace=None, *, widths: str | Sequence[int] = TP_WIDTHS, kernels: int | No
     if ranks:
         doc["ranks"] = ranks
     if d.inv.warnings:  # only when there are: the key is new (processes sharing a GPU, analysis/overlap.py)
-        doc["warnings"] = list(d.inv.warnings)
+        from stepscope.render.sentences import warning_texts
+
+        doc["warnings"] = warning_texts(d.inv.warnings)
     # each TP step as the document gives it: its figures, then its verdict in words
     groups = [{k: g[k] for k in ("group", "ranks", "step_time_ns", "rank_skew_ns", "binding_rank")} | {"verdict": tp_sentence(g)} for g in tpm.tp_steps(d)]
     if groups:
@@ -429,7 +474,7 @@ def budget(trace, cells, *, model: str | None = None, batch: int | None = None, 
     gpu_name, peak = _gpu_peak(inv)
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.render.headline import step_rows
-    from stepscope.render.views import step_diagnosis
+    from stepscope.analysis.step_view import step_diagnosis
 
     # the verdict block analyze opens with, so the budget is read beside the step's verdict
     from stepscope.pipeline import whatif_of
@@ -519,7 +564,7 @@ class Written:
         return json.loads(gzip.decompress(c) if isinstance(c, bytes) else c)
 
 
-def report(trace, output: str | Path | None = None, *, format: str | None = None, compare=None,
+def report(trace, output: str | Path | None = None, options=None, *, format: str | None = None, compare=None,
            cells=None, steps: str | None = None, compare_steps: str | None = None,
            step_regex: str | None = None, rules: str | Path | None = None, model: str | None = None,
            batch: int | None = None, context: int | None = None, phase: str | None = None,
@@ -529,10 +574,13 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
     the extension of `output` picks it (render/report_data.RENDERERS; HTML for `-`, stdout).
     Written to `output` (all or nothing; `force`: even over a read-only file) when given.
     `trace` and `compare`: paths or Analysis objects; model, batch, context and phase: the byte
-    budget's shape, as `budget` takes it (default: the step's name, then the capture's sidecar)."""
+    budget's shape, as `budget` takes it (default: the step's name, then the capture's sidecar).
+    `options`: pipeline.Options, as compare takes them."""
     from stepscope import options as opt
     import polars as pl
 
+    o = _options(options, step_regex, rules, strict, calibration)
+    step_regex, rules, strict, calibration = o.step_regex, o.rules, o.strict, o.calibration
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic
@@ -592,12 +640,17 @@ def report(trace, output: str | Path | None = None, *, format: str | None = None
                    (first.step,) + ((other.step,) if other is not None else ()))
 
 
-def export(trace, output: str | Path | None = None, *, steps: str = "all", step_regex: str | None = None,
-           rules: str | Path | None = None, force: bool = False, strict: bool = False) -> Written:
+def export(trace, output: str | Path | None = None, options=None, *, steps: str = "all",
+           step_regex: str | None = None, rules: str | Path | None = None, force: bool = False,
+           strict: bool = False) -> Written:
     """Chosen steps as Chrome-trace JSON for ui.perfetto.dev (render/perfetto.py), gzipped when
     `output` ends in .gz; written to `output` (all or nothing; `-`: stdout; `force`: even over a
-    read-only file) when given."""
+    read-only file) when given. `options`: pipeline.Options, as compare takes them (an export
+    draws no what-if: its calibration is not read)."""
     import polars as pl
+
+    o = _options(options, step_regex, rules, strict)
+    step_regex, rules, strict = o.step_regex, o.rules, o.strict
 
     from stepscope.paths import refuse_overwrite
     from stepscope.render.output import is_stdout, target, write_atomic_with
@@ -678,6 +731,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     from stepscope.analysis.whatif import scheduling
     from stepscope.ingest.session import session_clock
     from stepscope.paths import shown
+    from stepscope.render.sentences import warning_texts
     from stepscope.reports import FLOOR_COLUMNS, STEP_COLUMNS, ReportResult
 
     d = diagnosis(path, step_regex, rules, cache=cache, memory=ONE_SHOT, strict=strict)
@@ -695,7 +749,7 @@ def report_result(path: str | Path, step_regex: str | None = None, rules: str | 
     n_kernels = int(inv.steps["n_kernels"].sum() or 0)
     t = inv.trace
     out = ReportResult(shown(path), clock.start_utc_ns, clock.host, t.nsys_version, t.schema_version,
-                       t.gpus.to_dicts(), list(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
+                       t.gpus.to_dicts(), warning_texts(inv.warnings), steps, inv.classes.clone(), inv.collectives.clone(),
                        touching, other, n_kernels, scheduling(inv))
     ONE_SHOT.results_ready(d)
     return out

@@ -96,8 +96,8 @@ class Trace:
     # the Parquet cache entry the frames came from or were written to (None: not cached); an
     # analysis of them may keep its own frames inside it (ingest/cache.py, load_derived)
     cache_dir: Path | None = field(default=None, repr=False, compare=False)
-    # reads this trace again from its file (ingest.read_trace sets it): what brings the event frames back
-    # when they are asked for after drop_event_frames(reread=True)
+    # reads this trace again from its file (ingest.read_trace sets it): what read_events() brings the
+    # event frames back with after drop_event_frames(reread=True)
     reread: "Callable[[], Trace] | None" = field(default=None, repr=False, compare=False)
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
@@ -110,24 +110,49 @@ class Trace:
     def drop_event_frames(self, reread: bool = False) -> None:
         """Let go of the per-event frames (kernels, memops, API calls) once an analysis holds
         their rows; what describes the trace (strings, GPUs, NVTX, processes) stays. With
-        `reread` a later access reads them again from the trace's file (a notebook may ask);
-        without, an access is a mistake of the caller and says so."""
+        `reread` the caller may read them again from the trace's file (read_events, a notebook
+        may ask); without, an access is a mistake of the caller and says so."""
         for name in EVENT_FRAMES:
             self.__dict__.pop(name, None)
         if not reread:
             self.reread = None
 
+    @property
+    def has_events(self) -> bool:
+        """Whether the kernel, memop and API frames are held (not let go, or read again)."""
+        return all(f in self.__dict__ for f in EVENT_FRAMES)
+
+    def read_events(self) -> "Trace":
+        """Read the kernel, memop and API frames again from the trace's file (the read that made
+        this trace: ingest.read_trace's `reread`), when they were let go (drop_event_frames with
+        `reread`) or left unread (read_trace's events=False): asked for by the caller, never on
+        an attribute access. Returns the trace."""
+        if self.has_events:
+            return self
+        if self.__dict__.get("reread") is None:
+            raise AttributeError("the trace's event frames were let go once the analysis held their rows "
+                                 "(analysis/memory.py): read them from the Inventory's activities")
+        fresh = self.reread()
+        for f in EVENT_FRAMES:
+            self.__dict__[f] = getattr(fresh, f)
+        return self
+
+    def __repr__(self) -> str:
+        # the dataclass' own repr would touch the frames let go (and print a million rows)
+        held = ", ".join(f"{f}={self.__dict__[f].height} rows" if f in self.__dict__ else f"{f}=let go"
+                         for f in EVENT_FRAMES)
+        return f"Trace(path={self.path!r}, format={self.format!r}, {held})"
+
     def __getattr__(self, name: str):
-        # reached only when normal lookup fails: an event frame drop_event_frames() let go
+        # reached only when normal lookup fails: an event frame drop_event_frames() let go; says
+        # why, reads nothing (read_events does, when asked)
         if name not in EVENT_FRAMES:
             raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
         if self.__dict__.get("reread") is None:
             raise AttributeError(f"the trace's {name} frame was let go once the analysis held its rows "
                                  "(analysis/memory.py): read them from the Inventory's activities")
-        fresh = self.reread()
-        for f in EVENT_FRAMES:
-            self.__dict__[f] = getattr(fresh, f)
-        return self.__dict__[name]
+        raise AttributeError(f"the trace's {name} frame was let go once the analysis held its rows "
+                             "(analysis/memory.py): Trace.read_events() reads them again from the file")
 
     def string_map(self) -> dict[int, str]:
         return dict(zip(self.strings["id"].to_list(), self.strings["value"].to_list()))

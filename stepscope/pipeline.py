@@ -47,8 +47,9 @@ class Result:
     many steps (analysis/run.py; None under its minimum); whatif_calibration: the constants the
     median step's what-if used and their captures (None without a calibration); kinds: the
     selected steps by kind, each as (its representative step's row, the kind's step ids);
-    views: each kind's representative step as render.views.StepDiagnosis (when asked for: the
-    terminal's verdict and diagnosis); texts: each step's inventory part of the JSON document,
+    views: each kind's representative step as analysis.step_view.StepDiagnosis (when asked for:
+    the terminal's verdict and diagnosis), figures: its class breakdown (step_view.KindFigures)
+    and head: the trace's kernels and steps (step_view.HeadFigures), both with the views; texts: each step's inventory part of the JSON document,
     when a kept analysis holds it (library.step_texts), else None."""
 
     diagnosis: Any
@@ -58,6 +59,8 @@ class Result:
     kinds: tuple[tuple[dict, tuple[int, ...]], ...]
     views: Mapping[int, Any] = field(default_factory=dict)
     texts: Any = None
+    figures: Mapping[int, Any] = field(default_factory=dict)
+    head: Any = None
 
     @property
     def inventory(self):
@@ -89,6 +92,9 @@ def analyze(trace, options: Options = Options(), steps: str | None = "all", *, v
     from stepscope.selection import check_steps
 
     check_steps(steps)
+    # the analysis reads the trace's event frames: a trace an earlier analysis let go of them
+    # (Options.memory) reads them again from its file here, before anything else
+    trace.read_events()
     inv = analyze_trace(trace, options.step_regex, load_rules(options.rules), memory=options.memory,
                         strict=options.strict)
     return result_of(diagnose(inv, chosen(options.calibration)), steps, views=views)
@@ -107,12 +113,14 @@ def result_of(d, steps: str | None = "all", texts=None, *, views: bool = False) 
     run = run_view(d)
     whatif = whatif_of(d)
     kinds = tuple((first, tuple(members)) for first, members in step_kinds(inv, ids))
-    shown = {}
+    shown, figures, head = {}, {}, None
     if views:
-        from stepscope.render.views import step_diagnosis
+        from stepscope.analysis.step_view import head_figures, kind_figures, step_diagnosis
 
         shown = {first["step"]: step_diagnosis(d, first["step"], whatif=whatif) for first, _ in kinds}
-    return Result(d, tuple(ids), run, whatif, kinds, shown, texts)
+        figures = {first["step"]: kind_figures(inv, first["step"]) for first, _ in kinds}
+        head = head_figures(inv)
+    return Result(d, tuple(ids), run, whatif, kinds, shown, texts, figures, head)
 
 
 def whatif_of(d) -> dict | None:

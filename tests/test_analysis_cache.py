@@ -106,9 +106,10 @@ def test_the_hit_reads_no_event_frames(tmp_path, monkeypatch, small_cached, name
     assert not {"acts.parquet", "launch_calls.parquet"} & mine
 
 
-def test_restored_activities_are_read_when_asked_for(tmp_path, small_cached):
-    """A kept analysis' activities and launch calls come back, equal, the first time they are
-    asked for; and never when the per-event frames are let go first."""
+def test_restored_activities_are_read_as_the_caller_says(tmp_path, small_cached):
+    """A kept analysis' activities and launch calls come back, equal, read up front by default;
+    with events=False they are not read (an access says so, in one line) until the caller
+    asks (Inventory.read_events); and never when the per-event frames are let go first."""
     from stepscope import library
     from stepscope.analysis.memory import ONE_SHOT
 
@@ -116,11 +117,16 @@ def test_restored_activities_are_read_when_asked_for(tmp_path, small_cached):
     first, key = library._load(p, None, None, True, False, ONE_SHOT)
     assert key is not None
     again, key2 = library._load(p, None, None, True, False, ONE_SHOT)
-    assert key2 == key and "acts" not in again.__dict__
+    assert key2 == key and "acts" in again.__dict__ and "_unread" not in again.__dict__
     assert again.acts.equals(first.acts) and again.launch_calls.equals(first.launch_calls)
     assert again.api.equals(first.api) and again.steps.equals(first.steps)
     assert again.warnings == first.warnings
-    third, _ = library._load(p, None, None, True, False, ONE_SHOT)
+    lean, _ = library._load(p, None, None, True, False, ONE_SHOT, events=False)
+    assert "acts" not in lean.__dict__ and lean.steps.equals(first.steps)
+    with pytest.raises(AttributeError, match="not read from the kept analysis"):
+        lean.acts  # noqa: B018
+    assert lean.read_events().acts.equals(first.acts) and lean.launch_calls.equals(first.launch_calls)
+    third, _ = library._load(p, None, None, True, False, ONE_SHOT, events=False)
     third.drop_event_frames()
     assert third.acts.height == 0 and third.acts.schema == first.acts.schema
     assert third.launch_calls.schema == first.launch_calls.schema
@@ -133,10 +139,10 @@ def test_a_kept_analysis_removed_while_in_use_is_one_line(tmp_path, small_cached
 
     p = _copy(tmp_path, TRACES[0])
     library._load(p, None, None, True, False, ONE_SHOT)
-    inv, _ = library._load(p, None, None, True, False, ONE_SHOT)
+    inv, _ = library._load(p, None, None, True, False, ONE_SHOT, events=False)
     shutil.rmtree(_entries(tmp_path)[0])
     with pytest.raises(InputError, match="changed while it was in use"):
-        inv.acts
+        inv.read_events()
 
 
 def test_events_unread_are_read_again_when_asked_for(tmp_path, small_cached):
@@ -146,6 +152,9 @@ def test_events_unread_are_read_again_when_asked_for(tmp_path, small_cached):
     full = read_trace(p, launch_config=False, cache=True)
     lazy = read_trace(p, launch_config=False, cache=True, events=False)
     assert lazy.cache_dir == full.cache_entry and "kernels" not in lazy.__dict__
+    with pytest.raises(AttributeError, match="read_events"):
+        lazy.kernels  # noqa: B018 (no read on an access)
+    assert lazy.read_events() is lazy
     for f in ("kernels", "memops", "api", "nvtx", "strings"):
         assert getattr(lazy, f).equals(getattr(full, f)), f
     plain = read_trace(p, launch_config=False, cache=False)
@@ -191,25 +200,48 @@ def test_step_regex_and_strict_are_part_of_the_key(tmp_path, monkeypatch, small_
     assert _analyze(p) == (0, plain)
 
 
-def test_another_code_is_another_analysis(tmp_path, monkeypatch, small_cached):
+def test_another_analysis_format_is_another_analysis(tmp_path, monkeypatch, small_cached):
+    """A change to what the analysis holds bumps ANALYSIS_FORMAT: the kept one is not read again
+    but replaced."""
     from stepscope import library
 
     p = _copy(tmp_path, TRACES[0])
     _, plain = _analyze(p)
     first = _entries(tmp_path)
-    monkeypatch.setattr(library, "_code_digest", lambda: "an edited checkout")
+    monkeypatch.setattr(library, "ANALYSIS_FORMAT", library.ANALYSIS_FORMAT + 1)
     calls = _count_analyses(monkeypatch)
     assert _analyze(p) == (0, plain) and calls == [1]
     after = _entries(tmp_path)
     assert len(after) == 1 and after != first  # the old one replaced, not kept beside
 
 
-def test_the_code_digest_follows_the_source():
+@pytest.mark.parametrize("name, version", [("diagnosis", "DIAGNOSIS_FORMAT"), ("texts", "TEXTS_FORMAT")])
+def test_a_format_version_renews_its_own_entry_only(tmp_path, monkeypatch, small_cached, name, version):
+    """The diagnosis and the texts are keyed by their own format version beside the analysis':
+    bumping one renews that entry, the kept analysis still read (no analysis of the activities)."""
     from stepscope import library
 
-    library._code_digest.cache_clear()
-    d = library._code_digest()
-    assert len(d) == 64 and d == library._code_digest()
+    p = _copy(tmp_path, TRACES[0])
+    _, plain = _analyze(p)
+    entry = tmp_path / ".stepscope-cache"
+    before = sorted(entry.glob(f"*/{name}-*"))
+    others = sorted(x for x in entry.glob("*/*-*") if not x.name.startswith(name + "-"))
+    assert len(before) == 1
+    monkeypatch.setattr(library, version, getattr(library, version) + 1)
+    _forbid_analysis(monkeypatch)
+    assert _analyze(p) == (0, plain)
+    after = sorted(entry.glob(f"*/{name}-*"))
+    assert len(after) == 1 and after != before
+    assert sorted(x for x in entry.glob("*/*-*") if not x.name.startswith(name + "-")) == others
+
+
+def test_the_bundled_rules_are_in_the_key():
+    from stepscope import library
+
+    library._bundled_rules_digest.cache_clear()
+    d = library._bundled_rules_digest()
+    assert len(d) == 64 and d == library._bundled_rules_digest()
+    assert not hasattr(library, "_code_digest")  # no hash of the package's source
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "meta"])
@@ -347,9 +379,8 @@ def test_damaged_activities_are_found_when_read(tmp_path, small_cached):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x40
     f.write_bytes(bytes(data))
-    inv, _ = library._load(p, None, None, True, False, ONE_SHOT)
     with pytest.raises(InputError, match="changed while it was in use"):
-        inv.acts
+        library._load(p, None, None, True, False, ONE_SHOT)  # read up front
     assert not _entries(tmp_path)
     assert _analyze(p) == (0, plain)  # analyzed again, and kept again
     assert len(_entries(tmp_path)) == 1
@@ -401,7 +432,10 @@ def test_the_steps_texts_are_kept_with_the_analysis(tmp_path, monkeypatch, small
     calls = _count_texts(monkeypatch)
     assert _analyze(p) == (0, plain) and len(calls) == 1  # built once, for the document and the entry
     (texts,) = (tmp_path / ".stepscope-cache").glob("*/texts-*")
-    assert texts.name.split("-", 1)[1] == _entries(tmp_path)[0].name.split("-", 1)[1]  # the analysis' key
+    from stepscope import library
+
+    analysis_key = _entries(tmp_path)[0].name.split("-", 1)[1]  # the analysis' key, with TEXTS_FORMAT
+    assert texts.name.split("-", 1)[1] == library._entry_key(analysis_key, "texts", library.TEXTS_FORMAT)
     assert _analyze(p) == (0, plain) and len(calls) == 1  # read back, none built
     _, one = _analyze(p, "--no-cache", "--steps", "0")
     assert _analyze(p, "--steps", "0") == (0, one)

@@ -14,7 +14,7 @@ from stepscope.analysis.pauses import PAUSE_FACTOR, PAUSE_MIN_NS
 from stepscope.analysis.run import run_view
 from stepscope.render.run import time_rows, why
 from stepscope.render.units import ms
-from stepscope.render.views import step_diagnosis
+from stepscope.analysis.step_view import step_diagnosis
 from stepscope.render.headline import verdict_line, whatif_sentence
 from tests.conftest import FIXTURES, gunzipped, need, ro
 

@@ -244,3 +244,27 @@ def test_readable_reprs_and_the_json_names():
     s = a.steps[0]
     assert {"verdict", "step_time_ns", "gpu_busy_ns", "index"} <= set(dir(s))
     assert s.verdict == doc["steps"][0]["floors"]["verdict"]
+
+
+def test_compare_tp_report_export_take_options_as_analyze_does(tmp_path):
+    """compare, tp, report and export take pipeline.Options (analyze's): its step regex and
+    strict reach each analysis (a pattern matching no range is refused under strict, nothing
+    written), the document equals the one of the keyword arguments it stands for, and giving
+    both is refused."""
+    from stepscope import library
+    from stepscope.errors import InputError
+    from stepscope.pipeline import Options
+
+    a, b = need(EAGER), need(GRAPH)
+    bogus = Options(step_regex="^no such range$", strict=True)
+    out = tmp_path / "r.md"
+    for call in (lambda: library.compare(a, b, bogus), lambda: library.tp(a, bogus),
+                 lambda: library.report(a, out, bogus), lambda: library.export(a, tmp_path / "e.json", bogus)):
+        with pytest.raises(InputError, match=r"\(--strict\)"):
+            call()
+    assert not out.exists() and not (tmp_path / "e.json").exists()
+    lenient = library.compare(a, b, Options(step_regex="^no such range$"))
+    assert lenient == library.compare(a, b, step_regex="^no such range$")
+    assert library.tp(a, Options()) == library.tp(a)
+    with pytest.raises(TypeError, match="not both"):
+        library.compare(a, b, Options(), strict=True)

@@ -32,14 +32,17 @@ def _sql_dims(path, lo: int, hi: int, device: int) -> set[tuple]:
 
 def test_notebook_reads_the_event_frames_again_when_asked(tmp_path):
     """open_trace lets the trace's kernel, memop and API frames go once the activities hold their
-    rows; an access reads them again from the file, as many rows as the export has."""
+    rows; Trace.read_events() reads them again from the file, as many rows as the export has (an
+    attribute access reads nothing, and says how)."""
     path = tmp_path / EAGER.name
     shutil.copy(EAGER, path)
     con = ro(path)
     kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     a = open_trace(path, cache=False)
     assert not {"kernels", "memops", "api"} & set(a.trace.__dict__)
-    assert a.trace.kernels.height == kernels  # read again, once: every frame is back
+    with pytest.raises(AttributeError, match="read_events"):
+        a.trace.kernels  # noqa: B018
+    assert a.trace.read_events().kernels.height == kernels  # read again, once: every frame is back
     assert {"kernels", "memops", "api"} <= set(a.trace.__dict__)
     assert a.inventory.acts.filter(pl.col("is_kernel")).height == kernels
     # NOTEBOOK keeps the synchronizing calls only; the launch calls are in launch_calls
@@ -53,7 +56,7 @@ def test_a_trace_changed_since_its_analysis_is_not_read_again(tmp_path):
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     with pytest.raises(InputError, match="changed since it was analyzed"):
-        a.trace.kernels  # noqa: B018
+        a.trace.read_events()
 
 
 @pytest.mark.parametrize("path", [EAGER, GRAPH, TP2], ids=lambda p: p.name)

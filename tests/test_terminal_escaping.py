@@ -46,11 +46,12 @@ def test_a_pipe_gets_no_raw_control_character(damaged, args):
 def test_a_terminal_gets_none_either(damaged, capsys):
     from stepscope.analysis.diagnosis import diagnose
     from stepscope.library import load
-    from stepscope.render.terminal import render_analyze
+    from stepscope.pipeline import result_of
+    from stepscope.render.terminal import render_steps
 
     inv = load(damaged)
     con = Console(force_terminal=True, color_system="truecolor", width=200, record=True)
-    render_analyze(inv, inv.step_ids(), console=con)
+    render_steps(result_of(diagnose(inv), views=True), console=con, kinds=True)
     text = con.export_text(styles=False)
     assert not RAW.search(text), repr(RAW.search(text))
     assert "\\x1b]8;;http://x" in text

@@ -132,7 +132,7 @@ def test_compare_in_both_currencies(name):
 def test_verdict_line_gives_the_untraced_figure_first():
     from stepscope.render.terminal import verdict_line
     from stepscope.pipeline import whatif_of
-    from stepscope.render.views import step_diagnosis
+    from stepscope.analysis.step_view import step_diagnosis
 
     path = FIX / "vllm" / "llama8b_decode_b1_eager.sqlite"
     d = diagnose(open_trace(path).inventory)

@@ -23,6 +23,7 @@ from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import (Calibration, GraphConstants, describe_for, engine_of, is_graph_trace,
                                        predict_graph_step)
 from stepscope.paths import shown
+from stepscope.analysis.notes import DIFFERENT_LAYERS, DIFFERENT_MODELS, FEW_SHARED_LAUNCHES, note
 
 CONSTANT_NAMES = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
 FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_calls")
@@ -103,16 +104,13 @@ def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | N
     sa, sb = summarize(a), summarize(b)
     warnings = []
     if sa["model"] and sb["model"] and sa["model"] != sb["model"]:
-        warnings.append(f"the traces are of different models ({sa['model']} vs {sb['model']}): "
-                        "differences are not a before/after of one change")
+        warnings.append(note(DIFFERENT_MODELS, a=sa["model"], b=sb["model"]))
     elif sa["layers"] and sb["layers"] and sa["layers"] != sb["layers"]:
-        warnings.append(f"the traces have different layer counts ({sa['layers']} vs {sb['layers']}): "
-                        "they may be of different models")
+        warnings.append(note(DIFFERENT_LAYERS, a=sa["layers"], b=sb["layers"]))
     else:
         shared = _name_overlap(sa["kernel_names"], sb["kernel_names"])
         if shared < 0.3:
-            warnings.append(f"the traces share only {100 * shared:.0f}% of their kernel launches by name: "
-                            "they may be of different models or workloads")
+            warnings.append(note(FEW_SHARED_LAUNCHES, share=shared))
     speedup = sa["step_time_ns"] / sb["step_time_ns"] if sb["step_time_ns"] else None
     classes = sorted(set(sa["classes"]) | set(sb["classes"]))
     deltas = {

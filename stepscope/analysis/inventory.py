@@ -17,6 +17,7 @@ from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
+from stepscope.analysis.notes import NO_LAUNCHING_CALL, PHASE_FROM_NAMES, note
 from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
@@ -81,34 +82,44 @@ class Inventory:
 
     @classmethod
     def restored(cls, trace: Trace, frames: dict, warnings: list[str],
-                 launch_config: LaunchConfigReader | None = None) -> "Inventory":
+                 launch_config: LaunchConfigReader | None = None, *, events: bool = True) -> "Inventory":
         """The inventory whose frames() were `frames` and whose own warnings (beyond the
         trace's) were `warnings`, over `trace` as read again. Activities come back sorted by
         (step, start) with the step-less last, as analyze_trace leaves them. The activities and
         launch calls may be given as functions that read them, with `acts_empty` and
-        `launch_calls_empty` (their columns, no row): read when first asked for, never when the
-        per-event frames are let go first (drop_event_frames), as a one-shot document does."""
+        `launch_calls_empty` (their columns, no row): `events` says, up front, whether they are
+        read now; without, the inventory holds none (a one-shot document reads only the per-step
+        results: library.load(..., events=False)) and an access says so."""
         late = {f: frames[f] for f in LATE_FIELDS if callable(frames.get(f))}
         need = set(FRAME_FIELDS) | {f"{f}_empty" for f in late}
         if not need <= set(frames) <= set(FRAME_FIELDS) | {f"{f}_empty" for f in LATE_FIELDS}:
             raise ValueError(f"an inventory has the frames {FRAME_FIELDS}, not {tuple(frames)}")
-        given = {f: (pl.DataFrame() if f in late else frames[f]) for f in FRAME_FIELDS}
+        given = {f: (late[f]() if f in late and events else pl.DataFrame() if f in late else frames[f])
+                 for f in FRAME_FIELDS}
         inv = cls(trace=trace, warnings=list(trace.warnings) + list(warnings), launch_config=launch_config, **given)
-        if late:
+        if late and not events:
             for f in late:
                 del inv.__dict__[f]
-            inv.__dict__["_late"] = (late, {f: frames[f"{f}_empty"] for f in late})
+            inv.__dict__["_unread"] = (late, {f: frames[f"{f}_empty"] for f in late})
         return inv
 
+    def read_events(self) -> "Inventory":
+        """Read the activities and launch calls restored() was told not to read (events=False),
+        when a caller finds it needs them after all (library._diagnosed: the diagnosis kept
+        beside the analysis is not there). Returns the inventory."""
+        unread = self.__dict__.pop("_unread", None)
+        if unread is not None:
+            for f, read in unread[0].items():
+                self.__dict__[f] = read()
+        return self
+
     def __getattr__(self, name: str):
-        # reached only when normal lookup fails: a frame restored() left to be read when asked for
-        late = self.__dict__.get("_late")
-        if name not in LATE_FIELDS or late is None:
-            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-        for f, read in late[0].items():
-            self.__dict__[f] = read()
-        del self.__dict__["_late"]
-        return self.__dict__[name]
+        # reached only when normal lookup fails: a frame restored() was told not to read
+        if name in LATE_FIELDS and self.__dict__.get("_unread") is not None:
+            raise AttributeError(f"the inventory's {name} frame was not read from the kept analysis "
+                                 "(restored with events=False: only the per-step results are read; "
+                                 "Inventory.read_events() reads them)")
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def step_acts(self, step: int) -> pl.DataFrame:
         """One step's activities, with every kernel's grid and block (with_launch_config)."""
@@ -162,9 +173,9 @@ class Inventory:
         """Empty the per-event frames (activities, API calls, launch calls, the trace's tables),
         keeping the per-step results: for a one-shot renderer that has what it needs and
         would otherwise hold a million-row frame per column through its output."""
-        late = self.__dict__.pop("_late", None)
-        if late is not None:  # never read: their columns stand for them
-            self.__dict__.update(late[1])
+        unread = self.__dict__.pop("_unread", None)
+        if unread is not None:  # never read: their columns stand for them
+            self.__dict__.update(unread[1])
         self.acts, self.api, self.launch_calls = self.acts.clear(), self.api.clear(), self.launch_calls.clear()
         self.trace.drop_event_frames()
 
@@ -186,7 +197,7 @@ class Inventory:
 
 FRAME_FIELDS = ("steps", "classes", "kernels", "acts", "api", "launch_calls", "collectives", "class_by",
                 "framework", "framework_ops", "graph_steps", "startup", "capture", "host_silences")
-LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored may read only when asked for
+LATE_FIELDS = ("acts", "launch_calls")  # what Inventory.restored reads only when told to (events=True)
 
 
 def _joined_dims(a: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
@@ -302,19 +313,12 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         warnings.append(msg)
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
-        warnings.append(
-            f"{unresolved} step(s) have attention kernels but no recorded phase, and the trace does not "
-            "show it either: prefill/decode was taken from the kernel names (name the step range with "
-            "phase=..., or vLLM's names)"
-        )
+        warnings.append(note(PHASE_FROM_NAMES, count=unresolved))
     warnings += impossible_figures(steps, classes)
     warnings += shared_devices(acts)
     no_launch = acts.filter(pl.col("launch_start").is_null()).height
     if no_launch:
-        warnings.append(
-            f"{no_launch} GPU activities have no launching call in the trace (trimmed window?); "
-            "they count only in steps delimited by the kernel sequence"
-        )
+        warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
                     class_by, families, ops, graph_steps, launch_config, started, defects, host_silences=silences)
     memory.inventory_built(inv)

@@ -2,8 +2,8 @@
 
 A notebook (NOTEBOOK, the API's) keeps the whole inventory, since it may ask for any step's
 activities later, but lets go of the trace's own kernel, memop and API frames once the activity
-frame holds their rows (asked for again, they are read again from the trace's file, its Parquet
-cache when it has one), and keeps of the API calls only the synchronizing ones (the launch calls
+frame holds their rows (model.Trace.read_events reads them again from the trace's file, its
+Parquet cache when it has one), and keeps of the API calls only the synchronizing ones (the launch calls
 are on the activities' rows and in the inventory's launch calls). KEEP keeps every frame. A
 command that renders from the inventory (ONE_PASS: report, budget, tp) lets go of the trace's
 own event frames for good; `export` (EXPORT) also narrows the activities to the columns its
@@ -45,7 +45,7 @@ class Retention:
     one_shot: bool = False
     # the trace's own kernel, memop and API frames go once the activity frame holds their rows
     drop_inputs: bool = False
-    # ... and are read again from the trace's file if asked for (model.Trace.reread)
+    # ... and may be read again from the trace's file (model.Trace.read_events)
     reread: bool = False
     # the activity columns kept once the launch calls are extracted (None: every column;
     # one_shot: ONE_SHOT_ACT_COLUMNS)
@@ -81,7 +81,7 @@ class Retention:
 
 
 KEEP = Retention(False)
-# the API's: the inventory stays whole; the trace's event frames come back from its file if asked for
+# the API's: the inventory stays whole; the trace's event frames come back from its file by Trace.read_events
 NOTEBOOK = Retention(False, drop_inputs=True, reread=True, sync_calls_only=True)
 # a command that reads the trace once but renders from its activities (report, budget, tp): the
 # inventory stays whole, the frames it was built from do not

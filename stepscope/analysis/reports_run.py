@@ -25,6 +25,7 @@ from stepscope.analysis.collectives import (
 )
 from stepscope.analysis.verdict import verdict_expr
 from stepscope.analysis.whatif import chosen, engine_of_names, predicted_expr
+from stepscope.analysis.notes import REPORTS_WITHOUT_START, note
 
 KEYS = ["report", "pid", "device"]
 
@@ -60,8 +61,7 @@ def _clock_offsets(results) -> tuple[list[int], list[str]]:
     warnings = []
     missing = [r.path for r, s in zip(results, starts) if s is None]
     if known and missing:
-        warnings.append(f"{len(missing)} report(s) record no session start ({missing[0]}…): their timestamps are "
-                        "taken as already on the run's timeline")
+        warnings.append(note(REPORTS_WITHOUT_START, count=len(missing), first=missing[0]))
     return [0 if s is None else s - origin for s in starts], warnings
 
 

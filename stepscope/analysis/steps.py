@@ -24,6 +24,7 @@ import polars as pl
 from stepscope import apinames
 from stepscope.analysis.frames import FAR_END, group_by_packed, join_key, lookup, small_ids, sorted_by
 from stepscope.analysis.lazy_numpy import np
+from stepscope.analysis.notes import EMPTY_STEP_RANGES, ONE_STEP_STREAMS, note
 from stepscope.errors import InputError
 from stepscope.patterns import PatternError, UserPattern, ours
 
@@ -119,7 +120,7 @@ def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -
 class Segmentation:
     steps: pl.DataFrame  # STEP_COLS
     acts: pl.DataFrame | None  # activities with a `step` column (null = outside every step)
-    warnings: list[str]
+    warnings: list  # sentences and analysis/notes.py's Notes, in order
     window_steps: pl.DataFrame | None = None  # window, step: the steps each window became
 
 
@@ -845,7 +846,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
         step_rows_frame = steps_w
         empty_windows = windows.height - keys["window"].n_unique()
         if empty_windows:
-            warnings.append(f"{empty_windows} step range(s) launched no GPU work and were skipped")
+            warnings.append(note(EMPTY_STEP_RANGES, count=empty_windows))
     else:
         step_rows_frame = pl.DataFrame(schema=dict(zip(STEP_COLS, (
             pl.Int64, pl.Int64, pl.Int64, pl.String, pl.String, pl.Int64, pl.Int64, pl.Int64))))
@@ -864,10 +865,7 @@ def segment(trace, acts: pl.DataFrame, windows: pl.DataFrame, sync: pl.DataFrame
             assigned.append(pl.DataFrame({"row": rows.astype(np.uint32), "step": (local + base).astype(np.int64)}))
         whole = [name for _, _, delim, name in per_rows if delim == "trace"]
         if whole:
-            warnings.append(
-                f"{len(whole)} process/device stream(s) had no step markers and no repeating kernel "
-                "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"
-            )
+            warnings.append(note(ONE_STEP_STREAMS, count=len(whole)))
     if step_rows_frame.is_empty():
         raise NoStep(
             f"{trace.path}: no step found (no kernels with a launching call inside a step range); "

@@ -38,13 +38,14 @@ def report(
 ) -> None:
     """Write one step's report: the verdict, timeline, class breakdown, gaps, floors."""
     from stepscope import library
+    from stepscope.pipeline import Options
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.report(trace, output, format=format, compare=compare, cells=cells, steps=steps,
-                              compare_steps=compare_steps, step_regex=step_regex, rules=rules, model=model,
-                              batch=batch, context=context, phase=phase, calibration=calibration, force=force,
-                              strict=strict)
+        done = library.report(trace, output, Options(rules=rules, step_regex=step_regex, strict=strict,
+                                                    calibration=calibration),
+                              format=format, compare=compare, cells=cells, steps=steps, compare_steps=compare_steps,
+                              model=model, batch=batch, context=context, phase=phase, force=force)
     if is_stdout(output):  # stdout holds the report alone
         return
     typer.echo(f"wrote {output} ({output.stat().st_size / 1024:,.0f} KiB): step {done.steps[0]} of {trace}"
@@ -60,11 +61,12 @@ def export(trace: TraceArg,
     (overlapping kernels on lanes of their own), host launch calls, and flow arrows from each
     launch call to its kernel."""
     from stepscope import library
+    from stepscope.pipeline import Options
     from stepscope.render import progress
 
     with progress.shown():
-        done = library.export(trace, output, steps=steps, step_regex=step_regex, rules=rules, force=force,
-                              strict=strict)
+        done = library.export(trace, output, Options(rules=rules, step_regex=step_regex, strict=strict),
+                              steps=steps, force=force)
     if is_stdout(output):  # stdout holds the export alone
         return
     from stepscope.render.units import plural

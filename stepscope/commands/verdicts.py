@@ -32,13 +32,14 @@ def compare(
 ) -> None:
     """Compare two traces: step time, kernels, GPU busy, idle by kind, floors, per-class deltas."""
     from stepscope import library, options
+    from stepscope.pipeline import Options
     from stepscope.render import progress
 
     options.number(fail_above, "--fail-above", -100, 1e9)
     with progress.shown(not as_json):
-        doc = library.compare(a, b, steps=steps, steps_b=steps_b, step_regex=step_regex, rules=rules,
-                              graph_gap_ns=graph_gap_ns, graph_launch_ns=graph_launch_ns, cache=not no_cache,
-                              calibration=calibration, strict=strict)
+        doc = library.compare(a, b, Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration),
+                              steps=steps, steps_b=steps_b, graph_gap_ns=graph_gap_ns,
+                              graph_launch_ns=graph_launch_ns, cache=not no_cache)
     if as_json:
         _echo_json(doc)
     else:
@@ -70,12 +71,13 @@ def tp(
 ) -> None:
     """Project the step time per tensor-parallel width (Equation 1.3) and name where launches bind."""
     from stepscope import library
+    from stepscope.pipeline import Options
     from stepscope.render import progress
 
     with progress.shown(not as_json and trace is not None):
-        doc = library.tp(trace, widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
-                         collective_us=collective_us, steps=steps, step_regex=step_regex, rules=rules,
-                         cache=not no_cache, calibration=calibration, strict=strict,
+        doc = library.tp(trace, Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration),
+                         widths=widths, kernels=kernels, launch_us=launch_us, device_ms=device_ms,
+                         collective_us=collective_us, steps=steps, cache=not no_cache,
                          expert_parallel=expert_parallel, model=model)
     if as_json:
         _echo_json(doc)

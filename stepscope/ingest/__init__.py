@@ -14,7 +14,7 @@ def read_trace(path: str | Path, launch_config: bool = True, cache: bool | None 
     """Read a trace (see _read_trace) and the untraced sidecar `stepscope trace` wrote beside it.
     The trace can read itself again (Trace.reread), as long as its file is unchanged.
     `events=False`: a hit of the Parquet cache leaves the kernel, memop and API frames unread
-    until one is asked for (then the trace is read again): for a caller that may find what it
+    (Trace.read_events reads them, when the caller decides): for a caller that may find what it
     would compute from them already kept (library.load)."""
     before = file_identity(Path(path))
     trace = _read_trace(path, launch_config, cache, events)

@@ -199,7 +199,7 @@ def load(path: Path, launch_config: bool, schema_version: str | None, fp: str | 
     """The cached trace of `path` as it is now, or None. A damaged entry is removed; why an
     entry was not trusted is appended to `warnings` (one line each). `events=False`: the
     kernel, memop and API frames are left unread, as if let go with Trace.drop_event_frames
-    (read again through Trace.reread when asked for)."""
+    (Trace.read_events reads them when the caller needs them)."""
     key = _key(path, launch_config, schema_version, fp)
     say = warnings.append if warnings is not None else (lambda w: None)
     for root in _roots(path):

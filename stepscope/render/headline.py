@@ -8,7 +8,7 @@ A row's text has no markup; a renderer escapes it for its format.
 
 from __future__ import annotations
 
-from stepscope.render.sentences import pause_phrase, queued_idle_phrase
+from stepscope.render.sentences import pause_phrase, queued_idle_phrase, tp_sentence, untraced_source
 from stepscope.render.units import MISSING, ms, node_gap, signed_percent, times, us  # noqa: F401
 
 
@@ -38,7 +38,7 @@ def pause_note(f: dict, step_ns: int) -> str:
 
 
 def verdict_line(v) -> str:
-    """One sentence for the top of a step's report (a StepDiagnosis `v`, render/views.py): the
+    """One sentence for the top of a step's report (a StepDiagnosis `v`, analysis/step_view.py): the
     bound, the fix, where GPU time goes; for a rank of a multi-rank trace, also which rank binds
     the TP step and why."""
     f, tp = v.floors, v.tp
@@ -87,7 +87,7 @@ def verdict_line(v) -> str:
             out += " (how much of it is waiting for another rank cannot be told from this trace)"
     out += "."
     if tp and tp.get("verdict"):
-        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp['verdict']}."
+        out += f" TP step (rank {tp['rank']} of {tp['ranks']}): {tp_sentence(tp['verdict'])}."
     return out
 
 
@@ -165,7 +165,7 @@ def step_rows(v) -> list[tuple[str, str]]:
     if u:
         rows.append(u)
         if u[0] == "untraced (estimated)":
-            rows.append(("untraced, how", v.untraced["source"]))
+            rows.append(("untraced, how", untraced_source(v.untraced["source"], v.sidecar)))
     e = engine_sentence(v)
     if e:
         rows.append(("vLLM engine step", e))

@@ -105,7 +105,9 @@ def _framework(inv: Inventory, sel: list[int]) -> pl.DataFrame:
     fam = inv.framework.filter(pl.col("step").is_in(sel))
     if fam.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "framework": pl.String})
-    total = fam.group_by("step").agg(pl.col("count").sum(), pl.col("time_ns").sum())
+    # the framework class's own row of each step (its families partition it): read, not summed again
+    total = (inv.classes.filter((pl.col("class") == "framework") & pl.col("step").is_in(fam["step"].unique().implode()))
+             .select("step", pl.col("count").cast(pl.Int64), pl.col("time_ns").cast(pl.Int64)))
     head = total.select("step", jsontext.open_records(total, ["count", "time_ns"]).alias("head"))
     members = jsontext.members(fam, "step", "family", ["count", "time_ns"], "families")
     ops = inv.framework_ops.filter(pl.col("step").is_in(sel))
@@ -155,7 +157,9 @@ def _document(result) -> tuple[bytes, int]:
     if getattr(inv, "capture", None) is not None and inv.capture.height:
         # the capture's own defects (analysis/capture_check.py), only when there are: before the warnings
         head["capture"] = inv.capture.to_dicts()
-    head["warnings"] = inv.warnings
+    from stepscope.render.sentences import warning_texts
+
+    head["warnings"] = warning_texts(inv.warnings)
     if inv.startup.height:
         # a serving run's start-up, left out of its steps (analysis/startup.py)
         head["startup"] = inv.startup.to_dicts()

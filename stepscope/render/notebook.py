@@ -24,13 +24,13 @@ def step_repr(fig: dict) -> str:
     return f"<stepscope.Step {fig['index']}: {_verdict(fig)}, {fig['n_kernels']} kernels>"
 
 
-def analysis_repr(name: str, table: pl.DataFrame) -> str:
+def analysis_repr(name: str, table: pl.DataFrame, verdicts: list[tuple]) -> str:
+    """`verdicts`: (verdict, steps) pairs, most steps first (api.Analysis counts them)."""
     n = table.height
     head = f"<stepscope.Analysis of {name}: {n} step{'s' if n != 1 else ''}"
     if not n:
         return head + ">"
-    kinds = table.group_by("verdict").len().sort("len", descending=True)
-    split = ", ".join(f"{c} {v}" for v, c in kinds.iter_rows())
+    split = ", ".join(f"{c} {v}" for v, c in verdicts)
     return f"{head} ({split}); step {table['index'][0]}: {_verdict(table.row(0, named=True))}>"
 
 

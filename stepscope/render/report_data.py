@@ -15,8 +15,8 @@ from stepscope.errors import InputError
 from stepscope.paths import shown
 from stepscope.render.capture import defect_line, defect_rows, shown_warnings
 from stepscope.render.names import cut
-from stepscope.render.sentences import tp_sentence
-from stepscope.render.views import _plain, step_diagnosis
+from stepscope.analysis.step_view import _plain, step_diagnosis
+from stepscope.render.sentences import tp_sentence, untraced_source
 from stepscope.selection import is_index, parse_steps  # noqa: F401
 
 GAP_KINDS = ("host_bound", "sync", "device_side", "host_pause")
@@ -53,24 +53,23 @@ def class_by_lines(kernels, limit: int = 4) -> list[str]:
     return out
 
 
-def framework_lines(inv: Inventory, step: int, limit: int = 6) -> list[str]:
-    """The framework class of a step in words: by op family, by launching op (when NVTX ranges
-    name ops), and what to do about the op with the most launches."""
+def framework_lines(fam: tuple, ops: tuple, limit: int = 6) -> list[str]:
+    """The framework class of a step in words (its rows of inv.framework, `fam`, and of
+    inv.framework_ops, `ops`: analysis/step_view.KindFigures): by op family, by launching op
+    (when NVTX ranges name ops), and what to do about the op with the most launches."""
     from stepscope.analysis.classify import FAMILY_LABELS
 
-    fam = inv.framework.filter(pl.col("step") == step)
-    if fam.is_empty():
+    if not fam:
         return []
     from stepscope.render.units import us
 
     out = ["framework by op family: " + " · ".join(
-        f"{FAMILY_LABELS.get(r['family'], r['family'])} ×{r['count']} ({us(r['time_ns'])})" for r in fam.iter_rows(named=True))]
-    ops = inv.framework_ops.filter(pl.col("step") == step)
-    if ops.height:
-        shown = ", ".join(f"{r['op']} ×{r['count']}" for r in ops.head(limit).iter_rows(named=True))
-        more = f" and {ops.height - limit} more" if ops.height > limit else ""
+        f"{FAMILY_LABELS.get(r['family'], r['family'])} ×{r['count']} ({us(r['time_ns'])})" for r in fam)]
+    if ops:
+        shown = ", ".join(f"{r['op']} ×{r['count']}" for r in ops[:limit])
+        more = f" and {len(ops) - limit} more" if len(ops) > limit else ""
         out.append(f"framework launches by the op that issued them (NVTX ranges): {shown}{more}")
-        top = ops.row(0, named=True)
+        top = ops[0]
         out.append(f"{top['count']} {top['op']} launches per step ({FAMILY_LABELS.get(top['family'], top['family'])}, "
                    f"{us(top['time_ns'])}): fuse them (torch.compile) or capture the step in a CUDA graph")
     return out
@@ -135,7 +134,7 @@ class StepView:
     # the previous steps' GPU work on this step's device that runs after this step's first event
     # and before its begin (step_begin waits for it): start, end, stream, class, name, step (rows)
     tail: tuple | None = None
-    diagnosis: object = None       # the step's StepDiagnosis (render/views.py): its verdict block's source
+    diagnosis: object = None       # the step's StepDiagnosis (analysis/step_view.py): its verdict block's source
 
     @property
     def verdict_rows(self) -> list[tuple[str, str]]:
@@ -147,7 +146,7 @@ class StepView:
     @property
     def tracer(self) -> str:
         """What traced the step, as the sentences name it ("under nsys", "under torch.profiler")."""
-        from stepscope.render.views import tracer_name
+        from stepscope.analysis.step_view import tracer_name
 
         return tracer_name(self.trace_format)
 
@@ -324,6 +323,7 @@ def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers:
         others = tuple(step_view(inv, s, d, chosen="the same TP step on another rank", peers=False, whatif=whatif) for s in ids)
     trace = inv.trace
     ops = tuple(inv.framework_ops.filter(pl.col("step") == step).drop("step").to_dicts())
+    fam = tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts())
     return StepView(
         step=step, figures=fig,
         classes=_plain(inv.classes.filter(pl.col("step") == step).drop("step")),
@@ -334,10 +334,10 @@ def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers:
         n_steps=len(inv.step_ids()), warnings=tuple(shown_warnings(inv)),
         capture=tuple(defect_line(r) for r in defect_rows(inv)),
         profiler_overhead_count=trace.profiler_overhead_count, profiler_overhead_ns=trace.profiler_overhead_ns,
-        framework=tuple(inv.framework.filter(pl.col("step") == step).drop("step").to_dicts()),
-        framework_ops=ops, framework_advice=framework_lines(inv, step)[-1] if ops else "",
+        framework=fam, framework_ops=ops, framework_advice=framework_lines(fam, ops)[-1] if ops else "",
         chosen=why, tp=tp, waits=None if waits is None else tuple(waits.to_dicts()), peers=others,
-        untraced=sd.untraced, engine=sd.engine, tail=tuple(tail.to_dicts()), diagnosis=sd,
+        untraced=None if sd.untraced is None else {**sd.untraced, "source": untraced_source(sd.untraced["source"], sd.sidecar)},
+        engine=sd.engine, tail=tuple(tail.to_dicts()), diagnosis=sd,
     )
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from stepscope.analysis.reports_run import RunView
 from stepscope.render.console import Col, fitted, page, plural
 from stepscope.render.names import term
-from stepscope.render.sentences import tp_sentence
+from stepscope.render.sentences import tp_sentence, warning_texts
 from stepscope.render.units import ms, ms_num
 
 RUN_STEP_FIELDS = ("step", "group", "delimiter", "name", "phase", "step_time_ns", "n_kernels", "kernel_time_sum_ns",
@@ -52,7 +52,7 @@ def run_dict(view: RunView) -> dict:
     skews = [g["rank_skew_ns"] for g in groups if g["rank_skew_ns"] is not None]
     hosts = sorted({h for h in view.ranks["host"].to_list() if h is not None})
     return {"run": {"reports": len(view.reports), "ranks": view.n_ranks, "hosts": hosts, "tp_steps": len(groups)},
-            "reports": _reports(view), "warnings": view.warnings, "run_ranks": ranks, "tp_steps": groups,
+            "reports": _reports(view), "warnings": warning_texts(view.warnings), "run_ranks": ranks, "tp_steps": groups,
             "rank_skew_ns": max(skews) if skews else None, "binding_rank": view.binding}
 
 

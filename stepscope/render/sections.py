@@ -11,32 +11,10 @@ import polars as pl
 
 from stepscope import jsontext
 from stepscope.analysis.gaps import KINDS
+from stepscope.analysis.step_view import ENGINE_FIELDS, FLOOR_FIELDS, TP_FIELDS, UNTRACED_FIELDS, has_untraced  # noqa: F401
 from stepscope.render.sentences import with_tp_verdict, with_untraced_source
 
 SECTIONS = ("gaps", "launch", "floors", "tp", "untraced", "engine")
-FLOOR_FIELDS = ("cpu_floor_ns", "device_floor_ns", "verdict", "t_launch_ns", "margin", "host_bound_gap_ns",
-                "host_wait_ns", "host_bound_on", "predicted_graph_step_time_ns", "predicted_graph_step_low_ns",
-                "predicted_graph_step_high_ns", "predicted_graph_queued", "launch_host_ns", "launches_ahead", "host_pause_ns",
-                "host_pauses", "host_pause_total_ns", "longest_pause_ns", "longest_pause_after_launch",
-                "longest_pause_next_call", "longest_pause_next_kernel")
-ENGINE_FIELDS = ("forward_ns", "sample_ns", "gpu_tail_ns", "schedule_ns", "schedule_ranges", "get_output_ns",
-                 "process_outputs_ns", "engine_ranges", "note")
-# the untraced section of a step (its JSON field: the verdict frame's column); its step_time_ns
-# is also the step's top-level untraced_step_time_ns, beside the traced step_time_ns
-UNTRACED_FIELDS = {"step_time_ns": "untraced_step_time_ns", "source": "untraced_source",
-                   "measured_ns": "untraced_measured_ns", "estimated_ns": "untraced_estimated_ns",
-                   "t_launch_ns": "untraced_t_launch_ns", "cpu_floor_ns": "untraced_cpu_floor_ns",
-                   "verdict": "untraced_verdict",
-                   "predicted_graph_step_time_ns": "untraced_predicted_graph_step_time_ns"}
-# the tp section of a step (its JSON field: the frame's column)
-TP_FIELDS = {"rank": "rank", "ranks": "ranks", "group": "group", "collectives": "collectives",
-             "collective_ns": "collective_ns", "collective_transfer_ns": "collective_transfer_ns",
-             "collective_wait_ns": "collective_wait_ns", "split": "split", "split_note": "split_note",
-             "rank_skew_ns": "rank_skew_ns", "binding_rank": "binding_rank", "verdict": "tp_verdict"}
-
-
-def has_untraced(d) -> bool:
-    return d.untraced is not None and d.untraced.height > 0
 
 
 def margin_as_written(margin: pl.Series) -> pl.Series:

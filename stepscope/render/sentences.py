@@ -261,3 +261,35 @@ def queued_idle_phrase(idle_device_side_ns: int | None, step_ns: int) -> str:
     return (f"; {ms(idle)} ({100 * idle / max(step_ns, 1):.0f}%) idle with its work queued (device-side gaps: "
             "waits on another stream or event, or work the trace does not show, such as a CUDA graph "
             "recorded at graph level)")
+
+
+# analysis/notes.py's codes in words: each a function of the note's fields
+WARNING_WORDS = {
+    "no_launching_call": lambda f: (f"{f['count']} GPU activities have no launching call in the trace (trimmed window?); "
+                                    "they count only in steps delimited by the kernel sequence"),
+    "empty_step_ranges": lambda f: f"{f['count']} step range(s) launched no GPU work and were skipped",
+    "phase_from_names": lambda f: (f"{f['count']} step(s) have attention kernels but no recorded phase, and the trace "
+                                   "does not show it either: prefill/decode was taken from the kernel names (name the "
+                                   "step range with phase=..., or vLLM's names)"),
+    "different_models": lambda f: (f"the traces are of different models ({f['a']} vs {f['b']}): "
+                                   "differences are not a before/after of one change"),
+    "different_layers": lambda f: (f"the traces have different layer counts ({f['a']} vs {f['b']}): "
+                                   "they may be of different models"),
+    "few_shared_launches": lambda f: (f"the traces share only {100 * f['share']:.0f}% of their kernel launches by "
+                                      "name: they may be of different models or workloads"),
+    "reports_without_start": lambda f: (f"{f['count']} report(s) record no session start ({f['first']}…): their "
+                                        "timestamps are taken as already on the run's timeline"),
+    "one_step_streams": lambda f: (f"{f['count']} process/device stream(s) had no step markers and no repeating kernel "
+                                   "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"),
+}
+
+
+def warning_text(w) -> str:
+    """One warning in words: a reader's sentence as it is, an analysis' Note (analysis/notes.py)
+    by its code."""
+    return w if isinstance(w, str) else WARNING_WORDS[w.code](dict(w.fields))
+
+
+def warning_texts(warnings) -> list[str]:
+    """Every warning of a trace or an inventory in words, in order."""
+    return [warning_text(w) for w in warnings]

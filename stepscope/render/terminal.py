@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from stepscope.analysis.classify import CLASSES
-from stepscope.analysis.inventory import Inventory
-from stepscope.analysis.representative import step_kinds
+from stepscope.analysis.step_view import HeadFigures, KindFigures, StepDiagnosis, tracer_name
 from stepscope.paths import shown
 from stepscope.render.headline import step_rows, verdict_line  # noqa: F401 (verdict_line: the tests' name)
 from stepscope.render.console import Col, fitted, page, plural
 from stepscope.render.names import cut, term
 from stepscope.render.report_data import class_by_lines, framework_lines, phase_line
 from stepscope.render.units import ms, ms_num, seconds, us, us_num
-from stepscope.render.views import StepDiagnosis
 
 
 MAX_KIND_SECTIONS = 3  # a run of more kinds shows its per-kind sections on request (--kinds)
@@ -43,12 +39,13 @@ def render_steps(result, console: Console | None = None, kinds: bool = False) ->
     console = console or page()
     run, n_kinds = result.run, len(result.kinds)
     show = run is None or kinds or n_kinds <= MAX_KIND_SECTIONS
-    views = result.views
-    if show and any(first["step"] not in views for first, _ in result.kinds):
+    views, figures = result.views, result.figures
+    if result.head is None or (show and any(first["step"] not in views or first["step"] not in figures
+                                            for first, _ in result.kinds)):
         raise ValueError("the Result holds no step views for the terminal: analyze it with views=True")
-    _render_head(result.inventory, console, run)
+    _render_head(result.inventory, result.head, console, run)
     for first, members in (result.kinds if show else ()):
-        _render_kind(result.inventory, first, list(members), console, lambda step: verdict_line(views[step]))
+        _render_kind(first, figures[first["step"]], list(members), console, lambda step: verdict_line(views[step]))
         render_diagnosis(views[first["step"]], console)
     if not show:
         console.print(f"[dim]{n_kinds} kinds of step (process, delimiter, phase, kernel count): "
@@ -62,27 +59,14 @@ def startup_line(row: dict) -> str:
             f"{seconds(row['longest_pause_ns'])}, GPU busy {ms(row['gpu_busy_ns'])}; left out of the steps")
 
 
-def render_analyze(inv: Inventory, ids: list[int], console: Console | None = None, extra=None,
-                   headline=None, run: dict | None = None) -> None:
-    """The inventory alone on the terminal: the trace's head, then each kind of step (without a
-    diagnosis unless `extra` prints one)."""
-    console = console or page()
-    _render_head(inv, console, run)
-    for first, members in step_kinds(inv, ids):
-        _render_kind(inv, first, members, console, headline)
-        if extra is not None:
-            extra(first["step"], members, console)
-
-
-def _render_head(inv: Inventory, console: Console, run: dict | None) -> None:
+def _render_head(inv, head: HeadFigures, console: Console, run: dict | None) -> None:
     t = inv.trace
     # a torch.profiler trace is not labelled as nsys's: its format and version say what wrote it
     source = (f"nsys {term(t.nsys_version or '?')} · schema {term(t.schema_version or '?')}"
               if t.format.startswith("nsys") else
               f"torch.profiler trace · {term(t.schema_version or t.format)}" if t.format == "kineto-json" else term(t.format))
-    n = len(inv.step_ids())
     console.print(f"[bold]{term(shown(t.path), 1000)}[/]  {source}"
-                  f" · {plural(int(inv.acts['is_kernel'].sum()), 'kernel')} · {plural(n, 'step')}")
+                  f" · {plural(head.n_kernels, 'kernel')} · {plural(head.n_steps, 'step')}")
     for g in t.gpus.iter_rows(named=True):
         console.print(f"  GPU {g['device']}: {term(g['name'])} ({g['sm_count']} SMs)")
     from stepscope.render.capture import defect_line, defect_rows, shown_warnings
@@ -96,14 +80,12 @@ def _render_head(inv: Inventory, console: Console, run: dict | None) -> None:
     if run is not None:
         from stepscope.render.run import render_run
 
-        from stepscope.render.views import tracer_name
-
         render_run(run, console, tracer=tracer_name(t.format))
 
 
-def _render_kind(inv: Inventory, first: dict, members: list[int], console: Console, headline=None) -> None:
-    """One kind of step, told by its representative step `first`: the verdict, the figures, the
-    classes and the diagnosis are all that one step's."""
+def _render_kind(first: dict, k: KindFigures, members: list[int], console: Console, headline=None) -> None:
+    """One kind of step, told by its representative step `first` (its class breakdown `k`): the
+    verdict, the figures, the classes and the diagnosis are all that one step's."""
     med = first
     phase = first["phase"] or "phase unknown"
     # the rule says which kind; the range's name (as long as a step's shape in words) under it
@@ -121,29 +103,27 @@ def _render_kind(inv: Inventory, first: dict, members: list[int], console: Conso
         f"({layers}) · {plural(int(med['n_launch_calls']), 'launch call')}, {ms(med['launch_call_ns'])} in them"
         + (f"  [dim](step {first['step']}: the median by step time of the {len(members)} steps of this kind)[/]"
            if len(members) > 1 else ""))
-    c = inv.classes.filter(pl.col("step") == first["step"])
-    total = c["time_ns"].sum() or 1
+    total = k.class_time_ns
     table = Table(show_edge=False, header_style="bold")
     for col, j in (("class", "left"), ("count", "right"), ("time µs", "right"), ("mean µs", "right"),
                    ("share", "right")):
         table.add_column(col, justify=j)
-    order = {k: i for i, k in enumerate(CLASSES)}
-    for r in sorted(c.iter_rows(named=True), key=lambda r: (-r["time_ns"], order.get(r["class"], 99))):
+    for r in k.classes:
         table.add_row(r["class"], str(r["count"]), us_num(r["time_ns"]), us_num(r["time_ns"] / r["count"]),
                       f"{100 * r['time_ns'] / total:.1f}%")
     console.print(table)
-    for line in class_by_lines(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == first["step"])).to_dicts()):
+    for line in class_by_lines(k.kernels):
         console.print(f"[dim]{term(line, 2000)}[/]")
-    for line in framework_lines(inv, first["step"]):
+    for line in framework_lines(k.framework, k.framework_ops):
         console.print(term(line, 2000))
-    other = inv.kernels.filter((pl.col("step") == first["step"]) & (pl.col("class") == "other"))
-    share = other["time_ns"].sum() / total
+    other = k.other
+    share = k.other_time_ns / total
     console.print(f"coverage: {100 * (1 - share):.1f}% of GPU time classified"
-                  + (f"; other {100 * share:.1f}%:" if other.height else ""))
-    for r in other.head(10).iter_rows(named=True):
+                  + (f"; other {100 * share:.1f}%:" if other else ""))
+    for r in other[:10]:
         console.print(f"  other  {100 * r['time_ns'] / total:5.1f}%  ×{r['count']}  {term(r['name'])}")
-    if other.height > 10:
-        console.print(f"  … and {other.height - 10} more unclassified kernel names (see --json)")
+    if len(other) > 10:
+        console.print(f"  … and {len(other) - 10} more unclassified kernel names (see --json)")
 
 
 def render_diagnosis(v: StepDiagnosis, console: Console) -> None:
