@@ -78,9 +78,6 @@ def record_defects(trace, api: pl.DataFrame, session_end_ns: int | None, vllm_pi
     """The defects of what was recorded (truncated, startup_only, untraced, graph_level): read
     from the event frames, before an analysis lets them go."""
     rows: list[dict] = []
-    clock = _clock(trace, api, session_end_ns)
-    if clock is not None:
-        rows.append(clock)
     truncated = _truncated(trace, api, session_end_ns, vllm_pids)
     rows += truncated
     lost = {r["pid"] for r in truncated}
@@ -114,17 +111,16 @@ def _row(kind: str, pid: int | None, text: str, remedy: str, end=None, session=N
             "session_end_ns": session, "missing_ns": missing}
 
 
-def _clock(trace, api: pl.DataFrame, session_end_ns: int | None) -> dict | None:
+def clock_defect(acts: pl.DataFrame, session_end_ns: int | None) -> dict | None:
     """Kernels that start before the call that launched them (by more than CLOCK_SLACK_NS), or
     CLOCK_LATE_NS or more after it: the GPU's records are not on the host's clock. (Not the
-    session's end: some exports' events lie beyond their ANALYSIS_DETAILS duration.)"""
-    k = trace.kernels
+    session's end: some exports' events lie beyond their ANALYSIS_DETAILS duration.) `acts`:
+    steps.activities', each kernel beside its launching call's start."""
+    k = acts.filter(pl.col("is_kernel"))
     if k.is_empty():
         return None
-    calls = api.filter(pl.col("is_launch")).select(pl.col("pid").cast(pl.Int64), "corr", pl.col("start").alias("call"))
-    d = (k.lazy().select(pl.col("pid").cast(pl.Int64), "corr", "start")
-         .join(calls.lazy(), on=["pid", "corr"], how="inner")
-         .select(early=pl.col("call") - pl.col("start"), late=pl.col("start") - pl.col("call"))
+    d = (k.lazy().filter(pl.col("launch_start").is_not_null())
+         .select(early=pl.col("launch_start") - pl.col("start"), late=pl.col("start") - pl.col("launch_start"))
          .select(n_early=(pl.col("early") > CLOCK_SLACK_NS).sum(), by_early=pl.col("early").max(),
                  n_late=(pl.col("late") >= CLOCK_LATE_NS).sum(), by_late=pl.col("late").max())
          .collect().row(0, named=True))

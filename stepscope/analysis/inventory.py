@@ -250,12 +250,16 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     windows = find_windows(trace, api, step_regex)
     vllm, without_steps = vllm_engine_pids(trace), engine_pids_without_steps(trace, windows)
     # what the capture lacks, read from the event frames before they may go (memory policy)
-    recorded = capture_check.record_defects(trace, api, _session_end(trace, api), vllm, without_steps)
-    refused = capture_check.refusal(trace.path, recorded)
-    if refused:
-        raise InputError(refused)
+    session_end = _session_end(trace, api)
+    recorded = capture_check.record_defects(trace, api, session_end, vllm, without_steps)
     api = api.with_columns(window_of(api, windows))
     acts = activities(trace.kernels, trace.memops, api)
+    clock = capture_check.clock_defect(acts, session_end)  # each kernel beside its launch, joined once
+    if clock is not None:
+        refused = capture_check.refusal(trace.path, [clock])
+        if refused:
+            raise InputError(refused)
+        recorded.append(clock)
     split = split_capture_windows(windows, acts, api)
     if split is not None:
         # a capture range that ran several whole steps: every call and activity takes the
