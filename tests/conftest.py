@@ -85,6 +85,35 @@ def one_line_2(r, *needles) -> None:
         assert n in r.output, r.output
 
 
+def copy_with(folder: Path, source: Path, ops, apply, skip=(sqlite3.Error,)) -> Path:
+    """A copy of `source` in `folder` with `apply(con, op)` run for each of `ops`, each committed
+    on its own; an op the file cannot take (one of `skip`: a table an earlier op dropped, a
+    constraint) is rolled back and the next one runs. The property tests' damaged exports."""
+    p = folder / source.name
+    shutil.copy(source, p)
+    con = sqlite3.connect(p)
+    for op in ops:
+        try:
+            apply(con, op)
+            con.commit()
+        except skip:
+            con.rollback()
+    con.close()
+    return p
+
+
+def cache_export(tmp_path: Path, monkeypatch) -> Path:
+    """A copy of the eager step in tmp_path, cached by stepscope even at its 420 kernels, with a
+    cache folder of its own for the user's (the cache tests' export)."""
+    from stepscope.ingest import cache
+
+    monkeypatch.setattr(cache, "MIN_KERNELS", 100)  # the fixture has 420 kernels
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(tmp_path / "home-cache"))
+    p = tmp_path / "trace.sqlite"
+    shutil.copy(need(FIXTURES / "llama8b_decode_b1_eager.sqlite"), p)
+    return p
+
+
 def mutated(tmp_path: Path, *sql: str, source: Path = FIXTURES / "llama8b_decode_b1_eager.sqlite") -> Path:
     """A copy of the export `source` in tmp_path with the statements `sql` applied to it (the
     fixture itself is never touched)."""

@@ -15,18 +15,14 @@ import polars as pl
 import pytest
 
 from stepscope.ingest import cache, read_trace
-from tests.conftest import FIXTURES, need, ro
+from tests.conftest import FIXTURES, cache_export, need, ro
 
 K = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
 @pytest.fixture
 def export(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache, "MIN_KERNELS", 100)  # the fixture has 420 kernels
-    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(tmp_path / "home-cache"))
-    p = tmp_path / "trace.sqlite"
-    shutil.copy(need(FIXTURES / "llama8b_decode_b1_eager.sqlite"), p)
-    return p
+    return cache_export(tmp_path, monkeypatch)
 
 
 def entries(root):

@@ -15,9 +15,7 @@ ones.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -28,7 +26,7 @@ from tests.conftest import CliRunner
 
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite
-from tests.conftest import FIXTURES, PROFILE, reads_for_itself
+from tests.conftest import FIXTURES, PROFILE, copy_with, reads_for_itself, sha256
 
 SOURCES = sorted(FIXTURES.glob("*.sqlite"))
 CELLS = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
@@ -100,21 +98,8 @@ def _apply(con: sqlite3.Connection, op) -> None:
 
 
 def _damaged(folder: Path, source: Path, ops) -> Path:
-    p = folder / source.name
-    shutil.copy(source, p)
-    con = sqlite3.connect(p)
-    for op in ops:
-        try:
-            _apply(con, op)
-            con.commit()
-        except (sqlite3.Error, OverflowError):
-            con.rollback()  # the damage this file cannot take (a missing table, a constraint)
-    con.close()
-    return p
-
-
-def _digest(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    # the damage a file cannot take: a missing table, a constraint, a value past 64 bits
+    return copy_with(folder, source, ops, _apply, skip=(sqlite3.Error, OverflowError))
 
 
 PATHS = st.sampled_from(["adbc", "sqlite3"])
@@ -134,7 +119,7 @@ def _read_path(kind: str):
 
 
 def _run(args, *inputs: Path):
-    before = [_digest(p) for p in inputs]
+    before = [sha256(p) for p in inputs]
     r = CliRunner().invoke(app, [*map(str, args)])
     assert r.exception is None or isinstance(r.exception, SystemExit), f"{args}: {r.exception!r}"
     assert r.exit_code in (0, 2), (args, r.exit_code, r.output[-2000:])
@@ -142,7 +127,7 @@ def _run(args, *inputs: Path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("stepscope: error: "), (args, r.stderr)
     assert "Traceback" not in r.output and "panicked" not in r.output
-    assert [_digest(p) for p in inputs] == before, f"{args} changed an input"
+    assert [sha256(p) for p in inputs] == before, f"{args} changed an input"
     return r
 
 

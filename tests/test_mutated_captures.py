@@ -18,7 +18,6 @@ changes the whole-run captures the way real captures differ. Each example reads 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import re
 import shutil
@@ -26,12 +25,11 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from stepscope.cli import app
-from tests.conftest import FIXTURES, CliRunner, examples, gunzipped
+from tests.conftest import FIXTURES, CliRunner, copy_with, examples, gunzipped, sha256
 
 CAPTURES = sorted((FIXTURES / "models").glob("*.sqlite.gz")) + sorted((FIXTURES / "vllm_serve").glob("*.sqlite.gz"))
 CELLS = FIXTURES / "ncu" / "h200_llama8b_sweep.parquet"
@@ -126,28 +124,14 @@ def _apply(con: sqlite3.Connection, op) -> None:
 
 
 def _mutated(folder: Path, source: Path, ops) -> Path:
-    p = folder / source.name
-    shutil.copy(source, p)
-    con = sqlite3.connect(p)
-    for op in ops:
-        try:
-            _apply(con, op)
-            con.commit()
-        except sqlite3.Error:
-            con.rollback()  # a mutation this file cannot take (a table dropped by an earlier one)
-    con.close()
-    return p
-
-
-def _digest(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    return copy_with(folder, source, ops, _apply)  # an op a file cannot take: a table dropped by an earlier one
 
 
 def _run(args, *inputs: Path, columns: int = 100):
     """The command line as the shell runs it: exit 0, or 2 with one line; no traceback; inputs unchanged.
     No command keeps a cache of the mutated copy (STEPSCOPE_NO_CACHE, analyze's --no-cache for every
     command): each example is read once, and the cache's own notice is not the line checked."""
-    before = [_digest(p) for p in inputs]
+    before = [sha256(p) for p in inputs]
     r = CliRunner().invoke(app, [*map(str, args)], env={"COLUMNS": str(columns), "STEPSCOPE_NO_CACHE": "1"})
     assert r.exception is None or isinstance(r.exception, SystemExit), f"{args}: {r.exception!r}"
     assert r.exit_code in (0, 2), (args, r.exit_code, r.output[-2000:])
@@ -155,7 +139,7 @@ def _run(args, *inputs: Path, columns: int = 100):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("stepscope: error: "), (args, r.stderr)
     assert "Traceback" not in r.output and "panicked" not in r.output, r.output[-2000:]
-    assert [_digest(p) for p in inputs] == before, f"{args} changed an input"
+    assert [sha256(p) for p in inputs] == before, f"{args} changed an input"
     return r
 
 
