@@ -3,8 +3,7 @@ step's tokens are expected to reach.
 
 The kernel classes of an MoE layer come from the classification table (stepscope/data/rules.toml
 and its class table); the names the rest of stepscope reads are the constants below, in this one
-place, so that they follow that table. A trace classified before those classes existed (their
-kernels `other`, the router's top-k `sampling`) still reads: a class no kernel has holds no time.
+place, so that they follow that table.
 
 An MoE layer in vLLM (Qwen3-MoE, DeepSeek, Mixtral on the Triton backend, fixtures/models/):
 router GEMM (hidden → experts, an ordinary cuBLAS GEMM) → top-k of the router logits
@@ -24,15 +23,6 @@ MOE_ROUTING = "moe_routing"
 # activation quantization (FP8 per-token/per-tensor quant kernels)
 QUANTIZATION = "quantization"
 
-
-# Expert-GEMM kernels by name, read only where a trace's classes have no MOE_GEMM (classified by
-# rules older than the MoE classes: `fused_moe_kernel` was `other`).
-EXPERT_GEMM_NAMES = r"fused_moe_kernel|fused_moe|cutlass_moe|moe_gemm|grouped_gemm|marlin_moe|MoeGemm|moe_mm"
-
-# Routing and token-movement kernels by name, likewise (torch.topk's gatherTopK is left out: the
-# router's and the sampler's are told apart by their place in the step, not by name).
-ROUTING_NAMES = (r"topkGating|topk_softmax|grouped_topk|moe_align_block_size|count_and_sort_expert_tokens|"
-                 r"moe_sum|moe_permute|moe_unpermute|expand_and_permute|shuffle_rows")
 
 def ep_slowest_share(experts: int, top_k: int, tokens: int, width: int) -> float:
     """Under expert parallelism over `width` GPUs (each holding E/w whole experts, the last ones

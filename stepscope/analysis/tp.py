@@ -166,7 +166,6 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None,
     notes: list[tuple[str, dict]] = []
     if t.get(MOE_GEMM):
         notes.append(("moe_sharding", {"moe_gemm_ns": int(t[MOE_GEMM]), "moe_routing_ns": int(t.get(MOE_ROUTING, 0)),
-                                       "by_name": MOE_GEMM not in _classes_of(inv, step),
                                        "expert_parallel": ({**expert_parallel, "tokens": int(med.get("tokens") or 1)}
                                                            if ep_share else None)}))
     elif expert_parallel:
@@ -251,28 +250,10 @@ def _replay_queued(inv, step: int) -> bool:
     return bool(prev.len() and prev[0] is not None and gl.len() and gl.min() < prev[0])
 
 
-def _classes_of(inv, step: int) -> set[str]:
-    return set(inv.classes.filter(pl.col("step") == step)["class"].to_list())
-
-
 def _class_times(inv, step: int) -> dict[str, float]:
-    """The step's time per class. A trace whose classes have no MOE_GEMM (classified before the
-    MoE classes) has its expert GEMMs found by name (moe.EXPERT_GEMM_NAMES) and their time moved
-    to MOE_GEMM from the class they were given: sharded like a GEMM, not whole on every rank; its
-    routing kernels likewise to MOE_ROUTING (whole on every rank, as `other` and `sampling` were)."""
-    from stepscope.analysis.moe import EXPERT_GEMM_NAMES, ROUTING_NAMES
-
+    """The step's time per class (the MoE classes' rows of data/classes.toml among them)."""
     c = inv.classes.filter(pl.col("step") == step)
-    t = dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
-    for moe_class, names in ((MOE_GEMM, EXPERT_GEMM_NAMES), (MOE_ROUTING, ROUTING_NAMES)):
-        if moe_class in t:
-            continue
-        k = inv.kernels.filter((pl.col("step") == step) & (pl.col("class") != "gemm")
-                               & pl.col("name").str.contains(f"^(?:{names})"))
-        for cls, ns in k.group_by("class").agg(pl.col("time_ns").sum()).iter_rows():
-            t[cls] = t.get(cls, 0) - ns
-            t[moe_class] = t.get(moe_class, 0) + ns
-    return t
+    return dict(zip(c["class"].to_list(), c["time_ns"].to_list()))
 
 
 def _step_tp(name: str | None) -> int | None:

@@ -145,11 +145,10 @@ def tp_note(note: tuple[str, dict]) -> str:
     if kind == "moe_sharding":
         from stepscope.analysis.moe import EP_ASSUMPTION, TP_ASSUMPTION
 
-        found = " (found by name: this trace's classes have no expert-GEMM class)" if f.get("by_name") else ""
         ep = f.get("expert_parallel")
         assumed = TP_ASSUMPTION if not ep else (
             f"{EP_ASSUMPTION}; {ep['experts']} experts, top-{ep['top_k']}, {ep['tokens']:,} token(s) in the step")
-        return (f"MoE step: expert GEMMs {ms(f['moe_gemm_ns'])}{found}, routing {ms(f['moe_routing_ns'])}; "
+        return (f"MoE step: expert GEMMs {ms(f['moe_gemm_ns'])}, routing {ms(f['moe_routing_ns'])}; "
                 f"assumed: {assumed}")
     if kind == "moe_none":
         return "--expert-parallel: the projected step has no expert GEMMs; projected as a dense step"
