@@ -144,12 +144,9 @@ def clock_defect(acts: pl.DataFrame, session_end_ns: int | None) -> dict | None:
     return row
 
 
-def refusal(path, rows: list[dict]) -> str | None:
-    """The one line that refuses a capture whose defects leave nothing to analyze, else None."""
-    for r in rows:
-        if r.get("refuse"):
-            return f"{path}: {r['text']}; to fix: {r['remedy']}"
-    return None
+def refusal(path, defect: dict) -> str | None:
+    """The one line that refuses a capture when `defect` leaves nothing to analyze, else None."""
+    return f"{path}: {defect['text']}; to fix: {defect['remedy']}" if defect.get("refuse") else None
 
 
 def _records_end(trace, api: pl.DataFrame) -> pl.DataFrame:

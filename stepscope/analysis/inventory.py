@@ -247,8 +247,9 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     api_ids = trace.api["name_id"].unique().drop_nulls()
     api_strings = trace.strings.filter(pl.col("id").is_in(api_ids.implode()))
     api = api_flags(trace.api, dict(zip(api_strings["id"].to_list(), api_strings["value"].to_list())))
-    windows = find_windows(trace, api, step_regex)
-    vllm, without_steps = vllm_engine_pids(trace), engine_pids_without_steps(trace, windows)
+    vllm = vllm_engine_pids(trace)
+    windows = find_windows(trace, api, step_regex, vllm)
+    without_steps = engine_pids_without_steps(vllm, windows)
     # what the capture lacks, read from the event frames before they may go (memory policy)
     session_end = _session_end(trace, api)
     recorded = capture_check.record_defects(trace, api, session_end, vllm, without_steps)
@@ -256,7 +257,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     acts = activities(trace.kernels, trace.memops, api)
     clock = capture_check.clock_defect(acts, session_end)  # each kernel beside its launch, joined once
     if clock is not None:
-        refused = capture_check.refusal(trace.path, [clock])
+        refused = capture_check.refusal(trace.path, clock)
         if refused:
             raise InputError(refused)
         recorded.append(clock)

@@ -718,23 +718,25 @@ def vllm_engine_pids(trace) -> set[int]:
     return named & gpu
 
 
-def engine_pids_without_steps(trace, windows: pl.DataFrame) -> set[int]:
+def engine_pids_without_steps(vllm: set[int], windows: pl.DataFrame) -> set[int]:
     """The vLLM engine processes none of whose work is an engine step: no step range, no
     scheduler range, no capture range and no iteration of the engine loop after the start-up
     (a trace that holds the engine's start-up only). They get no step: neither the repeat
     period of their start-up's kernels (thousands of two-kernel "steps") nor the whole process
-    as one step is an engine step (analysis/capture_check.py says why there is none)."""
-    return vllm_engine_pids(trace) - set(windows["pid"].unique().to_list())
+    as one step is an engine step (analysis/capture_check.py says why there is none). `vllm`:
+    vllm_engine_pids(trace)."""
+    return vllm - set(windows["pid"].unique().to_list())
 
 
-def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None) -> pl.DataFrame:
+def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None,
+                 vllm: set[int] | None = None) -> pl.DataFrame:
     """The host windows of the steps of every process that has delimiters (nvtx, then capture,
     then graph, the first kind found per process), indexed by `window` in start order. A vLLM
     engine process is delimited by vLLM's ranges, a capture range or its engine loop only: a
     graph replay of vLLM is a piece of a step (piecewise graphs) or one of its start-up's runs."""
     step_regex = step_regex or None  # "" means the default, as before
     pids_all = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
-    vllm = vllm_engine_pids(trace)
+    vllm = vllm_engine_pids(trace) if vllm is None else vllm  # the caller's, when it has them
     windows = []
     covered: set[int] = set()
     for make in (
