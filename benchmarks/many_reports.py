@@ -56,7 +56,8 @@ def one_report_rss(path: Path) -> tuple[float, int]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "stepscope", "analyze", "--json", "--no-cache", str(path)], check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                       filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     s = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return s, max(peak, before) * 1024
