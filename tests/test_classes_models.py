@@ -16,7 +16,11 @@ from stepscope.api import open_trace
 from tests.conftest import FIXTURES, gunzipped
 
 MODELS = {"qwen3": "models/qwen3-30b-a3b_r32_graph_plain", "deepseek": "models/deepseek-v2-lite_r32_graph_plain",
-          "fp8": "models/llama-3.1-8b-fp8_r32_graph_plain"}
+          "fp8": "models/llama-3.1-8b-fp8_r32_graph_plain",
+          # tenth round: the eager MoE run of `stepscope trace` (profiler hooks), and long prompts
+          "qwen3_eager": "models/qwen3-30b-a3b_serve_r16_s0_eager",
+          "long_graph": "models/llama-3.2-1b_r16_long_graph_plain",
+          "long_node": "models/llama-3.2-1b_r16_long_node_plain"}
 SERVE = {f"serve_{m}": f"vllm_serve/llama-3.1-8b_serve_{m}" for m in ("hooks", "sigint", "flush")}
 ALL = {**MODELS, **SERVE}
 KEY = ["start", "device", "stream"]
@@ -108,7 +112,7 @@ def test_other_holds_at_most_one_percent(case):
     assert k.filter(pl.col("class") == "other")["time_ns"].sum() <= 0.01 * max(k["time_ns"].sum(), 1)
 
 
-@pytest.mark.parametrize("case", ["qwen3", "deepseek"])
+@pytest.mark.parametrize("case", ["qwen3", "qwen3_eager", "deepseek"])
 def test_the_experts_gemms_are_fused_moe_kernel(case):
     for steps_only in (True, False):
         j = joined(case, steps_only)
@@ -128,7 +132,7 @@ ROUTING_NAMES = ("topkGating", "moe_align_block_size_kernel", "moe_align_block_s
                  "count_and_sort_expert_tokens_kernel", "moe_sum_vec_kernel")
 
 
-@pytest.mark.parametrize("case", ["qwen3", "deepseek"])
+@pytest.mark.parametrize("case", ["qwen3", "qwen3_eager", "deepseek"])
 def test_routing_kernels_by_name(case):
     j = joined(case)
     named = j.filter(pl.col("short").is_in(ROUTING_NAMES))
@@ -137,7 +141,7 @@ def test_routing_kernels_by_name(case):
     sql = named.group_by("short").len().sort("short")
     ana = j.filter(pl.col("class") == "moe_routing").group_by("short").len().sort("short")
     assert sql.join(ana, on="short", how="left")["len_right"].to_list() == sql["len"].to_list()
-    if case == "qwen3":  # topkGating routes: no router top-k is left to sampling
+    if case.startswith("qwen3"):  # topkGating routes: no router top-k is left to sampling
         assert set(ana["short"]) == set(sql["short"])
         assert set(j.filter(pl.col("class") == "sampling")["short"]) == {"reduce_kernel"}
 

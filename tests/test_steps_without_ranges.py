@@ -539,3 +539,54 @@ def test_an_idle_server_between_two_bursts_is_between_steps(tmp_path):
     assert s["step_time_ns"].max() < 1e9
     (i,) = [j for j in range(s.height - 1) if s["step_begin"][j + 1] - s["step_end"][j] > idle - 100_000_000]
     assert s["w_end"][i] < cut and s["step_begin"][i + 1] >= cut + idle  # the host side: its calls end before
+
+
+# --- tenth round: long prompts (up to 3,000 tokens, chunked prefill) with nsys's default
+# graph-level rows and with node-level rows, and an eager MoE run through the profiler hooks ---
+
+LONG_RUNS = ("llama-3.2-1b_r16_long_graph_plain", "llama-3.2-1b_r16_long_node_plain")
+
+
+@pytest.mark.parametrize("name", LONG_RUNS)
+def test_long_prompt_runs_without_any_range_find_the_scheduler_iterations(name, tmp_path):
+    """Each long-prompt capture is its own twin: with vLLM's scheduler ranges, the 89 iterations
+    that launched work of its 91 scheduler calls, each with the kernels (or graph replays) SQL
+    finds after its scheduling; with every NVTX row deleted the engine loop finds the same."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / f"{name}.sqlite.gz"))
+    con = ro(src)
+    assert con.execute(f"SELECT count(*) FROM {NVTX} WHERE {NAME} = 'schedule: update_after_schedule'"
+                       ).fetchone()[0] == 91
+    expected = _iterations_sql(src)
+    assert len(expected) == 89
+    with_ranges = open_trace(src, cache=False).table
+    assert (with_ranges["delimiter"] == "schedule").all()
+    assert with_ranges["n_kernels"].to_list() == expected
+    path = _copy(src, tmp_path)
+    assert _delete(path, "DELETE FROM NVTX_EVENTS") > 0
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
+    if "graph" in name:  # whole replays: one GPU row per graph launch
+        assert s["n_graph_launches"].to_list() == with_ranges["n_graph_launches"].to_list()
+        assert s["n_graph_launches"].sum() > 0
+
+
+def test_eager_moe_hooks_without_nvtx_finds_its_execute_context_steps(tmp_path):
+    """The eager Qwen3-30B-A3B run of `stepscope trace` (profiler hooks): 66 execute_context
+    ranges, 65 with GPU work, each with the kernels SQL finds from its start to the next
+    scheduling; with its NVTX deleted the engine loop finds the same 65 steps."""
+    from tests.conftest import gunzipped
+
+    src = gunzipped(need(MODELS / "qwen3-30b-a3b_serve_r16_s0_eager.sqlite.gz"))
+    expected = _vllm_steps_sql(src)
+    assert len(expected) == 66
+    expected = [n for n in expected if n > 0]
+    assert len(expected) == 65
+    assert open_trace(src, cache=False).table["n_kernels"].to_list() == expected
+    path = _copy(src, tmp_path)
+    assert _delete(path, "DELETE FROM NVTX_EVENTS") > 0
+    s = open_trace(path, cache=False).table
+    assert (s["delimiter"] == "engine").all()
+    assert s["n_kernels"].to_list() == expected
