@@ -108,8 +108,8 @@ class Analysis:
         """The steps in order, built once (each class and kernel table split off in one pass)."""
         inv = self.inventory
         classes = inv.classes.partition_by("step", as_dict=True, include_key=False)
-        kernels = inv.kernels_with_evidence().partition_by("step", as_dict=True, include_key=False)
-        empty_c, empty_k = inv.classes.clear().drop("step"), inv.kernels_with_evidence().clear().drop("step")
+        kernels = inv.kernels.partition_by("step", as_dict=True, include_key=False)
+        empty_c, empty_k = inv.classes.clear().drop("step"), inv.kernels.clear().drop("step")
         return tuple(Step(fig, classes.get((fig["index"],), empty_c), kernels.get((fig["index"],), empty_k))
                      for fig in self.table.iter_rows(named=True))
 

@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import CliRunner
 
 from stepscope.analysis.inventory import impossible_figures
+from stepscope.analysis.notes import as_data, from_data
+from stepscope.render.sentences import warning_texts
 from stepscope.cli import app
 from stepscope.ingest import nsys_sqlite as ns
 from tests.conftest import FIXTURES, need, sha256
@@ -162,7 +164,12 @@ def test_impossible_figures_are_reported():
                           "gpu_span_ns": [6, 6, 8], "idle_ns": [1, 1, -1], "kernel_time_sum_ns": [5, 5, 9]})
     classes = pl.DataFrame({"step": [0, 0, 1, 1, 2], "class": ["gemm", "other", "gemm", "other", "gemm"],
                             "count": [1, 1, 1, 1, 1], "time_ns": [10, -4, 10, 2, 9]})
-    out = impossible_figures(steps, classes)
+    notes = impossible_figures(steps, classes)
+    # data, not words: codes and fields, worded by render/sentences.py, and the same after a kept
+    # analysis stores them as JSON and reads them back (a step list comes back a tuple)
+    assert [n.code for n in notes] == ["bad_coverage", "bad_times", "bad_times"]
+    assert from_data(json.loads(json.dumps(as_data(notes)))) == notes
+    out = warning_texts(notes)
     assert out[0].startswith("1 step(s) have a coverage outside 0-100 % (166.7% to 166.7%; steps 0)")
     assert out[1].startswith("1 step(s) have GPU busy above its span (steps 2)")
     assert out[2].startswith("2 step(s) have a negative time (steps 1, 2)")

@@ -132,7 +132,8 @@ COMPUTATIONS = {
     "stepscope.analysis.diagnosis": {"diagnose"}, "stepscope.analysis.collectives": {"collectives", "summary_rank"},
     "stepscope.bytes.budget": {"budget"}, "stepscope.bytes.cells": {"read_cells"},
     "stepscope.analysis.inventory": {"analyze_trace"},
-    "stepscope.analysis.reports_run": {"combine", "rank_totals", "tp_groups", "run_binding_rank"},
+    "stepscope.analysis.reports_run": {"combine", "rank_totals", "tp_groups", "run_binding_rank", "rank_medians",
+                                       "report_ranks"},
 }
 
 
@@ -265,13 +266,10 @@ DERIVING = {"group_by", "agg", "over", "cum_sum", "cum_max", "median", "mean", "
             "rolling", "pivot", "kernels_with_evidence", "top_gaps"}
 # where render/ still calls one, and why: perfetto lays slices out in lanes (where each slice is
 # drawn, no figure of the trace), sections encodes the Diagnosis' longest gaps column-wise as JSON
-# text; the others are the frame work still to move below render/ (issue 43), listed so that no
-# new one appears
+# text; NOT_YET_MOVED would list frame work still to move below render/ (none is left)
 LAYOUT = {"stepscope.render.perfetto": {"group_by", "len", "over", "cum_sum", "cum_max"},
           "stepscope.render.sections": {"top_gaps"}}
-NOT_YET_MOVED = {"stepscope.render.json": {"kernels_with_evidence"},
-                 "stepscope.render.report_data": {"kernels_with_evidence"},
-                 "stepscope.render.reports_run": {"group_by", "agg", "median"}}
+NOT_YET_MOVED: dict[str, set[str]] = {}
 
 
 def test_renderers_derive_no_figure_from_frames():
@@ -329,9 +327,9 @@ def test_no_frame_is_read_on_an_attribute_access():
     assert not bad
 
 
-# the analyses' warnings still written as sentences (to become analysis/notes.py codes in turn):
-# the unmatched --step-regex (its pattern is the user's; test_pipeline reads it as a sentence)
-SENTENCE_WARNINGS = {"stepscope.analysis.inventory": 1}
+# the analyses' warnings still written as sentences: none (the readers' own, about the file, are
+# ingest/'s and stay sentences)
+SENTENCE_WARNINGS: dict[str, int] = {}
 
 
 def test_analyses_warn_with_notes_not_sentences():

@@ -83,7 +83,9 @@ def test_options_carry_the_calibration_and_leave_nothing_behind():
 def test_strict_travels_in_options():
     trace = read(need(EAGER))
     lenient = analyze(trace, Options(step_regex="^no such range$"))
-    assert any("matched no NVTX range" in w for w in lenient.inventory.warnings)
+    from stepscope.render.sentences import warning_texts
+
+    assert any("matched no NVTX range" in w for w in warning_texts(lenient.inventory.warnings))
     with pytest.raises(InputError, match=r"\(--strict\)"):
         analyze(trace, Options(step_regex="^no such range$", strict=True))
     assert analyze(trace, Options(step_regex="^no such range$")).inventory.warnings == lenient.inventory.warnings

@@ -11,6 +11,7 @@ import sqlite3
 import pytest
 
 from stepscope.api import open_trace
+from stepscope.render.sentences import warning_texts
 from tests.conftest import FIXTURES, need, ro
 
 VLLM = FIXTURES / "vllm"
@@ -234,7 +235,7 @@ def test_step_regex_that_matches_nothing_is_named(tmp_path):
     regex = r"^no_such_step_\d+$"
     assert names and not any(re.search(regex, n or "") for n in names)
     inv = open_trace(src, step_regex=regex, cache=False).inventory
-    (w,) = [w for w in inv.warnings if "--step-regex" in w]
+    (w,) = [w for w in warning_texts(inv.warnings) if "--step-regex" in w]
     assert repr(regex) in w and "matched no NVTX range" in w
     used = inv.steps["delimiter"].unique().to_list()
     assert used == ["schedule"] and "delimited by schedule" in w

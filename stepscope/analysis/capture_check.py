@@ -251,11 +251,12 @@ def _no_nvtx(trace, steps: pl.DataFrame, vllm_pids: set[int]) -> dict | None:
     return _row("no_nvtx", None, f"none of vLLM's NVTX ranges in the engine (pid {who}){how}", REMEDY_NVTX)
 
 
-def replaced_warnings(defects: pl.DataFrame, warnings: list[str]) -> set[str]:
-    """The warnings a defect stands for (shown once, as the defect): the reader's graph-level one."""
+def beside_defects(defects: pl.DataFrame, warnings: list) -> list:
+    """`warnings` but those a defect stands for (shown once, as the defect): the reader's
+    graph-level sentence when the graph-level defect is there."""
     if defects.is_empty() or not (defects["kind"] == "graph_level").any():
-        return set()
-    return {w for w in warnings if w.startswith(GRAPH_LEVEL_WARNING)}
+        return list(warnings)
+    return [w for w in warnings if not (isinstance(w, str) and w.startswith(GRAPH_LEVEL_WARNING))]
 
 
 def no_step_line(path, defects: pl.DataFrame) -> str:

@@ -17,7 +17,9 @@ from stepscope.analysis.frames import group_by_packed, join_key, lookup, packing
 from stepscope.analysis.layers import layer_keys, layer_pattern
 from stepscope.analysis.lazy_numpy import np
 from stepscope.analysis.memory import KEEP, Retention
-from stepscope.analysis.notes import NO_LAUNCHING_CALL, PHASE_FROM_NAMES, note
+from stepscope.analysis.notes import (
+    BAD_COVERAGE, BAD_TIMES, NO_LAUNCHING_CALL, PHASE_FROM_NAMES, STEP_REGEX_UNMATCHED, note,
+)
 from stepscope.analysis.overlap import shared_devices
 from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
@@ -39,7 +41,8 @@ class Inventory:
     trace: Trace
     steps: pl.DataFrame      # one row per step, the figures of DEFINITIONS.md
     classes: pl.DataFrame    # step, class, count, time_ns
-    kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns
+    kernels: pl.DataFrame    # step, name, demangled, class, count, time_ns, class_by (what classed
+                             # a kernel when its name did not: null where the name did)
     acts: pl.DataFrame       # every activity with step, class and launch columns, sorted by
                              # (step, start); prev_end: the end of the union before it
                              # (narrowed by the memory policy: ONE_SHOT_ACT_COLUMNS, EXPORT_ACT_COLUMNS)
@@ -157,14 +160,6 @@ class Inventory:
             *[pl.col(c).cast(a.schema[c]) for c in ("pid", "corr", "start")], *DIMS)
         return rows if rows["start"].is_sorted() else rows.sort("start", maintain_order=True)
 
-    def kernels_with_evidence(self, kernels: pl.DataFrame | None = None) -> pl.DataFrame:
-        """`kernels` (default: every step's) with a `class_by` column: what classed a kernel
-        when its name did not (null where the name did)."""
-        k = self.kernels if kernels is None else kernels
-        if self.class_by.is_empty():  # the usual case: no join on three strings per kernel row
-            return k.with_columns(pl.lit(None, self.class_by.schema["class_by"]).alias("class_by"))
-        return k.join(self.class_by, on=["name", "demangled", "class"], how="left", maintain_order="left")
-
     def in_steps(self, *cols: str) -> pl.DataFrame:
         """The activities inside a step, narrowed to `cols` (see in_steps())."""
         return in_steps(self.acts, *cols)
@@ -178,6 +173,11 @@ class Inventory:
             self.__dict__.update(unread[1])
         self.acts, self.api, self.launch_calls = self.acts.clear(), self.api.clear(), self.launch_calls.clear()
         self.trace.drop_event_frames()
+
+    def shown_warnings(self) -> list:
+        """The warnings a report shows beside the capture's defects: those a defect stands
+        for are left out (capture_check.beside_defects)."""
+        return capture_check.beside_defects(self.capture, self.warnings)
 
     def step_ids(self) -> list[int]:
         return self.steps["step"].to_list()
@@ -307,15 +307,14 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
     class_by = pl.concat([by_nvtx, routed, evidence, fused_notes(names, rules)]).unique(
         ["name", "demangled", "class"], keep="first", maintain_order=True)
+    kernels = _with_evidence(kernels, class_by)
     warnings = list(trace.warnings) + seg.warnings
     if step_regex and not (seg.steps["delimiter"] == "nvtx").any():
-        used = ", ".join(seg.steps["delimiter"].unique(maintain_order=True).to_list())
-        msg = (f"--step-regex {step_regex!r} matched no NVTX range with GPU work: the steps were "
-               f"delimited by {used} instead")
         if strict:
             raise InputError(f"--step-regex {step_regex!r} matched no NVTX range with GPU work (--strict): check "
                              "the pattern against the trace's range names, or leave --strict out")
-        warnings.append(msg)
+        warnings.append(note(STEP_REGEX_UNMATCHED, regex=step_regex,
+                             used=tuple(seg.steps["delimiter"].unique(maintain_order=True).to_list())))
     unresolved = steps.filter(pl.col("phase").is_null() & (pl.col("n_attention") > 0)).height
     if unresolved:
         warnings.append(note(PHASE_FROM_NAMES, count=unresolved))
@@ -342,7 +341,7 @@ def _session_end(trace: Trace, api: pl.DataFrame) -> int | None:
     return None if span is None else span.end_ns
 
 
-def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list[str]:
+def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list:
     """Warnings for steps whose figures cannot be right: a classified share of GPU time
     (coverage) outside 0-100 %, GPU busy above the span, a negative time. The readers leave
     out the values that make them (sanity.py); this says so if one still gets through."""
@@ -352,21 +351,16 @@ def impossible_figures(steps: pl.DataFrame, classes: pl.DataFrame) -> list[str]:
     out = []
     bad = cov.filter((pl.col("coverage") < 0) | (pl.col("coverage") > 100))
     if bad.height:
-        out.append(f"{bad.height} step(s) have a coverage outside 0-100 % ({bad['coverage'].min():.1f}% to "
-                   f"{bad['coverage'].max():.1f}%; steps {_few(bad['step'])}): the trace's durations cannot be right")
-    checks = {"GPU busy above its span": pl.col("gpu_busy_ns") > pl.col("gpu_span_ns"),
-              "a negative time": pl.min_horizontal("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
-                                                   "kernel_time_sum_ns") < 0}
+        out.append(note(BAD_COVERAGE, count=bad.height, low=float(bad["coverage"].min()),
+                        high=float(bad["coverage"].max()), steps=tuple(bad["step"].head(5).to_list())))
+    checks = {"busy_over_span": pl.col("gpu_busy_ns") > pl.col("gpu_span_ns"),
+              "negative": pl.min_horizontal("step_time_ns", "gpu_busy_ns", "gpu_span_ns", "idle_ns",
+                                            "kernel_time_sum_ns") < 0}
     for what, expr in checks.items():
         hit = steps.filter(expr.fill_null(False))
         if hit.height:
-            out.append(f"{hit.height} step(s) have {what} (steps {_few(hit['step'])}): the trace's times cannot be right")
+            out.append(note(BAD_TIMES, count=hit.height, what=what, steps=tuple(hit["step"].head(5).to_list())))
     return out
-
-
-def _few(ids: pl.Series) -> str:
-    shown = ", ".join(str(i) for i in ids.head(5).to_list())
-    return shown + (f" and {ids.len() - 5} more" if ids.len() > 5 else "")
 
 
 def _classify(acts: pl.DataFrame, steps: pl.DataFrame, trace: Trace, rules: RuleSet,
@@ -510,6 +504,15 @@ def _class_tables(a: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     kernels = _by_step_and_time(
         per_name.select("step", pl.col("name", "demangled", "class").cast(pl.String), "count", "time_ns"))
     return classes, kernels
+
+
+def _with_evidence(kernels: pl.DataFrame, class_by: pl.DataFrame) -> pl.DataFrame:
+    """`kernels` with a `class_by` column: what classed a kernel when its name did not (null
+    where the name did). Joined once here, so that every renderer reads a kernel's evidence
+    beside its figures instead of joining it again."""
+    if class_by.is_empty():  # the usual case: no join on three strings per kernel row
+        return kernels.with_columns(pl.lit(None, class_by.schema["class_by"]).alias("class_by"))
+    return kernels.join(class_by, on=["name", "demangled", "class"], how="left", maintain_order="left")
 
 
 def _by_step_and_time(k: pl.DataFrame) -> pl.DataFrame:

@@ -19,7 +19,11 @@ DIFFERENT_MODELS = "different_models"          # a, b: the two traces' model nam
 DIFFERENT_LAYERS = "different_layers"          # a, b: the two traces' layer counts (compare)
 FEW_SHARED_LAUNCHES = "few_shared_launches"    # share: the kernel launches the traces share by name, 0-1
 REPORTS_WITHOUT_START = "reports_without_start"  # count, first: a run's reports without a session start
-CODES = (REPORTS_WITHOUT_START, NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
+STEP_REGEX_UNMATCHED = "step_regex_unmatched"  # regex, used: the pattern and the delimiters used instead
+BAD_COVERAGE = "bad_coverage"                  # count, low, high (%), steps (the first five): coverage outside 0-100 %
+BAD_TIMES = "bad_times"                        # count, what ("busy_over_span" or "negative"), steps (the first five)
+SHARED_DEVICE = "shared_device"                # pids, device, both, least (ns): processes busy at once on one GPU
+CODES = (REPORTS_WITHOUT_START, STEP_REGEX_UNMATCHED, BAD_COVERAGE, BAD_TIMES, SHARED_DEVICE, NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
          DIFFERENT_LAYERS, FEW_SHARED_LAUNCHES)
 
 
@@ -48,5 +52,7 @@ def as_data(warnings) -> list:
 
 
 def from_data(values) -> list:
-    """as_data's inverse."""
-    return [v if isinstance(v, str) else note(v["code"], **v["fields"]) for v in values]
+    """as_data's inverse (a list field comes back a tuple, as a Note holds it)."""
+    return [v if isinstance(v, str) else note(v["code"], **{k: tuple(x) if isinstance(x, list) else x
+                                                            for k, x in v["fields"].items()})
+            for v in values]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import polars as pl
 
+from stepscope.analysis.notes import SHARED_DEVICE, note
+
 # share of the smaller process's busy time on the device that another process's kernels cover
 SHARED_SHARE = 0.10
 
 
-def shared_devices(acts: pl.DataFrame) -> list[str]:
+def shared_devices(acts: pl.DataFrame) -> list:
     """One warning per device where two or more processes' kernels overlap in time for more
     than SHARED_SHARE of the less busy one's busy time. `acts`: the GPU activities (pid,
     device, start, end, is_kernel)."""
@@ -40,6 +42,5 @@ def shared_devices(acts: pl.DataFrame) -> list[str]:
     rows = (per_pid.group_by("device").agg(pl.col("pid").sort(), pl.col("busy").min().alias("least"))
             .join(both, on="device").filter(pl.col("both") > SHARED_SHARE * pl.col("least"))
             .sort("device").collect())
-    return [f"processes {', '.join(map(str, r['pid']))} ran kernels at the same times on GPU {r['device']} "
-            f"(together for {100 * r['both'] / max(r['least'], 1):.0f}% of the least busy one's GPU time): a process recorded twice or two exports merged? their per-process figures on "
-            "that GPU are not reliable" for r in rows.iter_rows(named=True)]
+    return [note(SHARED_DEVICE, pids=tuple(r["pid"]), device=r["device"], both=r["both"], least=r["least"])
+            for r in rows.iter_rows(named=True)]

@@ -42,6 +42,8 @@ class RunView:
     totals: pl.DataFrame | None = None   # rank_totals
     tp: pl.DataFrame | None = None       # tp_groups
     binding: dict | None = None          # run_binding_rank
+    medians: pl.DataFrame | None = None  # rank_medians: the terminal's row of each rank
+    report_ranks: dict | None = None     # report -> its ranks, in order
 
     @property
     def n_ranks(self) -> int:
@@ -51,7 +53,7 @@ class RunView:
 def summarized(view: RunView) -> RunView:
     """`view` with its per-rank totals, TP steps and binding rank computed."""
     return RunView(view.reports, view.ranks, view.steps, view.warnings, rank_totals(view), tp_groups(view),
-                   run_binding_rank(view))
+                   run_binding_rank(view), rank_medians(view), report_ranks(view))
 
 
 def _clock_offsets(results) -> tuple[list[int], list[str]]:
@@ -166,6 +168,29 @@ def rank_totals(view: RunView) -> pl.DataFrame:
                        .then((pl.col("binding_time_ns") / max(run_ns, 1)).round(4)))
          .sort("rank"))
     return t
+
+
+MEDIAN_FIELDS = ("step_time_ns", "collective_ns", "collective_transfer_ns", "collective_wait_ns",
+                 "device_floor_ns", "cpu_floor_ns")
+
+
+def rank_medians(view: RunView) -> pl.DataFrame:
+    """Per rank with steps: the median over its steps of its step time, collective time,
+    transfer, wait and floors (null where every step's is), and its most frequent verdict (ties:
+    the first in sort order)."""
+    s = view.steps
+    schema = {"rank": pl.Int64, **{c: pl.Float64 for c in MEDIAN_FIELDS}, "verdict": pl.String}
+    if s.is_empty():
+        return pl.DataFrame(schema=schema)
+    return (s.group_by("rank").agg(*[pl.col(c).median().cast(pl.Float64) for c in MEDIAN_FIELDS],
+                                   verdict=pl.col("verdict").cast(pl.String).mode().sort().first())
+            .sort("rank"))
+
+
+def report_ranks(view: RunView) -> dict:
+    """Each report's ranks, in order."""
+    by = view.ranks.group_by("report").agg(pl.col("rank").sort())
+    return {r["report"]: r["rank"] for r in by.to_dicts()}
 
 
 def tp_groups(view: RunView) -> pl.DataFrame:

@@ -71,7 +71,7 @@ class KindFigures:
     step: int
     classes: tuple          # {"class", "count", "time_ns"}, longest first
     class_time_ns: int      # Σ time_ns of `classes`, or 1
-    kernels: tuple          # the step's kernel rows with `class_by` (inventory.kernels_with_evidence)
+    kernels: tuple          # the step's kernel rows with `class_by` (the inventory's kernels frame)
     framework: tuple        # inv.framework's rows of the step: {"family", "count", "time_ns"}
     framework_ops: tuple    # inv.framework_ops's rows of the step: {"op", "family", "count", "time_ns"}
     other: tuple            # the step's kernels of class "other", in the kernel frame's order
@@ -93,7 +93,7 @@ def kind_figures(inv, step: int) -> KindFigures:
     other = k.filter(pl.col("class") == "other")
     return KindFigures(
         step=step, classes=tuple(rows), class_time_ns=c["time_ns"].sum() or 1,
-        kernels=_plain(inv.kernels_with_evidence(k)),
+        kernels=_plain(k),
         framework=tuple(inv.framework.filter(pl.col("step") == step).to_dicts()),
         framework_ops=tuple(inv.framework_ops.filter(pl.col("step") == step).to_dicts()),
         other=_plain(other), other_time_ns=other["time_ns"].sum())

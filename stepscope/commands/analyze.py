@@ -70,11 +70,11 @@ def _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler,
     from stepscope.render.reports_run import render_run, run_dict
 
     with progress.shown(not as_json):
-        doc = run_dict(library.run(traces, step_regex=step_regex, rules=rules, steps=steps, cache=not no_cache,
-                                   scheduler=scheduler, workers=workers, strict=strict))
+        view = library.run(traces, step_regex=step_regex, rules=rules, steps=steps, cache=not no_cache,
+                           scheduler=scheduler, workers=workers, strict=strict)
     if as_json:
         from stepscope.render.json import dumps
 
-        typer.echo(dumps(doc))
+        typer.echo(dumps(run_dict(view)))
         return
-    render_run(doc)
+    render_run(view)

@@ -17,11 +17,6 @@ def defect_rows(inv) -> list[dict]:
 
 def shown_warnings(inv) -> list[str]:
     """The inventory's warnings in words but those a defect stands for (shown once, as the defect)."""
-    from stepscope.analysis.capture_check import replaced_warnings
-
     from stepscope.render.sentences import warning_texts
 
-    frame = getattr(inv, "capture", None)
-    words = warning_texts(inv.warnings)
-    gone = replaced_warnings(frame, words) if frame is not None else set()
-    return [w for w in words if w not in gone]
+    return warning_texts(inv.shown_warnings())

@@ -57,7 +57,7 @@ def inventory_texts(inv: Inventory, ids: list[int] | None = None) -> pl.DataFram
         steps, ["index", "pid", "device", "delimiter", "name", "phase", *STEP_FIELDS]).alias("head"))
     classes = jsontext.members(inv.classes.filter(pl.col("step").is_in(sel)), "step", "class",
                                ["count", "time_ns"], "classes")
-    kernels = _kernel_arrays(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step").is_in(sel))))
+    kernels = _kernel_arrays(inv.kernels.filter(pl.col("step").is_in(sel)))
     t = head.join(classes, on="step", how="left").join(kernels, on="step", how="left")
     t = t.join(_phase_evidence(steps), on="step", how="left").join(_framework(inv, sel), on="step", how="left")
     return t.sort("step").select("step", pl.concat_str(

@@ -327,7 +327,7 @@ def step_view(inv: Inventory, step: int, diag, chosen: str | None = None, peers:
     return StepView(
         step=step, figures=fig,
         classes=_plain(inv.classes.filter(pl.col("step") == step).drop("step")),
-        kernels=_plain(inv.kernels_with_evidence(inv.kernels.filter(pl.col("step") == step)).drop("step")),
+        kernels=_plain(inv.kernels.filter(pl.col("step") == step).drop("step")),
         acts=tuple(acts.to_dicts()), launches=launches, gaps=tuple(g.to_dicts()), floors=f,
         trace_name=shown(trace.path.name), trace_format=trace.format, nsys_version=trace.nsys_version,
         gpu_name=trace.gpus["name"][0] if trace.gpus.height else None,

@@ -4,7 +4,6 @@ and its terminal report. The rank rows and TP steps carry the fields and words o
 
 from __future__ import annotations
 
-import polars as pl
 from rich.console import Console
 
 from stepscope.analysis.reports_run import RunView
@@ -23,8 +22,7 @@ MAX_TP_LINES = 12
 
 
 def _reports(view: RunView) -> list[dict]:
-    by_report = view.ranks.group_by("report").agg(pl.col("rank").sort()).to_dicts()
-    ranks = {r["report"]: r["rank"] for r in by_report}
+    ranks = view.report_ranks
     out = []
     for r in view.reports:
         out.append({"report": r["report"], "path": r["path"], "host": r["host"],
@@ -41,9 +39,8 @@ def run_dict(view: RunView) -> dict:
     with its summaries (analysis/reports_run.py's combine computes them)."""
     totals = view.totals.rename({"steps": "n_steps"})
     steps = view.steps.sort("rank", "group", "step")
-    per_rank = {}
-    for (rank,), grp in steps.group_by("rank", maintain_order=True):
-        per_rank[rank] = grp.select(RUN_STEP_FIELDS).to_dicts()
+    per_rank = {rank: grp.select(RUN_STEP_FIELDS).to_dicts()
+                for (rank,), grp in steps.partition_by("rank", as_dict=True, maintain_order=True).items()}
     ranks = []
     for t in totals.select(RANK_FIELDS).to_dicts():
         ranks.append({**t, "steps": per_rank.get(t["rank"], [])})
@@ -56,11 +53,13 @@ def run_dict(view: RunView) -> dict:
             "rank_skew_ns": max(skews) if skews else None, "binding_rank": view.binding}
 
 
-def render_run(doc: dict, console: Console | None = None) -> None:
-    """The run on the terminal: its reports, one row per rank (medians over its steps; pids in
-    --json), the
-    binding rank and its share, each TP step's skew and verdict (the first MAX_TP_LINES)."""
+def render_run(view: RunView, console: Console | None = None) -> None:
+    """The run on the terminal: its reports, one row per rank (medians over its steps, the
+    RunView's `medians`; pids in --json), the binding rank and its share, each TP step's skew and
+    verdict (the first MAX_TP_LINES)."""
     console = console or page()
+    doc = run_dict(view)
+    medians = {r["rank"]: r for r in view.medians.to_dicts()}
     run = doc["run"]
     console.rule(f"[bold]run: {plural(run['reports'], 'report')} · {plural(run['ranks'], 'rank')} on "
                  f"{plural(len(run['hosts']), 'host') if run['hosts'] else '? hosts'} · {plural(run['tp_steps'], 'TP step')}")
@@ -88,13 +87,12 @@ def render_run(doc: dict, console: Console | None = None) -> None:
             Col("device floor ms", drop=1), Col("CPU floor ms", drop=1), Col("verdict", "left"), Col("binds")]
     rows, notes = [], set()
     for x in doc["run_ranks"]:
-        st = pl.DataFrame(x["steps"], infer_schema_length=None) if x["steps"] else None
-        med = (lambda c: st[c].median() if st is not None and st[c].null_count() < st.height else None)  # noqa: E731
-        verdicts = st["verdict"].mode().sort().to_list() if st is not None else []
+        m = medians.get(x["rank"], {})
+        med = m.get  # None: no step, or none with the figure
         rows.append([str(x["rank"]), term(x["host"] or "?"), str(x["device"]),
                      str(x["n_steps"] or 0), ms_num(med("step_time_ns")), ms_num(med("collective_ns")),
                      ms_num(med("collective_transfer_ns")), ms_num(med("collective_wait_ns")),
-                     ms_num(med("device_floor_ns")), ms_num(med("cpu_floor_ns")), verdicts[0] if verdicts else "",
+                     ms_num(med("device_floor_ns")), ms_num(med("cpu_floor_ns")), med("verdict") or "",
                      f"{x['binding_steps']} ({100 * (x['binding_share'] or 0):.0f}%)"])
         notes |= {s["split_note"] for s in x["steps"] if s["split_note"]}
     t = fitted(console.width, cols, rows, title="ranks (medians over each rank's steps)")

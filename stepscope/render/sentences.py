@@ -280,7 +280,23 @@ WARNING_WORDS = {
                                         "timestamps are taken as already on the run's timeline"),
     "one_step_streams": lambda f: (f"{f['count']} process/device stream(s) had no step markers and no repeating kernel "
                                    "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"),
+    "step_regex_unmatched": lambda f: (f"--step-regex {f['regex']!r} matched no NVTX range with GPU work: the steps were "
+                                       f"delimited by {', '.join(f['used'])} instead"),
+    "bad_coverage": lambda f: (f"{f['count']} step(s) have a coverage outside 0-100 % ({f['low']:.1f}% to "
+                               f"{f['high']:.1f}%; steps {_few(f['steps'], f['count'])}): the trace's durations cannot be right"),
+    "bad_times": lambda f: (f"{f['count']} step(s) have {BAD_TIMES_WORDS[f['what']]} (steps {_few(f['steps'], f['count'])}): "
+                            "the trace's times cannot be right"),
+    "shared_device": lambda f: (f"processes {', '.join(map(str, f['pids']))} ran kernels at the same times on GPU {f['device']} "
+                                f"(together for {100 * f['both'] / max(f['least'], 1):.0f}% of the least busy one's GPU time): "
+                                "a process recorded twice or two exports merged? their per-process figures on that GPU are "
+                                "not reliable"),
 }
+BAD_TIMES_WORDS = {"busy_over_span": "GPU busy above its span", "negative": "a negative time"}
+
+
+def _few(first: tuple, count: int) -> str:
+    """The first step ids of `count`, and how many more."""
+    return ", ".join(str(i) for i in first) + (f" and {count - len(first)} more" if count > len(first) else "")
 
 
 def warning_text(w) -> str:
