@@ -292,3 +292,38 @@ def test_a_serving_report_keeps_its_queued_replays_in_the_run_view():
     sync = combine([replace(r, scheduling="sync")]).steps.select("step", "predicted_graph_step_time_ns")
     q = both.join(sync, on="step", suffix="_sync").filter(pl.col("predicted_graph_queued"))
     assert q.height > 50 and (q["predicted_graph_step_time_ns_sync"] > q["predicted_graph_step_time_ns"]).all()
+
+
+def test_the_terminals_rank_rows_are_the_medians_of_each_ranks_steps(tmp_path, monkeypatch):
+    """The run's terminal rows (analysis/reports_run.rank_medians, formatted by render_run) are
+    the medians of each rank's own steps in the JSON document, and its most frequent verdict:
+    counted here with the standard library, not polars."""
+    import statistics
+    from collections import Counter
+
+    from rich.console import Console
+
+    from stepscope.render.reports_run import render_run
+    from stepscope.render.units import ms_num
+
+    monkeypatch.setattr(distribute, "have_dask", lambda: False)
+    # two hosts' copies of a three-step capture: two ranks of three steps each
+    view = library.run(split.run_of(FIXTURES / "round5" / "llama1b_decode_3steps_nonvtx.sqlite", tmp_path, hosts=2),
+                       cache=False)
+    doc = run_dict(view)
+    rows = {r["rank"]: r for r in view.medians.to_dicts()}
+    assert sorted(rows) == [r["rank"] for r in doc["run_ranks"]]
+    for r in doc["run_ranks"]:
+        steps = r["steps"]
+        assert len(steps) == r["n_steps"] > 1
+        for c in ("step_time_ns", "collective_ns", "cpu_floor_ns", "device_floor_ns"):
+            assert rows[r["rank"]][c] == statistics.median(s[c] for s in steps), c
+        counts = Counter(s["verdict"] for s in steps)
+        top = max(counts.values())
+        assert rows[r["rank"]]["verdict"] == min(v for v, n in counts.items() if n == top)
+    console = Console(width=200, record=True, color_system=None)
+    render_run(view, console)
+    text = console.export_text()
+    for r in doc["run_ranks"]:
+        line = next(x for x in text.splitlines() if x.strip().startswith(f"{r['rank']} ") and "%)" in x)
+        assert ms_num(statistics.median(s["step_time_ns"] for s in r["steps"])) in line
