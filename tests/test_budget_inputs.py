@@ -310,3 +310,24 @@ def test_budget_with_the_shapes_passed_over_a_huge_name(trace):
     r = CliRunner().invoke(app, ["budget", str(trace), "--cells", str(need(CELLS)), "--batch", "1",
                                  "--context", "2048", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_budget_with_another_models_cells_says_so_first(tmp_path):
+    """Cells measured on llama-3.1-8b joined to a Qwen3-30B-A3B step (tenth round's eager MoE
+    capture): the first warning says whose cells they are and that measured vs minimum and the
+    floor are not this step's; the same cells on a llama-3.1-8b step give no such warning. The
+    cells' model is read here from the file with polars, not from the budget."""
+    from tests.conftest import gunzipped
+
+    models = pl.read_parquet(SWEEP, columns=["model"])["model"].unique().to_list()
+    assert models == ["llama-3.1-8b"]
+    qwen = gunzipped(FIXTURES / "models" / "qwen3-30b-a3b_serve_r16_s0_eager.sqlite.gz")
+    r = CliRunner().invoke(app, ["budget", str(qwen), "--cells", str(SWEEP), "--model", "qwen3-30b-a3b",
+                                 "--batch", "16", "--context", "512", "--phase", "decode", "--json"])
+    assert r.exit_code == 0, r.output
+    first = json.loads(r.stdout)["warnings"][0]
+    assert first.startswith("the cells were measured on llama-3.1-8b, not on qwen3-30b-a3b")
+    assert "stepscope cells run --model qwen3-30b-a3b" in first
+    same = _run(["budget", need(EAGER), "--cells", SWEEP, "--json"], EAGER)
+    assert same.exit_code == 0, same.output
+    assert not [w for w in json.loads(same.stdout)["warnings"] if "were measured on" in w]

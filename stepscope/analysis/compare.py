@@ -23,7 +23,7 @@ from stepscope.analysis.steps import step_shape
 from stepscope.analysis.whatif import (Calibration, GraphConstants, describe_for, engine_of, is_graph_trace,
                                        predict_graph_step)
 from stepscope.paths import shown
-from stepscope.analysis.notes import DIFFERENT_LAYERS, DIFFERENT_MODELS, FEW_SHARED_LAUNCHES, note
+from stepscope.analysis.notes import DIFFERENT_LAYERS, DIFFERENT_MODELS, FEW_SHARED_LAUNCHES, GRAPH_LEVEL_SIDE, note
 
 CONSTANT_NAMES = ("graph_launch_prep_ns", "graph_launch_lead_ns", "node_gap_ns", "memop_gap_ns")
 FIGURES = ("step_time_ns", "n_kernels", "gpu_busy_ns", "idle_ns", "n_launch_calls")
@@ -43,6 +43,8 @@ def summarize(d: Diagnosis) -> dict:
     out["steps"] = s.height
     out["path"] = shown(inv.trace.path)
     out["graph"] = is_graph_trace(inv)
+    # CUDA graphs recorded whole (--cuda-graph-trace=graph): the kernels inside them are no rows
+    out["graph_level"] = bool((inv.capture["kind"] == "graph_level").any())
     out["fastest_step_time_ns"] = int(s["step_time_ns"].min())
     idle = d.gap_totals.join(mine, on="step", how="semi")
     idle_by = dict(zip(idle["kind"].to_list(), idle["time_ns"].to_list()))
@@ -107,6 +109,10 @@ def compare(a: Diagnosis, b: Diagnosis, consts: Calibration | GraphConstants | N
         warnings.append(note(DIFFERENT_MODELS, a=sa["model"], b=sb["model"]))
     elif sa["layers"] and sb["layers"] and sa["layers"] != sb["layers"]:
         warnings.append(note(DIFFERENT_LAYERS, a=sa["layers"], b=sb["layers"]))
+    elif sa["graph_level"] != sb["graph_level"]:
+        # the names one side does not show are inside its graphs, not removed: not a sign of
+        # another model
+        warnings.append(note(GRAPH_LEVEL_SIDE, side="A" if sa["graph_level"] else "B"))
     else:
         shared = _name_overlap(sa["kernel_names"], sb["kernel_names"])
         if shared < 0.3:

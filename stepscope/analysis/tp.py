@@ -149,6 +149,13 @@ def project_trace(d, widths=(1, 2, 4, 8), collective_us: float | None = None,
         raise InputError(f"step {step}'s name says tp={base_tp}, outside 1..{MAX_WIDTH:,}: not a width stepscope "
                          "can project from (fix the range name, or give --kernels/--launch-us/--device-ms)")
     t = _class_times(inv, step)
+    if t.get("cuda_graph"):
+        # a graph recorded whole is one activity: which of its kernels TP shards is not in the trace
+        from stepscope.errors import InputError
+
+        raise InputError(f"step {step} replays CUDA graphs recorded whole (--cuda-graph-trace=graph): the kernels "
+                         "inside them, which TP shards or not, are not rows of the trace, so no width can be "
+                         "projected from it; capture with --cuda-graph-trace=node (or give --kernels/--launch-us/--device-ms)")
     sharded = float(sum(t.get(k, 0) for k in SHARDED))
     comm = float(t.get("comm", 0))
     unsharded = float(sum(v for k, v in t.items() if k not in SHARDED and k != "comm"))

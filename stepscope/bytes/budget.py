@@ -340,6 +340,9 @@ def budget(step_kernels: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: in
         res.warnings.append(f"{len(inferred)} kernel(s) joined to cells that name no op (cells import of a plain ncu "
                             "run): each is set against the minimum of its class's op (a GEMM's: the projection "
                             "whose minimum is nearest the bytes it moved)")
+    other = other_model_warning(cells, card)
+    if other:  # first: every figure after it depends on it
+        res.warnings.insert(0, other)
     return res
 
 
@@ -628,4 +631,22 @@ def budget_order(seq: pl.DataFrame, cells: pl.DataFrame, card: Any, batch: int, 
            if meta.get(k) and str(meta[k][0]) != str(v)]
     if off:
         res.warnings.append("the cells were measured on another step shape: " + ", ".join(off))
+    other = other_model_warning(cells, card)
+    if other:
+        res.warnings.insert(0, other)
     return res
+
+
+def other_model_warning(cells: pl.DataFrame, card: Any) -> str | None:
+    """The warning for cells that record only other models than the step's card (None: they
+    record the card's model, or no model): each byte joined to them by name or op is another
+    model's kernel's, so measured against minimum, and the floor, say nothing about this step."""
+    name = card if isinstance(card, str) else getattr(card, "name", None)  # a card or its name
+    if not name or "model" not in cells.columns:
+        return None
+    models = sorted({m for m in cells["model"].drop_nulls().unique().to_list() if m})
+    if not models or name in models:
+        return None
+    return (f"the cells were measured on {', '.join(models)}, not on {name}: the bytes joined to them are another "
+            f"model's kernels' (scaled by the minimums), so measured vs minimum and the bandwidth floor are not this "
+            f"step's; measure this model's cells (stepscope cells run --model {name})")

@@ -280,6 +280,9 @@ WARNING_WORDS = {
                                         "timestamps are taken as already on the run's timeline"),
     "one_step_streams": lambda f: (f"{f['count']} process/device stream(s) had no step markers and no repeating kernel "
                                    "sequence: each is analyzed as one step (add an NVTX range per step, or --step-regex)"),
+    "graph_level_side": lambda f: (f"{f['side']} records its CUDA graphs whole (--cuda-graph-trace=graph): the kernels inside "
+                                   f"them are not rows of its trace, so its per-class figures and kernel names are not "
+                                   f"comparable with the other's (capture both with --cuda-graph-trace=node)"),
     "step_regex_unmatched": lambda f: (f"--step-regex {f['regex']!r} matched no NVTX range with GPU work: the steps were "
                                        f"delimited by {', '.join(f['used'])} instead"),
     "bad_coverage": lambda f: (f"{f['count']} step(s) have a coverage outside 0-100 % ({f['low']:.1f}% to "
