@@ -24,7 +24,7 @@ from __future__ import annotations
 import polars as pl
 
 from stepscope.analysis.classify import CLASS_DTYPE, RuleSet
-from stepscope.classes import GLUE, UNTELLING
+from stepscope.classes import CLASSES, GLUE, UNTELLING
 
 EVIDENCE_SCHEMA = {"name": pl.String, "demangled": pl.String, "class": pl.String, "class_by": pl.String}
 
@@ -47,40 +47,69 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
     is_anon = pl.col("demangled_id").is_in(anon) & pl.col("is_kernel")
     steps = acts.filter(is_anon & pl.col("step").is_not_null())["step"].unique()
-    k = (acts.filter(pl.col("is_kernel") & pl.col("step").is_in(steps.to_list()))
-         .select("row", "step", "name", "demangled", pl.col("class").cast(pl.String), is_anon.alias("anon"))
-         .with_columns(idx=pl.int_range(pl.len()).over("step")))
-    # --- the same position in the step's other layers
-    k = k.join(layers.select("step", pl.col("kernels_per_layer").alias("p"), pl.col("layer_start").alias("s"),
-                             pl.col("layers").alias("n")), on="step", how="left")
+    # the classes as their Enum codes and the names by id: no string per kernel row (a serving
+    # run's steps nearly all hold an anonymous kernel, so this is every kernel of the run)
+    code = {c: i for i, c in enumerate(CLASSES)}
+    by_name = sorted(CLASSES)  # a vote's ties go to the class first by name
+    codes = list(range(len(CLASSES)))
+    k = (acts.lazy().filter(pl.col("is_kernel") & pl.col("step").is_in(steps.implode()))
+         .select("row", "step", "short_id", "demangled_id", pl.col("class").to_physical().cast(pl.Int16).alias("c"),
+                 is_anon.alias("anon"))
+         .with_columns(idx=pl.int_range(pl.len()).over("step"))
+         # --- the same position in the step's other layers
+         .join(layers.lazy().select("step", pl.col("kernels_per_layer").alias("p"), pl.col("layer_start").alias("s"),
+                                    pl.col("layers").alias("n")), on="step", how="left", maintain_order="left"))
     inside = (pl.col("idx") >= pl.col("s")) & (pl.col("idx") < pl.col("s") + pl.col("n") * pl.col("p"))
-    k = k.with_columns(pos=pl.when(inside).then((pl.col("idx") - pl.col("s")) % pl.col("p")))
-    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("class").is_in(list(UNTELLING)))
-             .group_by("step", "pos", "class").len()
-             .sort("step", "pos", "len", "class", descending=[False, False, True, False])
-             .group_by("step", "pos", maintain_order=True).first()
-             .select("step", "pos", pl.col("class").alias("by_layer")))
-    k = k.join(votes, on=["step", "pos"], how="left")
-    # --- the nearest named kernels around it
-    named = pl.when(~pl.col("anon")).then(pl.col("class"))
-    k = k.with_columns(prev=named.shift(1).forward_fill().over("step").fill_null(""),
-                       next=named.shift(-1).backward_fill().over("step").fill_null(""))
-    pairs = k.filter(pl.col("anon")).select("prev", "next").unique()
+    k = k.with_columns(pos=pl.when(inside).then((pl.col("idx") - pl.col("s")) % pl.col("p"))).drop("p", "s", "n", "idx")
+    untelling = [code[c] for c in UNTELLING]
+    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("c").is_in(untelling))
+             .group_by("step", "pos", "c").len()
+             .with_columns(r=pl.col("c").replace_strict(codes,
+                                                        [by_name.index(c) for c in CLASSES], return_dtype=pl.Int16))
+             .sort("step", "pos", "len", "r", descending=[False, False, True, False])
+             .unique(["step", "pos"], keep="first", maintain_order=True)
+             .select("step", "pos", pl.col("c").alias("by_layer")))
+    k = k.join(votes, on=["step", "pos"], how="left", maintain_order="left")
+    # --- the nearest named kernels around it (-1: none)
+    named = pl.when(~pl.col("anon")).then(pl.col("c"))
+    k = (k.with_columns(prev=named.shift(1).forward_fill().over("step").fill_null(-1),
+                        next=named.shift(-1).backward_fill().over("step").fill_null(-1))
+         .filter(pl.col("anon")).drop("anon", "pos").collect())
+    pairs = k.select("prev", "next").unique(maintain_order=True)
     rule_of = []
-    for prev, nxt in pairs.iter_rows():
+    for i, (p, n) in enumerate(pairs.iter_rows()):
+        prev, nxt = (CLASSES[p] if p >= 0 else ""), (CLASSES[n] if n >= 0 else "")
         hit = next((r for r in rules.positions if prev and nxt and r.after.search(prev) and r.before.search(nxt)), None)
-        rule_of.append((prev, nxt, hit.cls if hit else None,
-                        f"between {prev} and {nxt}, where a decoder layer runs {hit.cls}" if hit else None))
-    pairs = pl.DataFrame(rule_of, schema={"prev": pl.String, "next": pl.String, "by_position": pl.String,
-                                          "why": pl.String}, orient="row")
-    k = k.filter(pl.col("anon")).join(pairs, on=["prev", "next"], how="left")
-    k = k.with_columns(
+        rule_of.append((p, n, code[hit.cls] if hit else None,
+                        f"between {prev} and {nxt}, where a decoder layer runs {hit.cls}" if hit else None, i))
+    pairs = pl.DataFrame(rule_of, schema={"prev": pl.Int16, "next": pl.Int16, "by_position": pl.Int16,
+                                          "why": pl.String, "pair": pl.Int64}, orient="row")
+    k = k.join(pairs, on=["prev", "next"], how="left", maintain_order="left").with_columns(
         new=pl.coalesce("by_layer", "by_position"),
-        class_by=pl.when(pl.col("by_layer").is_not_null())
-        .then(pl.concat_str(pl.lit("the step's other layers run "), pl.col("by_layer"), pl.lit(" at this position")))
-        .otherwise(pl.col("why")),
+        # what placed it: the layer vote (its class), else the position rule (its pair)
+        key=pl.when(pl.col("by_layer").is_not_null()).then(pl.col("by_layer").cast(pl.Int64))
+        .otherwise(len(CLASSES) + pl.col("pair")),
     ).filter(pl.col("new").is_not_null())
-    return _reclassed(acts, k)
+    if k.is_empty():
+        return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
+    new_class = pl.col("new").replace_strict(codes, CLASSES, return_dtype=CLASS_DTYPE)
+    acts = (acts.join(k.select("row", new_class.alias("new")), on="row", how="left", maintain_order="left")
+            .with_columns(pl.coalesce("new", "class").alias("class")).drop("new"))
+    why = pairs.select(pl.col("pair") + len(CLASSES), "why").rename({"pair": "key"})
+    ids = ["short_id", "demangled_id"]
+    ev = (k.select(*ids, "new", "key").unique(maintain_order=True)
+          .join(names.select(*ids, pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String))
+                .unique(ids, keep="first", maintain_order=True), on=ids, how="left", maintain_order="left")
+          .join(why, on="key", how="left", maintain_order="left")
+          .select("name", "demangled", pl.col("new").replace_strict(codes, CLASSES,
+                                                                   return_dtype=pl.String).alias("class"),
+                  pl.when(pl.col("key") < len(CLASSES))
+                  .then(pl.concat_str(pl.lit("the step's other layers run "),
+                                      pl.col("new").replace_strict(codes, CLASSES,
+                                                                   return_dtype=pl.String),
+                                      pl.lit(" at this position")))
+                  .otherwise(pl.col("why")).alias("class_by")))
+    return acts, ev
 
 
 def _reclassed(acts: pl.DataFrame, k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
