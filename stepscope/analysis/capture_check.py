@@ -116,16 +116,18 @@ def clock_defect(acts: pl.DataFrame, session_end_ns: int | None) -> dict | None:
     CLOCK_LATE_NS or more after it: the GPU's records are not on the host's clock. (Not the
     session's end: some exports' events lie beyond their ANALYSIS_DETAILS duration.) `acts`:
     steps.activities', each kernel beside its launching call's start."""
-    k = acts.filter(pl.col("is_kernel"))
-    if k.is_empty():
+    # two columns of the kernels, reduced as they are read: a filtered copy of the whole frame
+    # would be every activity column once more
+    k = acts.lazy().filter(pl.col("is_kernel")).select("start", "launch_start")
+    launched = pl.col("launch_start").is_not_null()
+    early, late = pl.col("launch_start") - pl.col("start"), pl.col("start") - pl.col("launch_start")
+    d = k.select(n=pl.len(), n_early=(launched & (early > CLOCK_SLACK_NS)).sum(), by_early=early.filter(launched).max(),
+                 n_late=(launched & (late >= CLOCK_LATE_NS)).sum(), by_late=late.filter(launched).max()
+                 ).collect().row(0, named=True)
+    n = d.pop("n")
+    if not n:
         return None
-    d = (k.lazy().filter(pl.col("launch_start").is_not_null())
-         .select(early=pl.col("launch_start") - pl.col("start"), late=pl.col("start") - pl.col("launch_start"))
-         .select(n_early=(pl.col("early") > CLOCK_SLACK_NS).sum(), by_early=pl.col("early").max(),
-                 n_late=(pl.col("late") >= CLOCK_LATE_NS).sum(), by_late=pl.col("late").max())
-         .collect().row(0, named=True))
     j = {k_: (v or 0) for k_, v in d.items()}
-    n = k.height
     if not j["n_early"] and not j["n_late"]:
         return None
     parts = []

@@ -803,11 +803,20 @@ def _trim_idle_tails(api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
 
 def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """An open capture range ends at the process's last GPU activity or launching call."""
-    acts = pl.concat([trace.kernels.select("pid", "corr", "end"), trace.memops.select("pid", "corr", "end")])
-    launching = api.select("pid", "corr", "end").join(acts.select("pid", "corr").unique(), on=["pid", "corr"],
-                                                      how="semi")
-    last = pl.concat([acts.select("pid", "end"), launching.select("pid", "end")]).group_by("pid").agg(
-        pl.col("end").max().alias("_last"))
+    acts = pl.concat([trace.kernels.lazy().select("pid", "corr", "end"), trace.memops.lazy().select("pid", "corr", "end")])
+    last_act = acts.group_by("pid").agg(pl.col("end").max().alias("_act")).collect()
+    # only a call that ends after its process's last activity can be the last: those few are
+    # matched to the activities they launched (a semi join of every call cost a hash table of
+    # every kernel)
+    late = (api.lazy().select("pid", "corr", "end").join(last_act.lazy(), on="pid", how="inner")
+            .filter(pl.col("end") > pl.col("_act")).select("pid", "corr", "end").collect())
+    if late.height:  # the activities of those calls (the small side is the one hashed), then the calls
+        keys = late.select("pid", "corr").unique()
+        hit = acts.select("pid", "corr").join(keys.lazy(), on=["pid", "corr"], how="semi").unique().collect()
+        late = late.join(hit, on=["pid", "corr"], how="semi")
+    launching = late
+    last = pl.concat([last_act.select("pid", pl.col("_act").alias("end")), launching.select("pid", "end")]).group_by(
+        "pid").agg(pl.col("end").max().alias("_last"))
     return windows.join(last, on="pid", how="left").with_columns(
         pl.when(pl.col("w_end") == OPEN_END).then(pl.col("_last")).otherwise(pl.col("w_end")).alias("w_end")
     ).drop("_last")
