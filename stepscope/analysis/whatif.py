@@ -232,9 +232,10 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
     gl = (inv.launch_calls.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
           .group_by("step").agg(pl.col("start").min().alias("_gl")))
     last_call = inv.launch_calls.group_by("step").agg(pl.col("end").max().alias("_call_end"))
-    a = inv.in_steps("step", "start", "end", "prev_end", "graph_node_id", "is_kernel")
+    # one lazy chain over the activities: each eager step of it copied every kernel's columns
+    a = inv.in_steps("step", "start", "end", "prev_end", "graph_node_id", "is_kernel").lazy()
     node = pl.col("graph_node_id").is_not_null()
-    a = a.join(g.select("step"), on="step", how="semi").with_columns(
+    a = a.join(g.lazy().select("step"), on="step", how="semi", maintain_order="left").with_columns(
         _n0=pl.col("start").filter(node).min().over("step"), _nN=pl.col("end").filter(node).max().over("step"))
     # the replay: the activities from its first node's start to its last node's end; each idle
     # stretch before one of them goes to a memop when it or its predecessor is one
@@ -245,7 +246,7 @@ def replay_figures(inv: Inventory, pro: pl.DataFrame | None = None) -> pl.DataFr
     per = r.group_by("step").agg(
         node0=pl.col("_n0").first(), nodes=pl.col("is_kernel").sum().cast(pl.Int64),
         memops=(~pl.col("is_kernel")).sum().cast(pl.Int64),
-        _kgap=pl.col("_gap").filter(~pl.col("_mem")).sum(), _mgap=pl.col("_gap").filter(pl.col("_mem")).sum())
+        _kgap=pl.col("_gap").filter(~pl.col("_mem")).sum(), _mgap=pl.col("_gap").filter(pl.col("_mem")).sum()).collect()
     return (g.select("step", "step_begin", "step_end", "last_end", "step_time_ns").join(per, on="step")
             .join(gl, on="step", how="left").join(last_call, on="step", how="left")
             .join(pro.select("step", "prologue_end", "prologue_launches", "prologue_host_ns"), on="step", how="left")
