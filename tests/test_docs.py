@@ -64,3 +64,16 @@ def test_every_class_is_documented():
     # the class table (each row opens with its anchor, tests/test_class_table.py) and the op-family table
     rows = set(re.findall(r'^\| (?:<a id="[\w-]+"></a>)?`(\w+)` \|', doc, re.M))
     assert set(CLASSES) <= rows, set(CLASSES) - rows
+
+
+def test_every_test_file_is_listed_by_topic():
+    """docs/DEVELOPING.md's table of test files by topic names every tests/test_*.py (the byte
+    side's as `test_bytes_*.py` and their suffixes) and no file that is gone."""
+    text = (ROOT / "docs" / "DEVELOPING.md").read_text()
+    files = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    named = set(re.findall(r"test_[a-z0-9_]+\.py", text))
+    suffixes = set(re.findall(r"`_([a-z]+)`", text))
+    unlisted = {f for f in files - named
+                if not (f.startswith("test_bytes_") and f[len("test_bytes_"):-3] in suffixes)}
+    assert not unlisted, sorted(unlisted)
+    assert not named - files, sorted(named - files)

@@ -122,7 +122,7 @@ def replay_ends(inv: Inventory) -> pl.DataFrame:
         # the few distinct API names tested, not a million rows' text
         names = calls["api_name"].unique().drop_nulls().cast(pl.String)
         graph_names = names.filter(names.str.starts_with("cudaGraphLaunch") | names.str.starts_with("cuGraphLaunch"))
-        graph_call = (calls["api_name"].is_in(graph_names.cast(calls.schema["api_name"])).to_numpy()
+        graph_call = (calls["api_name"].is_in(graph_names.cast(calls.schema["api_name"]).implode()).to_numpy()
                       if graph_names.len() else np.zeros(ct.size, dtype=bool))
         d2 = calls["end"].to_numpy() - ct
         np.minimum(d2, UNTRACED_CALL_NS, out=d2)
