@@ -2,13 +2,16 @@
 """A serving run at scale (issue 33, item 10): the real 48-request vLLM graph-mode run
 (fixtures/serving/llama-3.1-8b_serve_r48_s0_graph.sqlite.gz, 132 steps, ~48k kernels) inflated to
 N kernels by replicating the whole run in time (benchmarks/inflate.py), then analyzed end to end
-by the CLI — `stepscope analyze X --json --no-cache`: reading, steps, composition, diagnosis,
-the run view — in a fresh process per size, interleaved over `--reps` rounds (A B C A B C …: the
-box is shared and noisy). Reports per size the median wall time, seconds per million kernels
-(flat when the time is linear in kernels) and the peak RSS, as a Markdown table.
+by the CLI — `stepscope analyze X --json --no-cache` (cold: reading, steps, composition,
+diagnosis, the run view) and `stepscope analyze X --json` after a first run wrote the cache (warm)
+— in a fresh process per size, interleaved over `--reps` rounds (A B C A B C …: the box is shared
+and noisy), each round also timing the two-table SQLite scan of the same file (run.py's floor2:
+the kernel table joined to its names and the runtime table, Python sqlite3). Reports per size the
+median wall times, each as a ratio to the scan of its own round (the ratio is what holds on a
+noisy box), seconds per million kernels (flat when the time is linear) and the peak RSS.
 
 Usage:
-    python benchmarks/serving_scale.py --sizes 1M,2.5M,5M [--reps 2] [--out bench-out]
+    python benchmarks/serving_scale.py --sizes 1M,5M,25M [--reps 2] [--out bench-out]
 """
 from __future__ import annotations
 
@@ -42,30 +45,65 @@ def unpacked(out: Path) -> Path:
     return dst
 
 
-def analyze_once(path: Path) -> dict:
-    """One end-to-end `analyze --json` in a fresh process: wall seconds, peak RSS, steps, run view."""
+def scan_once(path: Path) -> float:
+    """The two-table SQLite scan of `path` (run.py's floor2), in a fresh connection: seconds."""
+    import sqlite3
+
+    t = time.perf_counter()
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        con.execute("SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                    "JOIN StringIds s ON s.id = k.shortName").fetchone()
+        con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    finally:
+        con.close()
+    return time.perf_counter() - t
+
+
+# a small launcher forks the analysis and reports its wall and peak RSS: a child forked by this
+# process (which inflated the traces, a few GB at 25M) would start its peak RSS at ours
+LAUNCHER = """
+import os, sys, time
+fd, argv = int(sys.argv[1]), sys.argv[2:]
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(argv[0], argv)
+    finally:
+        os._exit(127)
+_, status, ru = os.wait4(pid, 0)
+os.write(fd, f"{time.perf_counter() - t0!r} {ru.ru_maxrss} {os.waitstatus_to_exitcode(status)}".encode())
+"""
+
+
+def analyze_once(path: Path, cold: bool = True) -> dict:
+    """One end-to-end `analyze --json` in a fresh process (`cold`: with --no-cache): wall
+    seconds, peak RSS, steps, run view."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     import tempfile
 
-    with tempfile.TemporaryFile() as err:
-        t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "stepscope", "analyze", str(path), "--json", "--no-cache"],
-                             stdout=subprocess.PIPE, stderr=err, env=env, cwd=REPO)
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)  # this child's own peak RSS
-        wall = time.perf_counter() - t
-        p.stdout.close()
-        if status != 0:
+    r, w = os.pipe()
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+        p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(w), sys.executable, "-m", "stepscope", "analyze",
+                              str(path), "--json", *(["--no-cache"] if cold else [])],
+                             stdout=out, stderr=err, env=env, cwd=REPO, pass_fds=(w,))
+        os.close(w)
+        p.wait()
+        with os.fdopen(r) as f:
+            wall, rss_kib, status = f.read().split()
+        if int(status) != 0:
             err.seek(0)
             raise SystemExit(f"analyze failed on {path}: {err.read().decode()[-400:]}")
-    doc = json.loads(out)
-    return {"wall_s": wall, "steps": len(doc["steps"]), "run": doc.get("run") is not None,
-            "rss_mib": usage.ru_maxrss / 1024}
+        out.seek(0)
+        doc = json.loads(out.read())
+    return {"wall_s": float(wall), "steps": len(doc["steps"]), "run": doc.get("run") is not None,
+            "rss_mib": int(rss_kib) / 1024}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="1M,2.5M,5M")
+    ap.add_argument("--sizes", default="1M,5M,25M")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=_inflate.DEFAULT_OUT)
     args = ap.parse_args()
@@ -74,16 +112,28 @@ def main() -> None:
     built = {n: _inflate.inflate(src, n, args.out) for n in sizes}
     kernels = {n: built[n].counts.get("CUPTI_ACTIVITY_KIND_KERNEL") or built[n].target_kernels for n in sizes}
     runs: dict[int, list[dict]] = {n: [] for n in sizes}
+    for n in sizes:  # the cache entry each warm run reads, written once, untimed
+        analyze_once(Path(built[n].path), cold=False)
     for _ in range(args.reps):
-        for n in sizes:  # interleaved
-            runs[n].append(analyze_once(Path(built[n].path)))
-    print("| kernels | steps | run view | wall (median) | s per M kernels | peak RSS |")
-    print("|---:|---:|---|---:|---:|---:|")
+        for n in sizes:  # interleaved; the scan beside the runs of its round
+            path = Path(built[n].path)
+            scan = scan_once(path)
+            cold, warm = analyze_once(path), analyze_once(path, cold=False)
+            runs[n].append({"scan_s": scan, "cold": cold, "warm": warm})
+    print("| kernels | steps | scan (2 tables) | cold | cold ÷ scan | warm | warm ÷ scan | cold s per M kernels "
+          "| peak RSS cold | warm |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
-        w = statistics.median(r["wall_s"] for r in runs[n])
-        rss = max((r["rss_mib"] or 0) for r in runs[n])
-        print(f"| {kernels[n]:,} | {runs[n][0]['steps']:,} | {'yes' if runs[n][0]['run'] else 'no'} | {w:.1f} s | "
-              f"{w / (kernels[n] / 1e6):.1f} | {rss:,.0f} MiB |")
+        rs = runs[n]
+        scan = statistics.median(r["scan_s"] for r in rs)
+        cold = statistics.median(r["cold"]["wall_s"] for r in rs)
+        warm = statistics.median(r["warm"]["wall_s"] for r in rs)
+        xc = statistics.median(r["cold"]["wall_s"] / r["scan_s"] for r in rs)
+        xw = statistics.median(r["warm"]["wall_s"] / r["scan_s"] for r in rs)
+        rss_c = max(r["cold"]["rss_mib"] for r in rs)
+        rss_w = max(r["warm"]["rss_mib"] for r in rs)
+        print(f"| {kernels[n]:,} | {rs[0]['cold']['steps']:,} | {scan:.2f} s | {cold:.1f} s | {xc:.1f}× | {warm:.1f} s | "
+              f"{xw:.1f}× | {cold / (kernels[n] / 1e6):.2f} | {rss_c:,.0f} MiB | {rss_w:,.0f} MiB |")
 
 
 if __name__ == "__main__":
