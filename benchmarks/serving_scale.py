@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inflate as _inflate  # noqa: E402
+import run as _run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE_GZ = REPO / "fixtures" / "serving" / "llama-3.1-8b_serve_r48_s0_graph.sqlite.gz"
@@ -60,21 +61,9 @@ def scan_once(path: Path) -> float:
     return time.perf_counter() - t
 
 
-# a small launcher forks the analysis and reports its wall and peak RSS: a child forked by this
+# run.py's launcher forks the analysis and reports its wall and peak RSS: a child forked by this
 # process (which inflated the traces, a few GB at 25M) would start its peak RSS at ours
-LAUNCHER = """
-import os, sys, time
-fd, argv = int(sys.argv[1]), sys.argv[2:]
-t0 = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execvp(argv[0], argv)
-    finally:
-        os._exit(127)
-_, status, ru = os.wait4(pid, 0)
-os.write(fd, f"{time.perf_counter() - t0!r} {ru.ru_maxrss} {os.waitstatus_to_exitcode(status)}".encode())
-"""
+LAUNCHER = _run.LAUNCHER
 
 
 def analyze_once(path: Path, cold: bool = True) -> dict:
