@@ -100,3 +100,46 @@ def test_step_range_with_launch_calls_but_no_recorded_gpu_work(tmp_path):
     launches = original.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
         WHERE s.value LIKE 'cudaLaunch%' OR s.value LIKE 'cuLaunch%'""").fetchone()[0]
     assert s["n_launch_calls"] == launches == 420
+
+
+@pytest.mark.parametrize("name", ["vllm/llama8b_decode_b1_eager.sqlite", "vllm/qwen7b_decode_b1_eager.sqlite",
+                                  "llama8b_decode_b1_eager.sqlite"])
+def test_an_open_capture_window_ends_at_the_last_activity_or_its_launch(name):
+    """An open capture range (steps._close_open_windows) ends at its process's last GPU activity
+    or the end of a call that launched one, whichever is later; against plain SQL. The vLLM
+    fixtures each have a launch call that returns after the last kernel ended."""
+    import polars as pl
+
+    from stepscope.analysis import steps
+    from stepscope.analysis.inventory import api_flags
+    from stepscope.pipeline import read
+
+    path = need(FIXTURES / name)
+    con = ro(path)
+    try:
+        pid = "(globalPid / 16777216 % 16777216)"
+        tid_pid = "(globalTid / 16777216 % 16777216)"
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        acts = " UNION ALL ".join(f"SELECT {pid} AS pid, correlationId AS corr, end FROM {tb}" for tb in (
+            "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if tb in tables)
+        want = dict(con.execute(
+            f"WITH a AS ({acts}), c AS (SELECT {tid_pid} AS pid, r.end FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+            f"WHERE EXISTS (SELECT 1 FROM a WHERE a.pid = {tid_pid} AND a.corr = r.correlationId)) "
+            "SELECT pid, max(end) FROM (SELECT pid, end FROM a UNION ALL SELECT pid, end FROM c) GROUP BY pid"
+        ).fetchall())
+        later = con.execute(
+            f"WITH a AS ({acts}), last AS (SELECT pid, max(end) e FROM a GROUP BY pid) SELECT count(*) FROM "
+            f"CUPTI_ACTIVITY_KIND_RUNTIME r JOIN last ON last.pid = {tid_pid} WHERE r.end > last.e AND EXISTS "
+            f"(SELECT 1 FROM a WHERE a.pid = {tid_pid} AND a.corr = r.correlationId)").fetchone()[0]
+    finally:
+        con.close()
+    t = read(path)
+    names = t.strings.filter(pl.col("id").is_in(t.api["name_id"].unique().drop_nulls().implode()))
+    api = api_flags(t.api, dict(zip(names["id"].to_list(), names["value"].to_list())))
+    if name.startswith("vllm/"):
+        assert later >= 1  # the branch where a call outlasts every activity of its process
+    pids = sorted(want)
+    open_windows = pl.DataFrame({"pid": pids, "w_start": [0] * len(pids), "w_end": [steps.OPEN_END] * len(pids)},
+                                schema={"pid": t.api.schema["pid"], "w_start": pl.Int64, "w_end": pl.Int64})
+    got = steps._close_open_windows(t, api, open_windows)
+    assert dict(zip(got["pid"].to_list(), got["w_end"].to_list())) == want
