@@ -111,7 +111,7 @@ def _untraced_engine(path: Path) -> None:
 # keyed by what decides its content, the code by a format version of its own: bump one when a
 # change alters what that entry holds (a figure, a column, a warning), so that no entry kept by
 # the code before is read by the code after (docs/PERFORMANCE.md, "The cache and the kept analysis").
-ANALYSIS_FORMAT = 4  # the inventory's frames and warnings (4: kernels carry class_by, every analysis warning a note)
+ANALYSIS_FORMAT = 5  # the inventory's frames and warnings (5: graph_steps hold graph-level replays; 4: kernels carry class_by, analysis warnings as notes)
 DIAGNOSIS_FORMAT = 1  # the diagnosis' calibration-free frames (_diagnosed)
 TEXTS_FORMAT = 1  # each step's inventory part of the JSON document (step_texts)
 

@@ -72,3 +72,28 @@ def test_tp_refuses_a_step_of_graphs_recorded_whole(twins):
     ok = CliRunner().invoke(app, ["tp", str(node), "--json", "--no-cache"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["mode"] == "graph"
+
+
+def test_steps_replaying_graphs_recorded_whole_get_no_graph_what_if(twins):
+    """A step that already replays CUDA graphs gets no 'CUDA graphs would cut it' (its predicted
+    graph step is null), whether its graphs' kernels are rows (node level) or each graph is one
+    row (graph level, class cuda_graph): the graph-level capture's steps without a prediction are
+    exactly those its node-level twin of the same run knows as replays by their node rows."""
+    graph, node = twins
+
+    def doc(path):
+        r = CliRunner().invoke(app, ["analyze", str(path), "--json", "--steps", "all", "--no-cache"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    g, n = doc(graph), doc(node)
+    assert len(g["steps"]) == len(n["steps"]) == 89
+    none_g = [s["index"] for s in g["steps"] if s["floors"]["predicted_graph_step_time_ns"] is None]
+    none_n = [s["index"] for s in n["steps"] if s["floors"]["predicted_graph_step_time_ns"] is None]
+    whole = [s["index"] for s in g["steps"] if "cuda_graph" in s["classes"]]
+    assert none_g == none_n == whole and len(whole) == 77
+    # the eager prefill steps between them keep their what-if
+    assert all(s["floors"]["predicted_graph_step_time_ns"] for s in g["steps"] if s["index"] not in whole)
+    t = CliRunner().invoke(app, ["analyze", str(graph), "--kinds", "--no-cache"], env={"COLUMNS": "200"})
+    verdicts = [x for x in t.output.splitlines() if x.startswith("Verdict:") and "cuda_graph holds" in x]
+    assert verdicts and not [v for v in verdicts if "CUDA graphs would cut" in v]

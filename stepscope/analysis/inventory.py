@@ -299,7 +299,11 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     collectives = collective_kernels(acts)
     graph_nodes = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
         "step").agg(n_graph_nodes=pl.len().cast(pl.Int64)).sort("step").collect()
-    graph_steps = graph_nodes.select("step")
+    # the steps that replay a CUDA graph: its nodes are rows (node level), or each graph launch is
+    # one row of class cuda_graph (graph level: the kernels inside it are not in the trace)
+    whole = acts.lazy().filter((pl.col("class") == "cuda_graph") & pl.col("step").is_not_null()).select(
+        "step").unique().collect()
+    graph_steps = pl.concat([graph_nodes.select("step"), whole.select(pl.col("step").cast(pl.Int64))]).unique().sort("step")
     silences = host_silences(api)
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
