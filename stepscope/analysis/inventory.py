@@ -303,7 +303,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # one row of class cuda_graph (graph level: the kernels inside it are not in the trace)
     whole = acts.lazy().filter((pl.col("class") == "cuda_graph") & pl.col("step").is_not_null()).select(
         "step").unique().collect()
-    graph_steps = pl.concat([graph_nodes.select("step"), whole.select(pl.col("step").cast(pl.Int64))]).unique().sort("step")
+    graph_steps = pl.concat([graph_nodes.select("step"), whole.select(pl.col("step").cast(pl.Int64))]
+                            ).unique().sort("step")
     silences = host_silences(api)
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)

@@ -23,8 +23,9 @@ STEP_REGEX_UNMATCHED = "step_regex_unmatched"  # regex, used: the pattern and th
 BAD_COVERAGE = "bad_coverage"                  # count, low, high (%), steps (the first five): coverage outside 0-100 %
 BAD_TIMES = "bad_times"                        # count, what ("busy_over_span" or "negative"), steps (the first five)
 SHARED_DEVICE = "shared_device"                # pids, device, both, least (ns): processes busy at once on one GPU
-GRAPH_LEVEL_SIDE = "graph_level_side"          # side ("A" or "B"): the one trace of two whose CUDA graphs are recorded whole
-CODES = (REPORTS_WITHOUT_START, GRAPH_LEVEL_SIDE, STEP_REGEX_UNMATCHED, BAD_COVERAGE, BAD_TIMES, SHARED_DEVICE, NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
+GRAPH_LEVEL_SIDE = "graph_level_side"          # side ("A" or "B"): the trace of two that records its graphs whole
+CODES = (REPORTS_WITHOUT_START, GRAPH_LEVEL_SIDE, STEP_REGEX_UNMATCHED, BAD_COVERAGE, BAD_TIMES, SHARED_DEVICE,
+         NO_LAUNCHING_CALL, EMPTY_STEP_RANGES, PHASE_FROM_NAMES, ONE_STEP_STREAMS, DIFFERENT_MODELS,
          DIFFERENT_LAYERS, FEW_SHARED_LAUNCHES)
 
 
