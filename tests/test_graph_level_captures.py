@@ -49,6 +49,8 @@ def test_compare_names_the_graph_level_side_not_another_model(twins, order):
     texts = " ".join(w if isinstance(w, str) else json.dumps(w) for w in doc["warnings"])
     assert f"{side} records its CUDA graphs whole" in texts
     assert "different models" not in texts and "share only" not in texts
+    # the kernel counts are said to count each graph as one row on that side
+    assert f"({side} counts each CUDA graph as one row)" in doc["verdict"]
     # on the terminal, the names the graph-level side does not show are not called removed
     t = CliRunner().invoke(app, ["compare", str(a), str(b), "--no-cache"], env={"COLUMNS": "200"})
     assert t.exit_code == 0

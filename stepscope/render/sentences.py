@@ -44,7 +44,11 @@ def compare_sentence(doc: dict) -> str:
     if host_a - host_b > 0.1 * a["step_time_ns"]:
         s += f"Host-bound GPU idle fell from {ms(host_a)} to {ms(host_b)}: the launches stopped binding. "
     if a["n_kernels"] != b["n_kernels"]:
-        s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}. "
+        whole = [tag for tag, x in (("A", a), ("B", b)) if x.get("graph_level")]
+        s += f"Kernels per step: {a['n_kernels']} → {b['n_kernels']}"
+        # a graph recorded whole is one row: the kernels inside it are not counted
+        s += (f" ({' and '.join(whole)} {'counts' if len(whole) == 1 else 'count'} each CUDA graph as one row). "
+              if whole else ". ")
     if "predicted_graph_step_time_ns" in doc:
         s += f"With CUDA graphs A would take about {ms(doc['predicted_graph_step_time_ns'])}"
         if doc.get("predicted_graph_step_low_ns") is not None:
