@@ -299,17 +299,15 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     collectives = collective_kernels(acts)
     graph_nodes = acts.lazy().filter(pl.col("graph_node_id").is_not_null() & pl.col("step").is_not_null()).group_by(
         "step").agg(n_graph_nodes=pl.len().cast(pl.Int64)).sort("step").collect()
-    # the steps that replay a CUDA graph: its nodes are rows (node level), or each graph launch is
-    # one row of class cuda_graph (graph level: the kernels inside it are not in the trace)
-    whole = acts.lazy().filter((pl.col("class") == "cuda_graph") & pl.col("step").is_not_null()).select(
-        "step").unique().collect()
-    graph_steps = pl.concat([graph_nodes.select("step"), whole.select(pl.col("step").cast(pl.Int64))]
-                            ).unique().sort("step")
     silences = host_silences(api)
     acts, api = memory.launch_calls_found(acts, api)
     steps = _step_figures(seg.steps.join(phases, on="step", how="left"), acts, calls, layers)
     steps = with_composition(steps, graph_nodes, calls)
     classes, kernels = _class_tables(in_steps(acts, "step", "class", "name", "demangled", "start", "end"))
+    # the steps that replay a CUDA graph: its nodes are rows (node level), or each graph launch is
+    # one row of class cuda_graph (graph level: the kernels inside it are not in the trace)
+    whole = classes.filter(pl.col("class") == "cuda_graph").select(pl.col("step").cast(pl.Int64))
+    graph_steps = pl.concat([graph_nodes.select("step"), whole]).unique().sort("step")
     class_by = pl.concat([by_nvtx, routed, evidence, fused_notes(names, rules)]).unique(
         ["name", "demangled", "class"], keep="first", maintain_order=True)
     kernels = _with_evidence(kernels, class_by)
