@@ -92,24 +92,25 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
     ).filter(pl.col("new").is_not_null())
     if k.is_empty():
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
-    new_class = pl.col("new").replace_strict(codes, CLASSES, return_dtype=CLASS_DTYPE)
-    acts = (acts.join(k.select("row", new_class.alias("new")), on="row", how="left", maintain_order="left")
-            .with_columns(pl.coalesce("new", "class").alias("class")).drop("new"))
+    acts = _with_classes(acts, k.select("row", pl.col("new").replace_strict(codes, CLASSES, return_dtype=CLASS_DTYPE)))
     why = pairs.select(pl.col("pair") + len(CLASSES), "why").rename({"pair": "key"})
     ids = ["short_id", "demangled_id"]
     ev = (k.select(*ids, "new", "key").unique(maintain_order=True)
           .join(names.select(*ids, pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String))
                 .unique(ids, keep="first", maintain_order=True), on=ids, how="left", maintain_order="left")
           .join(why, on="key", how="left", maintain_order="left")
-          .select("name", "demangled", pl.col("new").replace_strict(codes, CLASSES,
-                                                                   return_dtype=pl.String).alias("class"),
+          .with_columns(pl.col("new").replace_strict(codes, CLASSES, return_dtype=pl.String).alias("class"))
+          .select("name", "demangled", "class",
                   pl.when(pl.col("key") < len(CLASSES))
-                  .then(pl.concat_str(pl.lit("the step's other layers run "),
-                                      pl.col("new").replace_strict(codes, CLASSES,
-                                                                   return_dtype=pl.String),
-                                      pl.lit(" at this position")))
+                  .then(pl.concat_str(pl.lit("the step's other layers run "), pl.col("class"), pl.lit(" at this position")))
                   .otherwise(pl.col("why")).alias("class_by")))
     return acts, ev
+
+
+def _with_classes(acts: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """`acts` with each row of `rows` (row, new: CLASS_DTYPE) taking class `new`."""
+    return (acts.join(rows, on="row", how="left", maintain_order="left")
+            .with_columns(pl.coalesce("new", "class").alias("class")).drop("new"))
 
 
 def _reclassed(acts: pl.DataFrame, k: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -117,8 +118,7 @@ def _reclassed(acts: pl.DataFrame, k: pl.DataFrame) -> tuple[pl.DataFrame, pl.Da
     the evidence frame that says why (EVIDENCE_SCHEMA)."""
     if k.is_empty():
         return acts, pl.DataFrame(schema=EVIDENCE_SCHEMA)
-    acts = acts.join(k.select("row", pl.col("new").cast(CLASS_DTYPE)), on="row", how="left", maintain_order="left") \
-        .with_columns(pl.coalesce("new", "class").alias("class")).drop("new")
+    acts = _with_classes(acts, k.select("row", pl.col("new").cast(CLASS_DTYPE)))
     ev = k.select(pl.col("name").cast(pl.String), pl.col("demangled").cast(pl.String), pl.col("new").alias("class"),
                   "class_by").unique(maintain_order=True)
     return acts, ev
