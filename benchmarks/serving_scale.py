@@ -48,17 +48,7 @@ def unpacked(out: Path) -> Path:
 
 def scan_once(path: Path) -> float:
     """The two-table SQLite scan of `path` (run.py's floor2), in a fresh connection: seconds."""
-    import sqlite3
-
-    t = time.perf_counter()
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        con.execute("SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                    "JOIN StringIds s ON s.id = k.shortName").fetchone()
-        con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
-    finally:
-        con.close()
-    return time.perf_counter() - t
+    return _run.floor_scan(str(path), both=True)[0]
 
 
 # run.py's launcher forks the analysis and reports its wall and peak RSS: a child forked by this
