@@ -814,8 +814,7 @@ def _close_open_windows(trace, api: pl.DataFrame, windows: pl.DataFrame) -> pl.D
         keys = late.select("pid", "corr").unique()
         hit = acts.select("pid", "corr").join(keys.lazy(), on=["pid", "corr"], how="semi").unique().collect()
         late = late.join(hit, on=["pid", "corr"], how="semi")
-    launching = late
-    last = pl.concat([last_act.select("pid", pl.col("_act").alias("end")), launching.select("pid", "end")]).group_by(
+    last = pl.concat([last_act.select("pid", pl.col("_act").alias("end")), late.select("pid", "end")]).group_by(
         "pid").agg(pl.col("end").max().alias("_last"))
     return windows.join(last, on="pid", how="left").with_columns(
         pl.when(pl.col("w_end") == OPEN_END).then(pl.col("_last")).otherwise(pl.col("w_end")).alias("w_end")

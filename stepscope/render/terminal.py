@@ -288,12 +288,12 @@ def render_compare(doc: dict, console: Console | None = None) -> None:
         c.add_row(cls, us_num(r["a_time_ns"]), us_num(r["b_time_ns"]), us_num(r["delta_time_ns"], sign=True),
                   f"{r['a_count']:g}", f"{r['b_count']:g}")
     console.print(c)
-    hidden = {"A": "in B, not recorded in A (inside A's CUDA graphs, recorded whole)",
-              "B": "not recorded in B (inside its CUDA graphs, recorded whole)"}
-    whole = next((s for s, x in (("A", a), ("B", b)) if x.get("graph_level")), None) \
-        if a.get("graph_level") != b.get("graph_level") else None
-    added = hidden["A"] if whole == "A" else "added in B"
-    removed = hidden["B"] if whole == "B" else "removed in B"
+    # names one side does not show because its graphs are recorded whole are not added or removed
+    a_whole, b_whole = bool(a.get("graph_level")), bool(b.get("graph_level"))
+    added = "in B, not recorded in A (inside A's CUDA graphs, recorded whole)" if a_whole and not b_whole \
+        else "added in B"
+    removed = "not recorded in B (inside its CUDA graphs, recorded whole)" if b_whole and not a_whole \
+        else "removed in B"
     for label, key in ((added, "kernels_added"), (removed, "kernels_removed")):
         names = doc[key]
         if names:
