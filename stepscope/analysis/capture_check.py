@@ -125,6 +125,12 @@ def clock_defect(acts: pl.DataFrame, session_end_ns: int | None) -> dict | None:
                  n_late=(launched & (late >= CLOCK_LATE_NS)).sum(), by_late=late.filter(launched).max()
                  ).collect().row(0, named=True)
     n = d.pop("n")
+    return clock_from_counts(n, d, session_end_ns)
+
+
+def clock_from_counts(n: int, d: dict, session_end_ns: int | None) -> dict | None:
+    """clock_defect's row from its counts over `n` kernels (n_early, by_early, n_late, by_late):
+    also what an analysis by windows adds up (analysis/windows.py)."""
     if not n:
         return None
     j = {k_: (v or 0) for k_, v in d.items()}

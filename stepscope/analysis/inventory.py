@@ -308,7 +308,8 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     # one row of class cuda_graph (graph level: the kernels inside it are not in the trace)
     whole = classes.filter(pl.col("class") == "cuda_graph").select(pl.col("step").cast(pl.Int64))
     graph_steps = pl.concat([graph_nodes.select("step"), whole]).unique().sort("step")
-    class_by = pl.concat([by_nvtx, routed, evidence, fused_notes(names, rules)]).unique(
+    class_by_parts = (by_nvtx, routed, evidence, fused_notes(names, rules))
+    class_by = pl.concat(class_by_parts).unique(
         ["name", "demangled", "class"], keep="first", maintain_order=True)
     kernels = _with_evidence(kernels, class_by)
     warnings = list(trace.warnings) + seg.warnings
@@ -328,6 +329,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
         warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
                     class_by, families, ops, graph_steps, launch_config, started, defects, host_silences=silences)
+    inv.class_by_parts = class_by_parts  # by kind of evidence, for an analysis by windows (analysis/windows.py)
     memory.inventory_built(inv)
     return inv
 
