@@ -215,14 +215,21 @@ def step_texts(inv):
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
               cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
-              calibration=None, strict: bool = False, events: bool = True):
+              calibration=None, strict: bool = False, events: bool = True, window_steps: int | None = 0):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
-    else the bundled one)."""
+    else the bundled one). `window_steps`: a long one-shot run is analyzed by windows of that many
+    steps (by_windows.py; None: sized by the export; 0, the default: whole)."""
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
+    if memory.one_shot and not launch_config and window_steps != 0 and trace is not None:
+        from stepscope import by_windows
+
+        d = by_windows.diagnosis(Path(trace), step_regex, rules, chosen(calibration), window_steps)
+        if d is not None:
+            return d.only_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,
                events=events)
     progress.stage(f"finding gaps, launch overhead and floors of {Path(inv.trace.path).name}")
@@ -242,7 +249,7 @@ def analyze(trace: str | Path | None = None, options=None, *, steps: str | None 
     o = Options() if options is None else options
     check_steps(steps)  # a bad --steps fails before the trace is read
     d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
-                  strict=o.strict, events=events)
+                  strict=o.strict, events=events, window_steps=o.window_steps)
     result = result_of(d, steps, views=views)
     if events:
         return result

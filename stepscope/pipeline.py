@@ -29,13 +29,15 @@ class Options:
     warning; calibration: the what-if's (a file, a whatif.Calibration or one GraphConstants;
     None: the user's file when it exists, else the bundled one); memory: what the analysis may
     let go of on the way (analysis/memory.py: NOTEBOOK keeps everything, ONE_SHOT what one
-    document needs)."""
+    document needs); window_steps: how many steps a window of a long one-shot run owns
+    (by_windows.py; None: sized by the export, 0: the trace read whole)."""
 
     rules: str | Path | None = None
     step_regex: str | None = None
     strict: bool = False
     calibration: Any = None
     memory: Retention = NOTEBOOK
+    window_steps: int | None = None
 
 
 @dataclass(frozen=True)

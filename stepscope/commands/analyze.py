@@ -16,6 +16,9 @@ DefaultTrace = Annotated[Optional[List[Path]], typer.Argument(
 Scheduler = Annotated[Optional[str], typer.Option(
     "--scheduler", metavar="ADDRESS", help="several reports: analyze them on this dask cluster (tcp://host:8786); "
     "its workers must see the reports' paths")]
+WindowSteps = Annotated[Optional[int], typer.Option(
+    "--window-steps", metavar="N", min=0, help="a long run: analyze it N steps at a time, in bounded memory "
+    "(default: sized by the export, windows only past 2M kernels; 0: read it whole)")]
 Workers = Annotated[Optional[int], typer.Option(
     "--workers", metavar="N", help="several reports: the local dask cluster's workers (default: sized to the machine)")]
 
@@ -24,7 +27,7 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
             steps: Steps = "all", no_cache: NoCache = False, calibration: CalibrationFile = None,
             kinds: bool = typer.Option(False, "--kinds", help="a run of many kinds of step: also each kind's "
                                        "verdict and diagnosis below the run view"),
-            scheduler: Scheduler = None, workers: Workers = None) -> None:
+            scheduler: Scheduler = None, workers: Workers = None, window_steps: WindowSteps = None) -> None:
     """Split a trace into steps and inventory each step's kernels by class; several reports of
     one run: every rank's steps, the cross-rank skew, the binding rank, transfer vs wait."""
     from stepscope import library
@@ -37,8 +40,10 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
     traces = list(trace or [])
     if len(traces) > 1 or (traces and _is_many(traces[0])):
         return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict)
-    options = Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration, memory=ONE_SHOT)
-    with progress.shown(not as_json):
+    options = Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration, memory=ONE_SHOT,
+                      window_steps=window_steps)
+    # under --json the progress shows only while the document goes to a terminal, never to a pipe
+    with progress.shown(not as_json or _stdout_is_terminal()):
         result = library.analyze(traces[0] if traces else None, options, steps=steps, cache=not no_cache,
                                  views=not as_json, events=not as_json)
     if as_json:
@@ -51,6 +56,15 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
     from stepscope.render.terminal import TerminalRenderer
 
     typer.echo(render(result, TerminalRenderer(kinds=kinds)), nl=False)
+
+
+def _stdout_is_terminal() -> bool:
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _is_many(p: Path) -> bool:

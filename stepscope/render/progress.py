@@ -32,6 +32,7 @@ class _Display:
 
     def __init__(self) -> None:
         self.text = "working"
+        self.done: tuple[int, int] | None = None  # a bar's (done, total), when the work counts its parts
         self._progress = None
         self._task = None
         self._timer = threading.Timer(DELAY_S, self._start)
@@ -40,16 +41,19 @@ class _Display:
 
     def _start(self) -> None:
         from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         with _lock:
             if self._stopped:
                 return
             # the terminal test was done by the caller; rich must not redo it on a replaced stream
             console = Console(stderr=True, force_terminal=True)
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                      console=console, transient=True)
-            self._task = self._progress.add_task(self.text, total=None)
+            # a bar and its count appear beside the text once the work says how many parts it has
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), _Counted(BarColumn()),
+                                      _Counted(MofNCompleteColumn()), TimeElapsedColumn(), console=console,
+                                      transient=True)
+            done, total = self.done or (0, None)
+            self._task = self._progress.add_task(self.text, total=total, completed=done)
             self._progress.start()
 
     def update(self, text: str) -> None:
@@ -58,6 +62,12 @@ class _Display:
             if self._progress is not None:
                 # drawn now, not at the next tick: a stage can be shorter than rich's refresh period
                 self._progress.update(self._task, description=text, refresh=True)
+
+    def advance(self, text: str, done: int, total: int) -> None:
+        with _lock:
+            self.text, self.done = text, (done, total)
+            if self._progress is not None:
+                self._progress.update(self._task, description=text, completed=done, total=total, refresh=True)
 
     def print(self, text: str) -> bool:
         with _lock:
@@ -73,6 +83,21 @@ class _Display:
             if self._progress is not None:
                 self._progress.stop()
                 self._progress = None
+
+
+class _Counted:
+    """A rich column shown only for work that counts its parts (a task with a total)."""
+
+    def __init__(self, column) -> None:
+        self.column = column
+
+    def __call__(self, task):
+        from rich.text import Text
+
+        return self.column(task) if task.total is not None else Text("")
+
+    def __getattr__(self, name):
+        return getattr(self.column, name)
 
 
 @contextmanager
@@ -96,6 +121,13 @@ def stage(text: str) -> None:
     """Name what the command is doing now (a no-op when no progress is shown)."""
     if _current is not None:
         _current.update(text)
+
+
+def bar(text: str, done: int, total: int) -> None:
+    """Name what the command is doing and how far it is: `done` of `total` parts (the windows
+    of a long trace: by_windows.py); a no-op when no progress is shown."""
+    if _current is not None:
+        _current.advance(text, done, total)
 
 
 def stop() -> None:

@@ -1,0 +1,129 @@
+"""A long trace analyzed by windows of steps (analysis/windows.py, by_windows.py): the same
+document as the trace analyzed whole, down to the byte, with windows as small as one step (every
+step then straddles a window's edge: its context, the steps before and after it, lies in the
+windows beside it); every step range owned by exactly one window (plain SQL's count); a trace
+unfit for windows analyzed whole, and the reason said."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, SERVING, gunzipped, ro
+from stepscope import library
+from stepscope.analysis import windows
+from stepscope.analysis.memory import ONE_SHOT
+from stepscope.pipeline import Options
+from stepscope.render.json import analyze_json
+
+# the captures whose steps are vLLM's NVTX step ranges: a serving run eager and with CUDA graphs,
+# the eager MoE serving capture, and both TP=2 captures (two processes, one GPU each)
+RUNS = [SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama-3.1-8b_serve_r48_s0_graph.sqlite.gz",
+        FIXTURES / "models" / "qwen3-30b-a3b_serve_r16_s0_eager.sqlite.gz",
+        FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite", FIXTURES / "llama8b_decode_b1_graph_tp2.sqlite"]
+
+
+def _path(p):
+    return gunzipped(p) if p.name.endswith(".gz") else p
+
+
+def _document(path, window_steps: int) -> str:
+    r = library.analyze(path, Options(memory=ONE_SHOT, window_steps=window_steps), cache=False, events=False)
+    return analyze_json(r)
+
+
+_WHOLE: dict = {}
+
+
+def _whole(path) -> str:
+    if path not in _WHOLE:
+        _WHOLE[path] = _document(path, 0)
+    return _WHOLE[path]
+
+
+# the step ranges, counted in SQL: vLLM's and `step …` names (DEFAULT_STEP_REGEX's branches these
+# captures use; none of them nests one in another)
+RANGES_SQL = ("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+              "WHERE (coalesce(e.text, s.value) GLOB 'execute_*context_*_generation_*' "
+              "OR coalesce(e.text, s.value) GLOB 'step *' OR coalesce(e.text, s.value) = 'step') AND e.end IS NOT NULL")
+
+
+@pytest.mark.parametrize("source", RUNS, ids=[p.name for p in RUNS])
+@pytest.mark.parametrize("window_steps", [1, 7])
+def test_windows_give_the_whole_documents_bytes(source, window_steps):
+    path = _path(source)
+    with ro(path) as con:
+        ranges = con.execute(RANGES_SQL).fetchone()[0]
+    from stepscope.ingest import read_trace
+
+    p = windows.plan(read_trace(path, cache=False).nvtx, None, window_steps)
+    if ranges <= window_steps:
+        assert p.windows == () and p.why_whole
+        return
+    # every range is owned by one window: the windows' own spans tile the time axis
+    assert len(p.windows) == -(-ranges // window_steps)
+    assert p.windows[0].own_lo is None and p.windows[-1].own_hi is None
+    assert all(a.own_hi == b.own_lo for a, b in zip(p.windows, p.windows[1:]))
+    got = _document(path, window_steps)
+    assert got == _whole(path)
+    # and the steps are the trace's, not the windows': as many as plain SQL's ranges that
+    # launched GPU work, numbered 0..n-1 in start order
+    doc = json.loads(got)
+    assert [s["index"] for s in doc["steps"]] == list(range(len(doc["steps"])))
+    assert len(doc["steps"]) <= ranges
+
+
+def test_a_window_of_one_step_holds_its_neighbours():
+    """With one step a window, each window's events reach one step range before its own and two
+    after: the context that a step's begin (the previous step's GPU end) and a vLLM step's end
+    (the next iteration's range) are read from."""
+    from stepscope.ingest import read_trace
+
+    t = read_trace(_path(RUNS[0]), cache=False)
+    p = windows.plan(t.nvtx, None, 1)
+    starts = sorted(windows._windows_nvtx(t.nvtx, None)["w_start"].to_list())
+    mid = p.windows[5]
+    i = starts.index(mid.own_lo)
+    assert (mid.lo, mid.own_hi, mid.hi) == (starts[i - 1], starts[i + 1], starts[i + 3])
+    sub = windows.window_trace(t, mid)
+    # every API call of the window started inside it, every kernel it holds was launched by one
+    # of them or started inside it
+    assert sub.api["start"].min() >= mid.lo and sub.api["start"].max() < mid.hi
+    assert sub.kernels.height < t.kernels.height
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "models/qwen3-30b-a3b_r32_graph_plain.sqlite.gz"])
+def test_a_trace_unfit_for_windows_is_analyzed_whole(name):
+    """One step range (nothing to cut), or no NVTX step range at all (the steps of a plain
+    capture are found from the whole trace): plan says why, and the document is the whole one."""
+    from stepscope.ingest import read_trace
+
+    path = _path(FIXTURES / name)
+    p = windows.plan(read_trace(path, cache=False).nvtx, None, 1)
+    assert p.windows == ()
+    assert p.why_whole in ("one window holds every step", "no NVTX step range: the steps are found from the whole trace")
+    assert _document(path, 1) == _whole(path)
+
+
+def test_the_window_size_follows_the_export():
+    from stepscope.by_windows import WINDOW_KERNELS, WINDOW_MIN_KERNELS, window_steps_for
+
+    assert window_steps_for(WINDOW_MIN_KERNELS, 5000, None) == 0  # small enough to read whole
+    assert window_steps_for(25_000_000, 58_000, None) == WINDOW_KERNELS // (25_000_000 // 58_000)
+    assert window_steps_for(25_000_000, 58_000, 3) == 3
+    assert window_steps_for(25_000_000, 58_000, 0) == 0
+
+
+def test_the_cli_window_option_writes_the_same_bytes():
+    from conftest import CliRunner
+    from stepscope.cli import app
+
+    path = str(_path(RUNS[0]))
+    runner = CliRunner()
+    whole = runner.invoke(app, ["analyze", path, "--json", "--no-cache", "--window-steps", "0"])
+    by_windows = runner.invoke(app, ["analyze", path, "--json", "--no-cache", "--window-steps", "9"])
+    assert whole.exit_code == by_windows.exit_code == 0
+    assert by_windows.stdout == whole.stdout
+    bad = runner.invoke(app, ["analyze", path, "--json", "--window-steps", "-1"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
