@@ -127,3 +127,18 @@ def test_the_cli_window_option_writes_the_same_bytes():
     assert by_windows.stdout == whole.stdout
     bad = runner.invoke(app, ["analyze", path, "--json", "--window-steps", "-1"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("source", [RUNS[1], RUNS[3]], ids=[RUNS[1].name, RUNS[3].name])
+def test_the_terminal_says_the_same_by_windows(source):
+    """The run view, each kind's verdict and diagnosis (--kinds), the trace's kernel count: the
+    same text from the windows' frames as from the whole trace's."""
+    from conftest import CliRunner
+    from stepscope.cli import app
+
+    path = str(_path(source))
+    runner = CliRunner()
+    whole = runner.invoke(app, ["analyze", path, "--kinds", "--no-cache", "--window-steps", "0"])
+    by_windows = runner.invoke(app, ["analyze", path, "--kinds", "--no-cache", "--window-steps", "1"])
+    assert whole.exit_code == by_windows.exit_code == 0
+    assert by_windows.stdout == whole.stdout

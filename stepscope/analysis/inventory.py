@@ -179,6 +179,12 @@ class Inventory:
         for are left out (capture_check.beside_defects)."""
         return capture_check.beside_defects(self.capture, self.warnings)
 
+    def kernel_total(self) -> int:
+        """The trace's kernels, in a step or not: counted on the activities, or given by an
+        analysis by windows (analysis/windows.py), whose inventory holds none."""
+        given = self.__dict__.get("kernels_total")
+        return int(self.acts["is_kernel"].sum()) if given is None else given
+
     def step_ids(self) -> list[int]:
         return self.steps["step"].to_list()
 

@@ -59,7 +59,7 @@ class HeadFigures:
 
 
 def head_figures(inv) -> HeadFigures:
-    return HeadFigures(int(inv.acts["is_kernel"].sum()), len(inv.step_ids()))
+    return HeadFigures(inv.kernel_total(), len(inv.step_ids()))
 
 
 @dataclass(frozen=True)

@@ -150,11 +150,27 @@ class Own:
     ends: pl.DataFrame    # pid, the end of its last CUDA record (API call, kernel or memop)
     api_end: int | None   # the end of the last API call
     gpu_pids: set
+    kernels: int = 0      # the kernels of its own steps and own span (Inventory.kernel_total)
 
 
-def analyze_window(trace, w: Window, step_regex, rules, launch_config, offset: int):
-    """Window `w`'s own steps analyzed: (inventory frames, calibration-free frames, the window's
-    Inventory, how many own steps, Own), each step numbered from `offset`."""
+@dataclass
+class WindowResult:
+    """One window analyzed: its own steps' frames (numbered 0..steps-1 in the window: merge()
+    numbers them in the trace), what it found of the trace's warnings and defects (Own), its
+    evidence by kind (Inventory.class_by_parts) and, for the first window, the start-up. Small
+    frames only: what travels back from a dask worker."""
+
+    index: int
+    steps: int
+    inv: dict
+    known: dict
+    own: Own
+    class_by: tuple
+    startup: pl.DataFrame | None
+
+
+def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> WindowResult:
+    """Window `w`'s own steps analyzed (the trace `trace` is window_trace's for `w`)."""
     from stepscope.analysis.diagnosis import Diagnosis, calibration_free
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.analysis.steps import NoStep
@@ -163,7 +179,7 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config, offset: i
     try:
         inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config)
     except NoStep:  # its ranges launched nothing (a window of one empty step range)
-        return None, None, None, 0, _own_of(trace, None, w, own_ranges)
+        return WindowResult(w.index, 0, {}, {}, _own_of(trace, None, w, own_ranges), (), None)
     if not (inv.steps["delimiter"] == "nvtx").all():
         raise WholeTrace("its steps are not all NVTX step ranges")
     if inv.steps.group_by("pid").agg(pl.col("device").n_unique().alias("n"))["n"].max() > 1:
@@ -174,11 +190,15 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config, offset: i
     known = calibration_free(inv)
     known["top_gaps"] = Diagnosis._longest_gaps(_GapsOnly(known["gaps"]))
     known["gaps"] = known["gaps"].clear()
-    frames = {f: _renumbered(getattr(inv, f), ids, offset) for f in INV_STEP_FRAMES}
-    frames["collectives"] = _renumbered(inv.collectives, ids, offset)
+    frames = {f: _renumbered(getattr(inv, f), ids, 0) for f in INV_STEP_FRAMES}
+    # a run's kernel table repeats a few hundred names per step: as categories, 8 bytes a row
+    # rather than two copies of a long demangled name
+    frames["kernels"] = frames["kernels"].with_columns(pl.col("name", "demangled").cast(pl.Categorical))
+    frames["collectives"] = _renumbered(inv.collectives, ids, 0)
     frames["host_silences"] = inv.host_silences
-    kn = {k: _renumbered(v, ids, offset) if isinstance(v, pl.DataFrame) else v for k, v in known.items()}
-    return frames, kn, inv, ids.height, _own_of(trace, inv, w, own_ranges)
+    kn = {k: _renumbered(v, ids, 0) if isinstance(v, pl.DataFrame) else v for k, v in known.items()}
+    return WindowResult(w.index, ids.height, frames, kn, _own_of(trace, inv, w, own_ranges),
+                        tuple(inv.class_by_parts), inv.startup if w.own_lo is None else None)
 
 
 def _is_note(x, code: str) -> bool:
@@ -212,7 +232,8 @@ def _own_of(trace, inv, w: Window, own_ranges: dict) -> Own:
     clock = k.select(n=pl.len(), n_early=(launched & (early > CLOCK_SLACK_NS)).sum(),
                      by_early=early.filter(launched).max(), n_late=(launched & (late >= CLOCK_LATE_NS)).sum(),
                      by_late=late.filter(launched).max()).collect().row(0, named=True)
-    return Own(own_ranges, no_launch, clock, ends, api_end, gpu)
+    n_kernels = a.filter(pl.col("is_kernel") & mine).select(pl.len()).collect().item()
+    return Own(own_ranges, no_launch, clock, ends, api_end, gpu, n_kernels)
 
 
 class _GapsOnly:
@@ -221,50 +242,68 @@ class _GapsOnly:
 
 
 def analyze_by_windows(trace, p: Plan, step_regex=None, rules=None, launch_config=None, calibration=None,
-                       windows=None):
+                       windows=None, results=None):
     """The Diagnosis of `trace` analyzed window by window (`p`: plan()); equal, frame for frame
     of what any document reads, to diagnose(analyze_trace(trace)) on the whole trace.
-    `windows`: the window traces (an iterable of (Window, Trace)); by default cut from `trace`."""
+    `windows`: the window traces (an iterable of (Window, Trace)), by default cut from `trace`;
+    `results`: the windows' WindowResults, already analyzed elsewhere (dask: by_windows.py)."""
     from stepscope.analysis.classify import load_rules
+
+    if results is None:
+        rules = rules or load_rules()
+        pairs = windows if windows is not None else ((w, window_trace(trace, w)) for w in p.windows)
+        results = (analyze_window(sub, w, step_regex, rules, launch_config) for w, sub in pairs)
+    return merge(trace, results, calibration)
+
+
+def merge(trace, results, calibration=None):
+    """The Diagnosis of the whole trace from its windows' results (in window order): each
+    window's steps numbered after the windows before it, the per-step frames one after another,
+    then diagnose() once over them (what depends on every step: the what-if's memset mode, the
+    verdicts, the trace's own graph constants)."""
     from stepscope.analysis.diagnosis import diagnose
 
-    rules = rules or load_rules()
     parts_inv: dict[str, list] = {}
     parts_known: dict[str, list] = {}
     owns: list[Own] = []
     class_by: list[list] = [[], [], [], []]
+    startup = None
     offset = 0
-    first = None
-    pairs = windows if windows is not None else ((w, window_trace(trace, w)) for w in p.windows)
-    for w, sub in pairs:
-        frames, kn, inv, n, own = analyze_window(sub, w, step_regex, rules, launch_config, offset)
-        owns.append(own)
-        if first is None:
-            first = inv if inv is not None else False
-        if inv is None:
+    for r in results:
+        owns.append(r.own)
+        if r.startup is not None:
+            startup = r.startup
+        if not r.steps:
             continue
-        offset += n
-        for k, v in frames.items():
-            parts_inv.setdefault(k, []).append(v)
-        for k, v in kn.items():
-            parts_known.setdefault(k, []).append(v)
-        for i, f in enumerate(inv.class_by_parts):
+        for k, v in r.inv.items():
+            parts_inv.setdefault(k, []).append(_shifted(v, offset))
+        for k, v in r.known.items():
+            parts_known.setdefault(k, []).append(_shifted(v, offset) if isinstance(v, pl.DataFrame) else v)
+        for i, f in enumerate(r.class_by):
             class_by[i].append(f)
-        del sub, inv
+        offset += r.steps
     if not parts_inv:
         from stepscope.analysis.steps import NoStep
 
         raise NoStep(f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
                      "check --step-regex or capture with an NVTX range per step")
     cat = {k: _concat(v) for k, v in parts_inv.items()}
+    del parts_inv
     known = {k: (_concat(v) if isinstance(v[0], pl.DataFrame) else v[0]) for k, v in parts_known.items()}
-    return diagnose(merged_inventory(trace, cat, owns, class_by, first, step_regex), calibration, known=known)
+    del parts_known
+    return diagnose(merged_inventory(trace, cat, owns, class_by, startup), calibration, known=known)
 
 
-def merged_inventory(trace, cat: dict, owns: list, class_by: list, first, step_regex):
+def _shifted(f: pl.DataFrame, offset: int) -> pl.DataFrame:
+    """A window's frame with its steps numbered after the `offset` steps of the windows before."""
+    if not offset or "step" not in f.columns:
+        return f
+    return f.with_columns(pl.col("step") + offset)
+
+
+def merged_inventory(trace, cat: dict, owns: list, class_by: list, startup):
     """The Inventory of the whole trace from its windows' own frames: the per-step frames one
     after another, the evidence, warnings and capture defects the whole trace would have."""
-    from stepscope.analysis import capture_check
     from stepscope.analysis.inventory import Inventory, impossible_figures
     from stepscope.analysis.notes import EMPTY_STEP_RANGES, NO_LAUNCHING_CALL, PHASE_FROM_NAMES, note
     from stepscope.classes import ATTENTION as ATTENTION_CLASSES
@@ -289,8 +328,9 @@ def merged_inventory(trace, cat: dict, owns: list, class_by: list, first, step_r
                          how="vertical_relaxed").unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     inv = Inventory(trace, steps, cat["classes"], cat["kernels"], pl.DataFrame(), pl.DataFrame(), pl.DataFrame(),
                     warnings, cat["collectives"], class_by, cat["framework"], cat["framework_ops"], cat["graph_steps"],
-                    None, first.startup if first else pl.DataFrame(schema=STARTUP_SCHEMA),
+                    None, startup if startup is not None else pl.DataFrame(schema=STARTUP_SCHEMA),
                     _defects(trace, steps, owns), host_silences=cat["host_silences"])
+    inv.kernels_total = sum(o.kernels for o in owns)
     return inv
 
 
