@@ -11,7 +11,10 @@ whole, as before.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from stepscope.errors import InputError
 
 # below this many kernels the whole trace is read at once (its frames, a few hundred MB at most)
 WINDOW_MIN_KERNELS = 2_000_000
@@ -33,17 +36,28 @@ def window_steps_for(n_kernels: int, n_ranges: int, given: int | None) -> int:
     return max(1, WINDOW_KERNELS // per_step)
 
 
-def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | None = None):
+def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | None = None, *,
+              scheduler: str | None = None, workers: int | None = None):
     """The Diagnosis of the nsys SQLite export `path` analyzed by windows, or None when it is
-    analyzed whole (not an nsys SQLite export, too small, or its steps unfit for windows)."""
+    analyzed whole (not an nsys SQLite export, too small, or its steps unfit for windows).
+    `scheduler` (a dask scheduler's address) or `workers` (a local dask cluster's size): the
+    windows are analyzed there, each on one worker, and merged here (the same Diagnosis)."""
     from stepscope.analysis import windows
     from stepscope.analysis.classify import load_rules
     from stepscope.ingest.nsys_sqlite import is_sqlite
     from stepscope.render import progress
 
-    if window_steps == 0 or not is_sqlite(path):
+    if window_steps == 0:
         return None
-    source = _source(path)
+    try:
+        if not path.is_file() or not is_sqlite(path):
+            return None
+        if window_steps is None and not os.environ.get("STEPSCOPE_WINDOW_STEPS") and \
+                _kernel_rows(path) <= WINDOW_MIN_KERNELS:
+            return None  # the usual trace: read whole, never opened twice
+        source = _source(path)
+    except (OSError, InputError):  # the whole path's reading says what is wrong, in its own words
+        return None
     if source is None:
         return None
     try:
@@ -53,21 +67,75 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         p = windows.plan(source.base.nvtx, step_regex, n)
         if not p.windows:
             return None
-        total = len(p.windows)
+        if scheduler is not None or workers:
+            from stepscope import distribute
 
-        def pairs():
+            jobs = [WindowJob(str(path), w, len(p.windows), source.state()) for w in p.windows]
+            got = distribute.map_windows(jobs, window_job, step_regex, None if rules is None else str(rules),
+                                         scheduler=scheduler, workers=workers)
+            results = [r for r, _ in got]
+            for _, tally in got:
+                source.add_tally(tally)
+        else:
+            total = len(p.windows)
+            rules_set = load_rules(rules)
+            label = f"analyzing {path.name} by windows of {n:,} steps"
+            results = []
             for i, w in enumerate(p.windows):
-                progress.bar(f"analyzing {path.name} by windows of {n:,} steps", i, total)
-                yield w, source.read(w.lo, w.hi)
-            progress.bar(f"analyzing {path.name} by windows of {n:,} steps", total, total)
-
-        try:
-            return windows.analyze_by_windows(source.base_with_warnings, p, step_regex, load_rules(rules),
-                                              None, calibration, windows=pairs())
-        except windows.WholeTrace:
-            return None
+                progress.bar(label, i, total)
+                results.append(windows.analyze_window(source.read(w.lo, w.hi), w, step_regex, rules_set))
+            progress.bar(label, total, total)
+        return windows.merge(source.trace_with_warnings(), results, calibration)
+    except windows.WholeTrace:
+        return None
     finally:
         source.close()
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """One window of a long report, as a dask task takes it: the export, the window, how many
+    the report has, and the reader's state (what it learnt of the export when it opened it, so
+    that a worker reads its window without opening the export again)."""
+
+    path: str
+    window: object
+    of: int
+    state: object
+
+    def __str__(self) -> str:  # how a failure names it (distribute.py)
+        return f"{self.path} (window {self.window.index + 1} of {self.of})"
+
+
+def window_job(job: WindowJob, step_regex=None, rules=None, cache=False, strict=False):
+    """A worker's task: the job's window read and analyzed, (WindowResult, the reading's tally
+    of values left out: the report's warnings add them up)."""
+    from stepscope.analysis import windows
+    from stepscope.analysis.classify import load_rules
+
+    reader = _Reader.from_state(Path(job.path), job.state)
+    try:
+        trace = reader.read(job.window.lo, job.window.hi)
+        return windows.analyze_window(trace, job.window, step_regex, load_rules(rules)), reader.tally()
+    finally:
+        reader.close()
+
+
+def _kernel_rows(path: Path) -> int:
+    """The kernel table's last rowid (its rows, but for deleted ones): SQLite reads it off the
+    table's B-tree without a scan. 0 when the export cannot say."""
+    import sqlite3
+
+    from stepscope.ingest.nsys_sqlite import connect_readonly
+
+    try:
+        con = connect_readonly(path)
+        try:
+            return int(con.execute("SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] or 0)
+        finally:
+            con.close()
+    except (sqlite3.Error, InputError, OSError, TypeError, ValueError):
+        return 0
 
 
 class _InMemory:
@@ -80,7 +148,9 @@ class _InMemory:
         self.trace = read_trace(path, cache=False)
         self.n_kernels = self.trace.kernels.height
         self.base = self.trace
-        self.base_with_warnings = self.trace
+
+    def trace_with_warnings(self):
+        return self.trace
 
     def n_ranges(self, step_regex) -> int:
         from stepscope.analysis.steps import _windows_nvtx
@@ -96,5 +166,53 @@ class _InMemory:
         pass
 
 
+class _Reader:
+    """Windows read from the export itself (ingest/nsys_windows.py): one window's events at a time."""
+
+    def __init__(self, path: Path):
+        from stepscope.ingest.nsys_windows import WindowReader
+
+        from stepscope.ingest.sidecar import read_sidecar
+
+        self.reader = WindowReader(path)
+        self.base = self.reader.base
+        self.n_kernels = self.reader.n_kernels
+        # what `stepscope trace` measured outside nsys, as ingest.read_trace reads it beside the export
+        self.base.sidecar, self.sidecar_warning = read_sidecar(path)
+
+    def n_ranges(self, step_regex) -> int:
+        from stepscope.analysis.steps import _windows_nvtx
+
+        return _windows_nvtx(self.base.nvtx, step_regex).height
+
+    def read(self, lo, hi):
+        return self.reader.read(lo, hi)
+
+    def state(self):
+        return self.reader
+
+    @classmethod
+    def from_state(cls, path: Path, state) -> "_Reader":
+        r = cls.__new__(cls)
+        r.reader, r.base, r.n_kernels, r.sidecar_warning = state, state.base, state.n_kernels, None
+        return r
+
+    def tally(self):
+        return self.reader.warnings_so_far()
+
+    def add_tally(self, tally) -> None:
+        self.extra = getattr(self, "extra", []) + list(tally)
+
+    def trace_with_warnings(self):
+        """The trace's frames beside its events, with the warnings of every window's reading."""
+        from dataclasses import replace
+
+        return replace(self.base, warnings=list(self.base.warnings) + self.reader.warnings_so_far()
+                       + getattr(self, "extra", []) + ([self.sidecar_warning] if self.sidecar_warning else []))
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 def _source(path: Path):
-    return _InMemory(path)
+    return _InMemory(path) if os.environ.get("STEPSCOPE_WINDOWS_IN_MEMORY") else _Reader(path)

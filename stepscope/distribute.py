@@ -123,7 +123,22 @@ def _serial(args, step_regex, rules, cache, strict, fn) -> list[ReportResult]:
     return out
 
 
-def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, processes, timeout, fn):
+def map_windows(jobs: list, fn: Callable, step_regex: str | None, rules: str | None, *, scheduler: str | None = None,
+                workers: int | None = None, processes: bool = True, timeout: float | None = None) -> list:
+    """Each window job's result, in the order of `jobs` (by_windows.py: one long report's
+    windows), on the dask cluster at `scheduler` or a local one of `workers` workers (default:
+    one per core, each holding one window at a time); `fn(job, step_regex, rules, cache, strict)`."""
+    if scheduler is not None:
+        scheduler = scheduler_address.check(scheduler)
+    if not have_dask():
+        raise StepscopeError("--scheduler and --workers need dask.distributed: pip install 'stepscope[dask]'")
+    n = max(1, min(int(workers or (os.cpu_count() or 1)), len(jobs)))
+    return _on_dask(jobs, None, step_regex, rules, False, False, scheduler, n, processes, timeout or timeout_s(), fn,
+                    noun="windows")
+
+
+def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, processes, timeout, fn,
+             noun: str = "reports"):
     import logging
 
     import dask
@@ -136,10 +151,10 @@ def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, 
             raise StepscopeError(scheduler_address.unreachable(scheduler, str(e))) from None
         with client:
             return _gather(client, args, step_regex, rules, cache, strict, timeout, fn,
-                           f"the dask cluster at {scheduler}")
-    n = local_workers(paths, workers)
+                           f"the dask cluster at {scheduler}", noun)
+    n = local_workers(paths, workers) if paths is not None else workers
     cores = os.cpu_count() or 1
-    progress.stage(f"starting {n} dask worker(s) for {len(args)} reports")
+    progress.stage(f"starting {n} dask worker(s) for {len(args)} {noun}")
     # a worker that dies fails its report at once: a retry would only kill the next worker
     # one task per worker at a time (no second report queued on it: a dying worker takes only
     # its own report with it, and a worker never holds two reports)
@@ -151,10 +166,11 @@ def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, 
         if processes:
             kw["env"] = {"POLARS_MAX_THREADS": str(max(1, cores // n))}
         with LocalCluster(**kw) as cluster, Client(cluster) as client:
-            return _gather(client, args, step_regex, rules, cache, strict, timeout, fn, "the local dask cluster")
+            return _gather(client, args, step_regex, rules, cache, strict, timeout, fn, "the local dask cluster",
+                           noun)
 
 
-def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where) -> list[ReportResult]:
+def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where, noun: str = "reports") -> list:
     from distributed import wait
     from distributed.scheduler import KilledWorker
 
@@ -172,9 +188,9 @@ def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where) 
             now = time.monotonic()
             killed = sorted(index[f.key] for f in done if f.status == "error" and isinstance(f.exception(), KilledWorker))
             if killed:
-                also = f" (and {len(killed) - 1} more report(s) queued on that worker)" if len(killed) > 1 else ""
+                also = f" (and {len(killed) - 1} more of the {noun} queued on that worker)" if len(killed) > 1 else ""
                 raise ReportError(f"{args[killed[0]]}: the dask worker analyzing it died{also} (out of memory? each "
-                                  "worker needs one report's analysis in memory): not analyzed", 2)
+                                  f"worker needs one {noun[:-1]}'s analysis in memory): not analyzed", 2)
             for f in sorted(done, key=lambda f: index[f.key]):
                 i = index[f.key]
                 if f.status == "error":
@@ -188,14 +204,14 @@ def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where) 
                 out[i] = o
                 last = now
             if done:
-                progress.stage(f"{sum(o is not None for o in out)} of {len(args)} reports analyzed on {where}")
+                progress.bar(f"{noun} analyzed on {where}", sum(o is not None for o in out), len(args))
             if client.scheduler_info().get("workers"):
                 workerless = now
             else:
                 last = now  # the no-progress clock runs only while some worker could make progress
             if now - workerless > WORKERLESS_S:
                 raise ReportError(f"{where} has had no worker for {WORKERLESS_S:.0f} s: "
-                                  f"{len(pending)} report(s) not analyzed, e.g. {args[index[next(iter(pending)).key]]}", 2)
+                                  f"{len(pending)} {noun} not analyzed, e.g. {args[index[next(iter(pending)).key]]}", 2)
             if pending and now - last > timeout:
                 left = sorted(index[f.key] for f in pending)
                 raise ReportError(f"{args[left[0]]}: not analyzed after {timeout:.0f} s on {where} (no report "

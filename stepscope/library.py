@@ -215,19 +215,22 @@ def step_texts(inv):
 
 def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, rules: str | Path | None = None, *,
               cache: bool = True, launch_config: bool = False, memory: Retention = NOTEBOOK, steps: str | None = None,
-              calibration=None, strict: bool = False, events: bool = True, window_steps: int | None = 0):
+              calibration=None, strict: bool = False, events: bool = True, window_steps: int | None = 0,
+              scheduler: str | None = None, workers: int | None = None):
     """load(), then gaps, launch overhead, floors and verdicts (the Diagnosis), narrowed to the
     steps `steps` selects (Diagnosis.only_steps) after the analyses ran on the whole trace.
     `calibration`: the what-if's calibration (a file or a Calibration; None: the user's file,
     else the bundled one). `window_steps`: a long one-shot run is analyzed by windows of that many
-    steps (by_windows.py; None: sized by the export; 0, the default: whole)."""
+    steps (by_windows.py; None: sized by the export; 0, the default: whole), on the dask cluster
+    at `scheduler` or a local one of `workers` workers when given."""
     from stepscope.analysis.whatif import chosen
 
     check_steps(steps)
     if memory.one_shot and not launch_config and window_steps != 0 and trace is not None:
         from stepscope import by_windows
 
-        d = by_windows.diagnosis(Path(trace), step_regex, rules, chosen(calibration), window_steps)
+        d = by_windows.diagnosis(Path(trace), step_regex, rules, chosen(calibration), window_steps,
+                                 scheduler=scheduler, workers=workers)
         if d is not None:
             return d.only_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,
@@ -237,19 +240,20 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
 
 
 def analyze(trace: str | Path | None = None, options=None, *, steps: str | None = "all", cache: bool = True,
-            views: bool = False, events: bool = True):
+            views: bool = False, events: bool = True, scheduler: str | None = None, workers: int | None = None):
     """`stepscope analyze TRACE`: the pipeline's chain (read, analyze) with the caches around it
     — the Parquet cache of the frames, the kept analysis and its per-step texts — into the
     pipeline's Result for the steps `steps` selects. `options`: pipeline.Options (None: its
     defaults). `views`: also each kind's StepDiagnosis (what the terminal prints); `events=False`:
     the per-event frames go once the Result is built, under a one-shot memory policy (the JSON
-    document reads only the per-step results)."""
+    document reads only the per-step results). `scheduler`/`workers`: a long run's windows are
+    analyzed on that dask cluster (by_windows.py)."""
     from stepscope.pipeline import Options, result_of
 
     o = Options() if options is None else options
     check_steps(steps)  # a bad --steps fails before the trace is read
     d = diagnosis(trace, o.step_regex, o.rules, cache=cache, memory=o.memory, calibration=o.calibration,
-                  strict=o.strict, events=events, window_steps=o.window_steps)
+                  strict=o.strict, events=events, window_steps=o.window_steps, scheduler=scheduler, workers=workers)
     result = result_of(d, steps, views=views)
     if events:
         return result
@@ -809,3 +813,14 @@ def run_document(reports: Sequence[str | Path], **kw) -> dict:
     from stepscope.render.reports_run import run_dict
 
     return run_dict(run(reports, **kw))
+
+
+def check_cluster(scheduler: str | None, workers: int | None) -> None:
+    """--scheduler and --workers as `analyze` takes them, checked before any trace is read: a
+    scheduler that is not an address, a worker count out of range, one line each (InputError)."""
+    from stepscope import options as opt
+    from stepscope import scheduler_address
+
+    opt.integer(workers, "--workers", 1, opt.MAX_WORKERS)
+    if scheduler is not None:
+        scheduler_address.check(scheduler)

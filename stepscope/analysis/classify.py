@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -93,6 +93,10 @@ class RuleSet:
     router: re.Pattern | None = None  # top-k / sort / softmax names: the router's or the sampler's
     routers: tuple[Position, ...] = ()  # which, by the telling kernels around it ([[router]])
     fused: tuple[Fused, ...] = ()
+    # the names this rule set has classed (name, demangled, class): an analysis by windows
+    # (analysis/windows.py) meets the same few hundred names in every window; a pure function of
+    # the names and the rules, so kept with the rules
+    memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def phase_pattern(self, key: str) -> re.Pattern | None:
         return dict(self.phase).get(key)
@@ -458,10 +462,20 @@ def _python_run(entries, out: pl.Series, pos: pl.Series, short: pl.Series, dem: 
 
 def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     """names: unique rows of (short_id, demangled_id, name, demangled) → adds `class`, each
-    distinct name classified once, by column (`first_match`)."""
+    distinct name classified once, by column (`first_match`); a name the rule set classed
+    before (rules.memo) is not matched again."""
+    known = rules.memo.get("classes")
+    if known is not None and names.height:
+        hit = names.select("name", "demangled").join(known, on=["name", "demangled"], how="left", nulls_equal=True,
+                                                     maintain_order="left")["class"]
+        if not hit.null_count():
+            return names.with_columns(hit.alias("class"))
     short, dem = name_columns(names)
     classes = first_match(short, dem, [(r.cls, r.pattern, r.field) for r in rules.kernel_rules], "other")
-    return names.with_columns(classes.alias("class"))
+    out = names.with_columns(classes.alias("class"))
+    new = out.select(pl.col("name", "demangled").cast(pl.String), pl.col("class").cast(pl.String))
+    rules.memo["classes"] = new if known is None else pl.concat([known, new]).unique(["name", "demangled"])
+    return out
 
 
 def nvtx_attribution(

@@ -6,6 +6,7 @@ polars expressions over the whole trace at once (no Python loop over kernels or 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -641,6 +642,14 @@ def step_launch_calls(steps: pl.DataFrame, acts: pl.DataFrame, api: pl.DataFrame
     return sorted_by(pl.concat(parts, how="vertical_relaxed"), "step", "start")
 
 
+@functools.lru_cache(maxsize=4096)
+def _pattern_of(seq: bytes) -> tuple:
+    """layer_pattern of a step's kernel sequence (int64 name keys, as bytes): a pure function of
+    the sequence, kept for the next step of the same sequence, in this trace or the next window
+    of it (analysis/windows.py: each window meets a run's few distinct step sequences again)."""
+    return layer_pattern(np.frombuffer(seq, dtype=np.int64))
+
+
 def _layers(acts: pl.DataFrame, keys: dict[int, int] | None = None) -> pl.DataFrame:
     """(step, layers, kernels_per_layer, layer_start) of each step's kernel sequence; `keys`
     maps a name id to the id it is compared as (layers.layer_keys)."""
@@ -663,7 +672,7 @@ def _layers(acts: pl.DataFrame, keys: dict[int, int] | None = None) -> pl.DataFr
         if src.size:
             at = np.clip(np.searchsorted(src, seq), 0, src.size - 1)
             seq = np.where(src[at] == seq, dst[at], seq)
-        found[sig] = layer_pattern(seq)
+        found[sig] = _pattern_of(seq.tobytes())
     return seqs.select(
         "step",
         *[pl.col("sig").replace_strict({k: v[i] for k, v in found.items()}, default=None,

@@ -42,20 +42,29 @@ def analyze(trace: DefaultTrace = None, step_regex: StepRegex = None, strict: St
         return _analyze_run(traces, step_regex, rules, as_json, steps, no_cache, scheduler, workers, strict)
     options = Options(rules=rules, step_regex=step_regex, strict=strict, calibration=calibration, memory=ONE_SHOT,
                       window_steps=window_steps)
+    library.check_cluster(scheduler, workers)  # one line for a bad address, before the trace is read
     # under --json the progress shows only while the document goes to a terminal, never to a pipe
     with progress.shown(not as_json or _stdout_is_terminal()):
         result = library.analyze(traces[0] if traces else None, options, steps=steps, cache=not no_cache,
-                                 views=not as_json, events=not as_json)
+                                 views=not as_json, events=not as_json, scheduler=scheduler, workers=workers)
     if as_json:
-        from stepscope.render.json import JsonRenderer
-
-        # bytes, written as they are (with nl=True click would copy the whole document to add "\n")
-        typer.echo(render(result, JsonRenderer()), nl=False)
-        typer.echo()
-        return
+        return _print_json(result)
     from stepscope.render.terminal import TerminalRenderer
 
     typer.echo(render(result, TerminalRenderer(kinds=kinds)), nl=False)
+
+
+def _print_json(result) -> None:
+    """The document on stdout as bytes, written a few steps at a time: a long run's document is
+    never held whole (JsonRenderer.write)."""
+    import sys
+
+    from stepscope.render.json import JsonRenderer
+
+    out = sys.stdout.buffer
+    JsonRenderer().write(result, out)
+    out.write(b"\n")
+    out.flush()
 
 
 def _stdout_is_terminal() -> bool:

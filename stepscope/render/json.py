@@ -65,14 +65,15 @@ def inventory_texts(inv: Inventory, ids: list[int] | None = None) -> pl.DataFram
         pl.lit(',"kernels":'), pl.col("kernels").fill_null("[]"), pl.col("framework").fill_null("")).alias("text"))
 
 
-def _steps_frame(inv: Inventory, ids: list[int], diag=None, texts: pl.DataFrame | None = None) -> pl.DataFrame:
+def _steps_frame(inv: Inventory, ids: list[int], diag=None, texts: pl.DataFrame | None = None,
+                 sections: pl.DataFrame | None = None) -> pl.DataFrame:
     """One column of steps_text's objects, in step order. `texts`: inventory_texts of every step,
-    when already at hand."""
+    when already at hand; `sections`: sections_text(diag), likewise."""
     sel = list(ids)
     t = inventory_texts(inv, sel) if texts is None else texts.filter(pl.col("step").is_in(sel))
     parts = [pl.col("text")]
     if diag is not None:
-        sections = sections_text(diag)
+        sections = sections_text(diag) if sections is None else sections
         t = t.join(sections, on="step", how="left")
         parts += [pl.lit(',"gaps":'), pl.col("gaps"), pl.lit(',"launch":'), pl.col("launch"),
                   pl.lit(',"floors":'), pl.col("floors")]
@@ -127,11 +128,32 @@ def _phase_evidence(steps: pl.DataFrame) -> pl.DataFrame:
                      .alias("phase_evidence"))
 
 
+# the steps a big document is written in at a time (JsonRenderer.write): each piece's kernel
+# lists are made, written and let go before the next (a ten-minute run's document is ~700 MB)
+WRITE_STEPS = 2000
+
+
 class JsonRenderer:
     """`stepscope analyze --json` (the pipeline's Renderer): the document of a Result as UTF-8."""
 
     def render(self, result) -> bytes:
         return analyze_json_bytes(result)
+
+    def write(self, result, out, steps_at_a_time: int = WRITE_STEPS) -> None:
+        """render()'s bytes written to the binary stream `out` a few steps at a time, so that the
+        whole document is never held: the same bytes."""
+        ids = list(result.steps)
+        if len(ids) <= INDENT_MAX_STEPS:
+            out.write(analyze_json_bytes(result))
+            return
+        inv, diag = result.inventory, result.diagnosis
+        sections = sections_text(diag)
+        out.write(_head_text(result).encode() + b',"steps":[')
+        for i in range(0, len(ids), steps_at_a_time):
+            part = _steps_frame(inv, ids[i:i + steps_at_a_time], diag, result.texts, sections).to_series()
+            out.write(jsontext.comma_joined(part, "," if i else "", ""))
+            del part
+        out.write(b"]}")
 
 
 def analyze_json(result) -> str:
@@ -153,6 +175,12 @@ def analyze_json_bytes(result) -> bytes:
 def _document(result) -> tuple[bytes, int]:
     """The compact document as UTF-8 and how many steps it holds."""
     inv, diag, ids = result.inventory, result.diagnosis, list(result.steps)
+    return _steps_joined(inv, ids, diag, _head_text(result) + ',"steps":[', "]}", result.texts), len(ids)
+
+
+def _head_text(result) -> str:
+    """The document's fields before its steps, as compact JSON text without its closing brace."""
+    inv = result.inventory
     head = {"trace": trace_dict(inv), "gpus": gpus_list(inv)}
     if getattr(inv, "capture", None) is not None and inv.capture.height:
         # the capture's own defects (analysis/capture_check.py), only when there are: before the warnings
@@ -168,8 +196,7 @@ def _document(result) -> tuple[bytes, int]:
     if result.whatif_calibration is not None:
         # the constants the median step's predicted_graph_step_* used, and the captures they come from
         head["whatif_calibration"] = result.whatif_calibration
-    text = json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
-    return _steps_joined(inv, ids, diag, text + ',"steps":[', "]}", result.texts), len(ids)
+    return json.dumps(head, separators=(",", ":"), default=str)[:-1]  # ASCII: non-ASCII is escaped
 
 
 def analyze_document(result) -> dict:
