@@ -56,16 +56,17 @@ def scan_once(path: Path) -> float:
 LAUNCHER = _run.LAUNCHER
 
 
-def analyze_once(path: Path, cold: bool = True) -> dict:
-    """One end-to-end `analyze --json` in a fresh process (`cold`: with --no-cache): wall
-    seconds, peak RSS, steps, run view."""
+def analyze_once(path: Path, cold: bool = True, extra: tuple = ()) -> dict:
+    """One end-to-end `analyze --json` in a fresh process (`cold`: with --no-cache; `extra`: more
+    options, e.g. `--window-steps 0`, the whole trace at once): wall seconds, peak RSS, steps, run
+    view."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     import tempfile
 
     r, w = os.pipe()
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(w), sys.executable, "-m", "stepscope", "analyze",
-                              str(path), "--json", *(["--no-cache"] if cold else [])],
+                              str(path), "--json", *(["--no-cache"] if cold else []), *extra],
                              stdout=out, stderr=err, env=env, cwd=REPO, pass_fds=(w,))
         os.close(w)
         p.wait()
@@ -85,6 +86,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1M,5M,25M")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=_inflate.DEFAULT_OUT)
+    ap.add_argument("--whole", action="store_true", help="also time the cold run of the whole trace at once "
+                    "(--window-steps 0) in each round: the windows' cost and memory against it")
     args = ap.parse_args()
     src = unpacked(args.out)
     sizes = [_inflate.parse_size(s) for s in args.sizes.split(",") if s.strip()]
@@ -98,7 +101,8 @@ def main() -> None:
             path = Path(built[n].path)
             scan = scan_once(path)
             cold, warm = analyze_once(path), analyze_once(path, cold=False)
-            runs[n].append({"scan_s": scan, "cold": cold, "warm": warm})
+            whole = analyze_once(path, extra=("--window-steps", "0")) if args.whole else None
+            runs[n].append({"scan_s": scan, "cold": cold, "warm": warm, "whole": whole})
     print("| kernels | steps | scan (2 tables) | cold | cold ÷ scan | warm | warm ÷ scan | cold s per M kernels "
           "| peak RSS cold | warm |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -113,6 +117,16 @@ def main() -> None:
         rss_w = max(r["warm"]["rss_mib"] for r in rs)
         print(f"| {kernels[n]:,} | {rs[0]['cold']['steps']:,} | {scan:.2f} s | {cold:.1f} s | {xc:.1f}× | {warm:.1f} s | "
               f"{xw:.1f}× | {cold / (kernels[n] / 1e6):.2f} | {rss_c:,.0f} MiB | {rss_w:,.0f} MiB |")
+    if args.whole:
+        print("\n| kernels | cold (as analyze runs it) | cold, the whole trace at once | ratio | peak RSS | peak RSS whole |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in sizes:
+            rs = runs[n]
+            c = statistics.median(r["cold"]["wall_s"] for r in rs)
+            w = statistics.median(r["whole"]["wall_s"] for r in rs)
+            x = statistics.median(r["cold"]["wall_s"] / r["whole"]["wall_s"] for r in rs)
+            print(f"| {kernels[n]:,} | {c:.1f} s | {w:.1f} s | {x:.2f}× | {max(r['cold']['rss_mib'] for r in rs):,.0f} MiB "
+                  f"| {max(r['whole']['rss_mib'] for r in rs):,.0f} MiB |")
 
 
 if __name__ == "__main__":

@@ -37,15 +37,19 @@ def window_steps_for(n_kernels: int, n_ranges: int, given: int | None) -> int:
 
 
 def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | None = None, *,
-              scheduler: str | None = None, workers: int | None = None):
+              scheduler: str | None = None, workers: int | None = None, cache: bool = True, strict: bool = False):
     """The Diagnosis of the nsys SQLite export `path` analyzed by windows, or None when it is
     analyzed whole (not an nsys SQLite export, too small, or its steps unfit for windows).
     `scheduler` (a dask scheduler's address) or `workers` (a local dask cluster's size): the
-    windows are analyzed there, each on one worker, and merged here (the same Diagnosis)."""
+    windows are analyzed there, each on one worker, and merged here (the same Diagnosis).
+    `cache`: the merged analysis is kept in the export's cache folder (ingest/cache.py's
+    frameless entry) and read from there on the next run: a warm run reads a few per-step frames."""
     from stepscope.analysis import windows
     from stepscope.analysis.classify import load_rules
     from stepscope.ingest.nsys_sqlite import is_sqlite
     from stepscope.render import progress
+
+    from stepscope.analysis.diagnosis import diagnose
 
     if window_steps == 0:
         return None
@@ -55,6 +59,11 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         if window_steps is None and not os.environ.get("STEPSCOPE_WINDOW_STEPS") and \
                 _kernel_rows(path) <= WINDOW_MIN_KERNELS:
             return None  # the usual trace: read whole, never opened twice
+        key = _kept_key(path, step_regex, rules, strict) if cache else None
+        kept = _kept(path, key) if key is not None else None
+        if kept is not None:
+            progress.stage(f"reading the kept analysis of {path.name}")
+            return diagnose(kept[0], calibration, known=kept[1])
         source = _source(path)
     except (OSError, InputError):  # the whole path's reading says what is wrong, in its own words
         return None
@@ -67,6 +76,8 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         p = windows.plan(source.base.nvtx, step_regex, n)
         if not p.windows:
             return None
+        if strict and not source.n_ranges(step_regex):
+            return None  # --strict's refusal is the whole analysis' to word
         if scheduler is not None or workers:
             from stepscope import distribute
 
@@ -85,11 +96,93 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
                 progress.bar(label, i, total)
                 results.append(windows.analyze_window(source.read(w.lo, w.hi), w, step_regex, rules_set))
             progress.bar(label, total, total)
-        return windows.merge(source.trace_with_warnings(), results, calibration)
+        inv, known = windows.combined(source.trace_with_warnings(), results)
+        del results
+        if cache:
+            _keep(path, key, inv, known)
+        return diagnose(inv, calibration, known=known)
     except windows.WholeTrace:
         return None
     finally:
         source.close()
+
+
+# --- the kept analysis -------------------------------------------------------------------------
+# A long run analyzed by windows is kept whole, merged (its per-step frames: a few hundred MB at
+# 25M kernels at most), in a frameless entry of the export's cache (ingest/cache.py): keyed by the
+# export as it is now and by what decides the analysis (the formats of library.py, the rules,
+# --step-regex, --strict, the code's version), not by the windows' size, which changes nothing.
+
+WINDOWS_FORMAT = 1
+_EVENTS = ("acts", "api", "launch_calls")  # held by no merged inventory
+_SCALARS = ("format", "nsys_version", "schema_version", "graph_level_launches", "profiler_overhead_count",
+            "profiler_overhead_ns")
+
+
+def _kept_key(path: Path, step_regex, rules, strict: bool) -> str | None:
+    import hashlib
+
+    import polars as pl
+
+    from stepscope import __version__, library
+
+    try:
+        user = "-" if rules is None else str(Path(rules).resolve()) + "|" + hashlib.sha256(
+            Path(rules).read_bytes()).hexdigest()
+        bundled = library._bundled_rules_digest()
+    except OSError:
+        return None
+    raw = "|".join([str(WINDOWS_FORMAT), str(library.ANALYSIS_FORMAT), str(library.DIAGNOSIS_FORMAT), __version__,
+                    bundled, pl.__version__, repr(step_regex), user, str(bool(strict))])
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _kept(path: Path, key: str):
+    """(Inventory, calibration-free frames) kept for `path` under `key`, or None."""
+    import polars as pl
+
+    from stepscope.analysis.inventory import FRAME_FIELDS, Inventory
+    from stepscope.analysis.notes import from_data
+    from stepscope.ingest import cache
+    from stepscope.ingest.sidecar import read_sidecar
+    from stepscope.model import Trace, empty, KERNEL_SCHEMA, MEMOP_SCHEMA, API_SCHEMA, NVTX_SCHEMA, STRING_SCHEMA
+
+    if not cache.enabled():
+        return None
+    got = cache.load_derived(cache.frameless_entry(path, "windows"), "windows", key)
+    if got is None:
+        return None
+    frames, extra = got
+    t = extra["trace"]
+    trace = Trace(path=path, kernels=empty(KERNEL_SCHEMA), memops=empty(MEMOP_SCHEMA), api=empty(API_SCHEMA),
+                  nvtx=empty(NVTX_SCHEMA), strings=empty(STRING_SCHEMA), gpus=frames.pop("trace__gpus"),
+                  **{k: t[k] for k in _SCALARS}, warnings=[])
+    trace.sidecar, _ = read_sidecar(path)
+    inv_frames = {f: frames.pop(f) if f not in _EVENTS else pl.DataFrame() for f in FRAME_FIELDS}
+    known = {k[len("known__"):]: v for k, v in frames.items()}
+    inv = Inventory(trace=trace, warnings=from_data(extra["warnings"]), **inv_frames)
+    inv.kernels_total = extra["kernels_total"]
+    return inv, known
+
+
+def _keep(path: Path, key: str | None, inv, known: dict) -> None:
+    from stepscope.analysis.inventory import FRAME_FIELDS
+    from stepscope.analysis.notes import as_data
+    from stepscope.ingest import cache
+
+    if key is None or not cache.enabled():
+        return
+    entry = cache.frameless_entry(path, "windows")
+    frames = {f: getattr(inv, f) for f in FRAME_FIELDS if f not in _EVENTS}
+    frames |= {f"known__{k}": v for k, v in known.items()} | {"trace__gpus": inv.trace.gpus}
+    t = inv.trace
+    extra = {"warnings": as_data(inv.warnings), "kernels_total": inv.kernels_total,
+             "trace": {k: getattr(t, k) for k in _SCALARS}}
+    if cache.store_derived(entry, "windows", key, frames, extra) is not None:
+        progress_notice = f"kept the analysis of {path.name} in {entry} (the next run reads it; --no-cache reads the export)"
+        from stepscope.render import progress
+
+        progress.notice(progress_notice)
 
 
 @dataclass(frozen=True)

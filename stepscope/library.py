@@ -230,7 +230,7 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
         from stepscope import by_windows
 
         d = by_windows.diagnosis(Path(trace), step_regex, rules, chosen(calibration), window_steps,
-                                 scheduler=scheduler, workers=workers)
+                                 scheduler=scheduler, workers=workers, cache=cache, strict=strict)
         if d is not None:
             return d.only_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,

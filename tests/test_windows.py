@@ -142,3 +142,30 @@ def test_the_terminal_says_the_same_by_windows(source):
     by_windows = runner.invoke(app, ["analyze", path, "--kinds", "--no-cache", "--window-steps", "1"])
     assert whole.exit_code == by_windows.exit_code == 0
     assert by_windows.stdout == whole.stdout
+
+
+def test_a_run_analyzed_by_windows_is_kept_and_read_back(tmp_path):
+    """The merged analysis is kept in the export's cache folder (a frameless entry: the frames of
+    a long run are never cached) and the next run reads it: the same document and terminal, the
+    export untouched; --no-cache neither reads nor writes it."""
+    import shutil
+
+    from conftest import CliRunner, sha256
+    from stepscope.cli import app
+
+    path = tmp_path / "run.sqlite"
+    shutil.copy(_path(RUNS[0]), path)
+    before = sha256(path)
+    runner = CliRunner()
+    first = runner.invoke(app, ["analyze", str(path), "--json", "--window-steps", "9"])
+    entries = sorted((tmp_path / ".stepscope-cache").iterdir())
+    assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
+    assert [d.name.split("-")[0] for d in entries[0].iterdir() if d.is_dir()] == ["windows"]
+    again = runner.invoke(app, ["analyze", str(path), "--json", "--window-steps", "9"])
+    assert first.exit_code == again.exit_code == 0
+    whole = runner.invoke(app, ["analyze", str(path), "--json", "--no-cache", "--window-steps", "0"])
+    assert first.stdout == again.stdout == whole.stdout
+    terminal = runner.invoke(app, ["analyze", str(path), "--kinds", "--window-steps", "9"])
+    fresh = runner.invoke(app, ["analyze", str(path), "--kinds", "--no-cache", "--window-steps", "0"])
+    assert terminal.stdout == fresh.stdout
+    assert sha256(path) == before

@@ -257,12 +257,20 @@ def analyze_by_windows(trace, p: Plan, step_regex=None, rules=None, launch_confi
 
 
 def merge(trace, results, calibration=None):
-    """The Diagnosis of the whole trace from its windows' results (in window order): each
-    window's steps numbered after the windows before it, the per-step frames one after another,
-    then diagnose() once over them (what depends on every step: the what-if's memset mode, the
-    verdicts, the trace's own graph constants)."""
+    """The Diagnosis of the whole trace from its windows' results (in window order): combined(),
+    then diagnose() once over its frames (what depends on every step: the what-if's memset mode,
+    the verdicts, the trace's own graph constants)."""
     from stepscope.analysis.diagnosis import diagnose
 
+    inv, known = combined(trace, results)
+    return diagnose(inv, calibration, known=known)
+
+
+def combined(trace, results):
+    """(Inventory, its calibration-free frames) of the whole trace from its windows' results (in
+    window order): each window's steps numbered after the windows before it, the per-step frames
+    one after another, the warnings and defects the whole trace would have. What a kept analysis
+    by windows keeps (by_windows.py)."""
     parts_inv: dict[str, list] = {}
     parts_known: dict[str, list] = {}
     owns: list[Own] = []
@@ -291,7 +299,7 @@ def merge(trace, results, calibration=None):
     del parts_inv
     known = {k: (_concat(v) if isinstance(v[0], pl.DataFrame) else v[0]) for k, v in parts_known.items()}
     del parts_known
-    return diagnose(merged_inventory(trace, cat, owns, class_by, startup), calibration, known=known)
+    return merged_inventory(trace, cat, owns, class_by, startup), known
 
 
 def _shifted(f: pl.DataFrame, offset: int) -> pl.DataFrame:

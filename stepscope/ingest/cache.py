@@ -307,6 +307,40 @@ def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) 
     return None
 
 
+def frameless_entry(path: Path, kind: str) -> Path | None:
+    """An entry of `path` as it is now that holds no frames, only the derived entries an analysis
+    keeps in it (store_derived): a long run analyzed by windows (by_windows.py), whose frames are
+    never held whole and never cached. Keyed like a frames entry (path, inode, size, time, content
+    fingerprint), with `kind` in place of the grid/block flag, so that no frames entry is ever it;
+    trusted, used and pruned like one. None when no cache folder is writable."""
+    key = _key(path, kind, None)
+    for root in _roots(path):
+        if untrusted(root) is not None:
+            continue
+        d = _entry(root, path, key)
+        if (d / "meta.json").is_file():
+            if untrusted(d) is not None:
+                continue
+            try:
+                os.utime(d)
+            except OSError:
+                pass
+            return d
+        try:
+            root.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if untrusted(root) is not None:
+                continue
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+            (tmp / "meta.json").write_text(json.dumps({"cache_format": FORMAT, "key": key, "kind": kind}),
+                                           encoding="utf-8")
+            tmp.rename(d)
+            prune(root, keep=d)
+            return d
+        except OSError:
+            continue
+    return None
+
+
 # --- derived entries ---------------------------------------------------------------------------
 # An analysis of an entry's frames may keep frames of its own inside that entry, under a key it
 # computes (the options and code the result depends on): removed with the entry, pruned with it,
