@@ -11,6 +11,7 @@ whole, as before.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +38,15 @@ def window_steps_for(n_kernels: int, n_ranges: int, given: int | None) -> int:
 
 
 def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | None = None, *,
-              scheduler: str | None = None, workers: int | None = None, cache: bool = True, strict: bool = False):
+              scheduler: str | None = None, workers: int | None = None, cache: bool = True, strict: bool = False,
+              code: str = ""):
     """The Diagnosis of the nsys SQLite export `path` analyzed by windows, or None when it is
     analyzed whole (not an nsys SQLite export, too small, or its steps unfit for windows).
     `scheduler` (a dask scheduler's address) or `workers` (a local dask cluster's size): the
     windows are analyzed there, each on one worker, and merged here (the same Diagnosis).
     `cache`: the merged analysis is kept in the export's cache folder (ingest/cache.py's
-    frameless entry) and read from there on the next run: a warm run reads a few per-step frames."""
+    frameless entry) and read from there on the next run: a warm run reads a few per-step frames;
+    `code`: what of the code decides it (library.py's formats, the bundled rules: part of its key)."""
     from stepscope.analysis import windows
     from stepscope.analysis.classify import load_rules
     from stepscope.ingest.nsys_sqlite import is_sqlite
@@ -53,21 +56,26 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
 
     if window_steps == 0:
         return None
+    pool = None
     try:
         if not path.is_file() or not is_sqlite(path):
             return None
         if window_steps is None and not os.environ.get("STEPSCOPE_WINDOW_STEPS") and \
                 _kernel_rows(path) <= WINDOW_MIN_KERNELS:
             return None  # the usual trace: read whole, never opened twice
-        key = _kept_key(path, step_regex, rules, strict) if cache else None
+        key = _kept_key(path, step_regex, rules, strict, code) if cache and code else None
         kept = _kept(path, key) if key is not None else None
         if kept is not None:
             progress.stage(f"reading the kept analysis of {path.name}")
             return diagnose(kept[0], calibration, known=kept[1])
-        source = _source(path)
+        # every read of the export on one thread of its own, the source opened there too (an
+        # SQLite connection serves the thread that opened it): the next window is read while
+        # this one is analyzed (the reading waits on SQLite, the analysis on polars)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="stepscope-windows")
+        source = pool.submit(_source, path).result()
     except (OSError, InputError):  # the whole path's reading says what is wrong, in its own words
-        return None
-    if source is None:
+        if pool is not None:
+            pool.shutdown()
         return None
     try:
         n = window_steps_for(source.n_kernels, source.n_ranges(step_regex), window_steps)
@@ -81,22 +89,27 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         if scheduler is not None or workers:
             from stepscope import distribute
 
-            jobs = [WindowJob(str(path), w, len(p.windows), source.state()) for w in p.windows]
+            jobs = [WindowJob(str(path), w, len(p.windows)) for w in p.windows]
             got = distribute.map_windows(jobs, window_job, step_regex, None if rules is None else str(rules),
-                                         scheduler=scheduler, workers=workers)
+                                         scheduler=scheduler, workers=workers, shared=source.state())
             results = [r for r, _ in got]
-            for _, tally in got:
-                source.add_tally(tally)
+            for _, account in got:
+                source.add_account(account)
         else:
             total = len(p.windows)
             rules_set = load_rules(rules)
             label = f"analyzing {path.name} by windows of {n:,} steps"
             results = []
+            ahead = pool.submit(source.read, p.windows[0])
             for i, w in enumerate(p.windows):
                 progress.bar(label, i, total)
-                results.append(windows.analyze_window(source.read(w.lo, w.hi), w, step_regex, rules_set))
+                sub = ahead.result()
+                if i + 1 < total:  # one window read ahead, no more: memory holds two at most
+                    ahead = pool.submit(source.read, p.windows[i + 1])
+                results.append(windows.analyze_window(sub, w, step_regex, rules_set))
+                del sub
             progress.bar(label, total, total)
-        inv, known = windows.combined(source.trace_with_warnings(), results)
+        inv, known = windows.combined(pool.submit(source.trace_with_warnings).result(), results)
         del results
         if cache:
             _keep(path, key, inv, known)
@@ -104,7 +117,8 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
     except windows.WholeTrace:
         return None
     finally:
-        source.close()
+        pool.submit(source.close).result()
+        pool.shutdown()
 
 
 # --- the kept analysis -------------------------------------------------------------------------
@@ -119,21 +133,19 @@ _SCALARS = ("format", "nsys_version", "schema_version", "graph_level_launches", 
             "profiler_overhead_ns")
 
 
-def _kept_key(path: Path, step_regex, rules, strict: bool) -> str | None:
+def _kept_key(path: Path, step_regex, rules, strict: bool, code: str) -> str | None:
     import hashlib
 
     import polars as pl
 
-    from stepscope import __version__, library
+    from stepscope import __version__
 
     try:
         user = "-" if rules is None else str(Path(rules).resolve()) + "|" + hashlib.sha256(
             Path(rules).read_bytes()).hexdigest()
-        bundled = library._bundled_rules_digest()
     except OSError:
         return None
-    raw = "|".join([str(WINDOWS_FORMAT), str(library.ANALYSIS_FORMAT), str(library.DIAGNOSIS_FORMAT), __version__,
-                    bundled, pl.__version__, repr(step_regex), user, str(bool(strict))])
+    raw = "|".join([str(WINDOWS_FORMAT), code, __version__, pl.__version__, repr(step_regex), user, str(bool(strict))])
     return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
@@ -188,30 +200,27 @@ def _keep(path: Path, key: str | None, inv, known: dict) -> None:
 @dataclass(frozen=True)
 class WindowJob:
     """One window of a long report, as a dask task takes it: the export, the window, how many
-    the report has, and the reader's state (what it learnt of the export when it opened it, so
-    that a worker reads its window without opening the export again)."""
+    the report has."""
 
     path: str
     window: object
     of: int
-    state: object
 
     def __str__(self) -> str:  # how a failure names it (distribute.py)
         return f"{self.path} (window {self.window.index + 1} of {self.of})"
 
 
-def window_job(job: WindowJob, step_regex=None, rules=None, cache=False, strict=False):
-    """A worker's task: the job's window read and analyzed, (WindowResult, the reading's tally
-    of values left out: the report's warnings add them up)."""
+def window_job(job: WindowJob, step_regex=None, rules=None, cache=False, strict=False, shared=None):
+    """A worker's task: the job's window read and analyzed, (WindowResult, the reading's account
+    of values left out: the report's warnings add them up). `shared`: the reader as the report's
+    process opened it (sent once to every worker), so that no worker opens the export again."""
     from stepscope.analysis import windows
     from stepscope.analysis.classify import load_rules
 
-    reader = _Reader.from_state(Path(job.path), job.state)
-    try:
-        trace = reader.read(job.window.lo, job.window.hi)
-        return windows.analyze_window(trace, job.window, step_regex, load_rules(rules)), reader.tally()
-    finally:
-        reader.close()
+    # the worker's one reader (its connection open for the next task), with an account of this task's own
+    reader = _Reader.from_state(Path(job.path), shared.for_another_read())
+    trace = reader.read(job.window)
+    return windows.analyze_window(trace, job.window, step_regex, load_rules(rules)), reader.account()
 
 
 def _kernel_rows(path: Path) -> int:
@@ -250,10 +259,10 @@ class _InMemory:
 
         return _windows_nvtx(self.base.nvtx, step_regex).height
 
-    def read(self, lo, hi):
-        from stepscope.analysis.windows import Window, window_trace
+    def read(self, w):
+        from stepscope.analysis.windows import window_trace
 
-        return window_trace(self.trace, Window(0, lo, hi, lo, hi))
+        return window_trace(self.trace, w)
 
     def close(self) -> None:
         pass
@@ -278,8 +287,10 @@ class _Reader:
 
         return _windows_nvtx(self.base.nvtx, step_regex).height
 
-    def read(self, lo, hi):
-        return self.reader.read(lo, hi)
+    def read(self, w):
+        """Window `w`'s events; what the reading leaves out counted in its own span only (windows
+        overlap by their context: each row counts once over the run)."""
+        return self.reader.read(w.lo, w.hi, w.own_lo, w.own_hi)
 
     def state(self):
         return self.reader
@@ -290,18 +301,19 @@ class _Reader:
         r.reader, r.base, r.n_kernels, r.sidecar_warning = state, state.base, state.n_kernels, None
         return r
 
-    def tally(self):
-        return self.reader.warnings_so_far()
+    def account(self):
+        return self.reader.account()
 
-    def add_tally(self, tally) -> None:
-        self.extra = getattr(self, "extra", []) + list(tally)
+    def add_account(self, account) -> None:
+        self.reader.add_account(account)
 
     def trace_with_warnings(self):
-        """The trace's frames beside its events, with the warnings of every window's reading."""
+        """The trace's frames beside its events, with the whole read's warnings (every window's
+        reading counted once, in the whole read's order) and the sidecar's."""
         from dataclasses import replace
 
-        return replace(self.base, warnings=list(self.base.warnings) + self.reader.warnings_so_far()
-                       + getattr(self, "extra", []) + ([self.sidecar_warning] if self.sidecar_warning else []))
+        return replace(self.base, warnings=self.reader.warnings()
+                       + ([self.sidecar_warning] if self.sidecar_warning else []))
 
     def close(self) -> None:
         self.reader.close()

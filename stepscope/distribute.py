@@ -124,21 +124,23 @@ def _serial(args, step_regex, rules, cache, strict, fn) -> list[ReportResult]:
 
 
 def map_windows(jobs: list, fn: Callable, step_regex: str | None, rules: str | None, *, scheduler: str | None = None,
-                workers: int | None = None, processes: bool = True, timeout: float | None = None) -> list:
+                workers: int | None = None, processes: bool = True, timeout: float | None = None,
+                shared=None) -> list:
     """Each window job's result, in the order of `jobs` (by_windows.py: one long report's
     windows), on the dask cluster at `scheduler` or a local one of `workers` workers (default:
-    one per core, each holding one window at a time); `fn(job, step_regex, rules, cache, strict)`."""
+    one per core, each holding one window at a time); `fn(job, step_regex, rules, cache, strict,
+    shared=shared)`, `shared` sent once to every worker (the report's reader, as it opened it)."""
     if scheduler is not None:
         scheduler = scheduler_address.check(scheduler)
     if not have_dask():
         raise StepscopeError("--scheduler and --workers need dask.distributed: pip install 'stepscope[dask]'")
     n = max(1, min(int(workers or (os.cpu_count() or 1)), len(jobs)))
     return _on_dask(jobs, None, step_regex, rules, False, False, scheduler, n, processes, timeout or timeout_s(), fn,
-                    noun="windows")
+                    noun="windows", shared=shared)
 
 
 def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, processes, timeout, fn,
-             noun: str = "reports"):
+             noun: str = "reports", shared=None):
     import logging
 
     import dask
@@ -151,7 +153,7 @@ def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, 
             raise StepscopeError(scheduler_address.unreachable(scheduler, str(e))) from None
         with client:
             return _gather(client, args, step_regex, rules, cache, strict, timeout, fn,
-                           f"the dask cluster at {scheduler}", noun)
+                           f"the dask cluster at {scheduler}", noun, shared)
     n = local_workers(paths, workers) if paths is not None else workers
     cores = os.cpu_count() or 1
     progress.stage(f"starting {n} dask worker(s) for {len(args)} {noun}")
@@ -167,14 +169,17 @@ def _on_dask(args, paths, step_regex, rules, cache, strict, scheduler, workers, 
             kw["env"] = {"POLARS_MAX_THREADS": str(max(1, cores // n))}
         with LocalCluster(**kw) as cluster, Client(cluster) as client:
             return _gather(client, args, step_regex, rules, cache, strict, timeout, fn, "the local dask cluster",
-                           noun)
+                           noun, shared)
 
 
-def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where, noun: str = "reports") -> list:
+def _gather(client, args, step_regex, rules, cache, strict, timeout, fn, where, noun: str = "reports",
+            shared=None) -> list:
     from distributed import wait
     from distributed.scheduler import KilledWorker
 
-    futures = client.map(fn, args, step_regex=step_regex, rules=rules, cache=cache, strict=strict, pure=False)
+    extra = {} if shared is None else {"shared": client.scatter(shared, broadcast=True)}
+    futures = client.map(fn, args, step_regex=step_regex, rules=rules, cache=cache, strict=strict, pure=False,
+                         **extra)
     index = {f.key: i for i, f in enumerate(futures)}
     out: list = [None] * len(args)
     pending = set(futures)

@@ -124,6 +124,15 @@ def _bundled_rules_digest() -> str:
     return hashlib.sha256((Path(__file__).resolve().parent / "data" / "rules.toml").read_bytes()).hexdigest()
 
 
+def _windows_code() -> str:
+    """What of the code decides a kept analysis by windows (by_windows.py): the formats of the
+    analysis and the diagnosis, the bundled rules ('' when they cannot be read: nothing is kept)."""
+    try:
+        return f"{ANALYSIS_FORMAT}|{DIAGNOSIS_FORMAT}|{_bundled_rules_digest()}"
+    except OSError:
+        return ""
+
+
 def _entry_key(key: str, name: str, version: int) -> str:
     """The key of the derived entry `name` (format `version`) of the kept analysis `key`."""
     import hashlib
@@ -230,7 +239,8 @@ def diagnosis(trace: str | Path | None = None, step_regex: str | None = None, ru
         from stepscope import by_windows
 
         d = by_windows.diagnosis(Path(trace), step_regex, rules, chosen(calibration), window_steps,
-                                 scheduler=scheduler, workers=workers, cache=cache, strict=strict)
+                                 scheduler=scheduler, workers=workers, cache=cache, strict=strict,
+                                 code=_windows_code())
         if d is not None:
             return d.only_steps(steps)
     inv = load(trace, step_regex, rules, cache=cache, launch_config=launch_config, memory=memory, strict=strict,

@@ -169,3 +169,21 @@ def test_a_run_analyzed_by_windows_is_kept_and_read_back(tmp_path):
     fresh = runner.invoke(app, ["analyze", str(path), "--kinds", "--no-cache", "--window-steps", "0"])
     assert terminal.stdout == fresh.stdout
     assert sha256(path) == before
+
+
+def test_windows_on_a_local_dask_cluster_give_the_same_document():
+    """--workers 2: each window read and analyzed on a worker (the reader sent once to each),
+    merged here: the bytes of the serial run's document, the readings' accounts added up."""
+    path = _path(RUNS[2])
+    r = library.analyze(path, Options(memory=ONE_SHOT, window_steps=7), cache=False, events=False, workers=2)
+    assert analyze_json(r) == _whole(path)
+
+
+def test_a_bad_scheduler_for_one_long_report_is_one_line():
+    from conftest import CliRunner
+    from stepscope.cli import app
+
+    r = CliRunner().invoke(app, ["analyze", str(_path(RUNS[0])), "--scheduler", "local", "--window-steps", "9"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "--scheduler 'local'" in r.output and "tcp://" in r.output and "--workers N" in r.output
+    assert len(r.output.strip().splitlines()) == 1
