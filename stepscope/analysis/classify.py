@@ -465,17 +465,21 @@ def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     distinct name classified once, by column (`first_match`); a name the rule set classed
     before (rules.memo) is not matched again."""
     known = rules.memo.get("classes")
+    hit = None
     if known is not None and names.height:
         hit = names.select("name", "demangled").join(known, on=["name", "demangled"], how="left", nulls_equal=True,
                                                      maintain_order="left")["class"]
         if not hit.null_count():
             return names.with_columns(hit.alias("class"))
-    short, dem = name_columns(names)
+    todo = names if hit is None else names.filter(hit.is_null())
+    short, dem = name_columns(todo)
     classes = first_match(short, dem, [(r.cls, r.pattern, r.field) for r in rules.kernel_rules], "other")
-    out = names.with_columns(classes.alias("class"))
-    new = out.select(pl.col("name", "demangled").cast(pl.String), pl.col("class").cast(pl.String))
-    rules.memo["classes"] = new if known is None else pl.concat([known, new]).unique(["name", "demangled"])
-    return out
+    new = todo.select(pl.col("name", "demangled").cast(pl.String)).with_columns(classes.cast(pl.String).alias("class"))
+    rules.memo["classes"] = new if known is None else pl.concat([known, new])
+    if hit is None:
+        return names.with_columns(classes.alias("class"))
+    # the names met before keep their class, the others take theirs, in the names' order
+    return names.with_columns(hit.scatter(hit.is_null().arg_true(), classes).alias("class"))
 
 
 def nvtx_attribution(

@@ -42,6 +42,7 @@ class Window:
     own_hi: int | None
     lo: int | None
     hi: int | None
+    ranges: tuple = ()  # (pid, how many step ranges of that process start in the own span)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
         return Plan((), "no NVTX step range: the steps are found from the whole trace")
     starts = w["w_start"].sort()
     n = starts.len()
+    pid_starts = w.select(pl.col("pid").cast(pl.Int64), "w_start").sort("w_start")
     if n <= window_steps:
         return Plan((), "one window holds every step")
     cuts = [int(starts[i]) for i in range(window_steps, n, window_steps)]
@@ -73,7 +75,8 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
         else:
             j = starts.search_sorted(own_hi, "left") + 2
             hi = None if j >= n else int(starts[j])
-        out.append(Window(i, own_lo, own_hi, lo, hi))
+        mine = pid_starts.filter(_in("w_start", own_lo, own_hi)).group_by("pid").len().sort("pid")
+        out.append(Window(i, own_lo, own_hi, lo, hi, tuple(mine.iter_rows())))
     return Plan(tuple(out))
 
 
@@ -175,7 +178,7 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.analysis.steps import NoStep
 
-    own_ranges = _own_ranges(trace.nvtx, step_regex, w)
+    own_ranges = dict(w.ranges)
     try:
         inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config)
     except NoStep:  # its ranges launched nothing (a window of one empty step range)
@@ -203,11 +206,6 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
 
 def _is_note(x, code: str) -> bool:
     return getattr(x, "code", None) == code
-
-
-def _own_ranges(nvtx: pl.DataFrame, step_regex, w: Window) -> dict:
-    r = _windows_nvtx(nvtx, step_regex).filter(_in("w_start", w.own_lo, w.own_hi))
-    return dict(r.group_by("pid").len().iter_rows()) if r.height else {}
 
 
 def _own_of(trace, inv, w: Window, own_ranges: dict) -> Own:
