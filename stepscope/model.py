@@ -66,6 +66,18 @@ def empty(schema: dict) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
+def in_span(col: str, lo: int | None, hi: int | None) -> pl.Expr:
+    """`col` in the time span [lo, hi) (None: unbounded on that side): how a window of a long run
+    selects its events, the same whether cut from a whole read (analysis/windows.py) or read
+    (ingest/nsys_windows.py)."""
+    e = pl.lit(True)
+    if lo is not None:
+        e = e & (pl.col(col) >= lo)
+    if hi is not None:
+        e = e & (pl.col(col) < hi)
+    return e
+
+
 @dataclass
 class Trace:
     """A normalized trace: what one profiler run recorded, independent of its file format."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import polars as pl
 
 from stepscope.analysis.steps import _windows_nvtx
+from stepscope.model import in_span as _in
 
 # how many step ranges a window owns by default: a serving run's step is ~400 kernels, so a
 # window holds ~1M kernels (a few hundred MB while it is analyzed)
@@ -78,15 +79,6 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
         mine = pid_starts.filter(_in("w_start", own_lo, own_hi)).group_by("pid").len().sort("pid")
         out.append(Window(i, own_lo, own_hi, lo, hi, tuple(mine.iter_rows())))
     return Plan(tuple(out))
-
-
-def _in(col: str, lo: int | None, hi: int | None) -> pl.Expr:
-    e = pl.lit(True)
-    if lo is not None:
-        e = e & (pl.col(col) >= lo)
-    if hi is not None:
-        e = e & (pl.col(col) < hi)
-    return e
 
 
 def window_trace(trace, w: Window):

@@ -318,14 +318,17 @@ def read_nsys_sqlite(path: str | Path, launch_config: bool = True) -> Trace:
     except Exception as e:
         if not _is_db_error(e):
             raise
-        if _wal_unwritable(path):
-            raise InputError(
-                f"{path} is a WAL-mode SQLite export in a folder stepscope cannot write: SQLite must make its "
-                f"-wal and -shm files beside it to read it: copy it to a writable folder first") from None
-        raise InputError(
-            f"{path} is not a readable SQLite export ({_reason(e)}); it may be truncated: export it again "
-            "with nsys export --type sqlite"
-        ) from None
+        raise db_error(path, e) from None
+
+
+def db_error(path: Path, e: Exception) -> InputError:
+    """SQLite's error `e` on reading `path` as one line: what is wrong, what to do."""
+    if _wal_unwritable(path):
+        return InputError(
+            f"{path} is a WAL-mode SQLite export in a folder stepscope cannot write: SQLite must make its "
+            f"-wal and -shm files beside it to read it: copy it to a writable folder first")
+    return InputError(f"{path} is not a readable SQLite export ({_reason(e)}); it may be truncated: export it "
+                      "again with nsys export --type sqlite")
 
 
 def _wal_unwritable(path: Path) -> bool:
@@ -453,6 +456,23 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
                                         from_="ThreadNames t JOIN StringIds s ON s.id = t.nameId")),
         warnings, readings)
 
+    graph_level, overhead_n, overhead_ns = graph_level_and_overhead(con, schema, warnings)
+
+    warnings += [w for w in (r.warning() for r in _merged(readings)) if w]
+    return sanity.checked(Trace(
+        path=path, format="nsys-sqlite", kernels=kernels, memops=memops, api=api, nvtx=nvtx,
+        strings=strings, gpus=gpus, processes=processes, threads=threads,
+        nsys_version=meta.get("EXPORT_PRODUCT_VERSION"),
+        schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
+        graph_level_launches=int(graph_level),
+        profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
+        warnings=warnings,
+    ))
+
+
+def graph_level_and_overhead(con: sqlite3.Connection, schema: "_Schema", warnings: list) -> tuple[int, int, int]:
+    """The graph launches recorded whole (a warning when there are), and nsys's own cost
+    (PROFILER_OVERHEAD: rows, summed duration)."""
     graph_level = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
     if graph_level:
         warnings.append(
@@ -467,17 +487,7 @@ def _read(con: sqlite3.Connection, path: Path, launch_config: bool = True) -> Tr
         overhead_n, overhead_ns = con.execute(
             f"SELECT count(*), total(end - start) FROM PROFILER_OVERHEAD WHERE {good}").fetchone()
         overhead_ns = int(min(overhead_ns, float(1 << 62)))
-
-    warnings += [w for w in (r.warning() for r in _merged(readings)) if w]
-    return sanity.checked(Trace(
-        path=path, format="nsys-sqlite", kernels=kernels, memops=memops, api=api, nvtx=nvtx,
-        strings=strings, gpus=gpus, processes=processes, threads=threads,
-        nsys_version=meta.get("EXPORT_PRODUCT_VERSION"),
-        schema_version=meta.get("EXPORT_SCHEMA_VERSION"),
-        graph_level_launches=int(graph_level),
-        profiler_overhead_count=int(overhead_n), profiler_overhead_ns=int(overhead_ns),
-        warnings=warnings,
-    ))
+    return int(graph_level), int(overhead_n), overhead_ns
 
 
 PROCESS_COLUMNS = [C("pid", "pid", I32), C("name", "name", TEXT, False)]

@@ -50,11 +50,12 @@ from stepscope.errors import InputError
 from stepscope.ingest.nsys_sqlite import (
     KERNEL_TABLE, PROCESS_COLUMNS, RUNTIME_TABLE, THREAD_COLUMNS, _Schema, _StringIds,
     _attach_adbc, _bulk_raw, _count, _frame, _has_graphs, _is_db_error, _lacks, _merged, _metadata, _need,
-    _read_gpus, _read_nvtx, _reason, _unpack_pid, _unpack_tid, _wal_unwritable, connect_readonly, is_sqlite,
+    _read_gpus, _read_nvtx, _unpack_pid, _unpack_tid, connect_readonly, db_error, graph_level_and_overhead, is_sqlite,
     memop_query, read_names, read_threads,
 )
 from stepscope.ingest.typed import INT32 as I32, Col as C
 from stepscope.model import API_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, STRING_SCHEMA, Trace, empty
+from stepscope.model import in_span as _in
 from stepscope.paths import input_file
 
 CHUNK_ROWS = 65_536
@@ -90,15 +91,6 @@ def _high(v):
 def _int64(v: float, rounded) -> int:
     """A REAL as an int64 bound (±inf to the ends)."""
     return max(_INT64[0], min(_INT64[1], rounded(v))) if math.isfinite(v) else _INT64[v > 0]
-
-
-def _in(col: str, lo: int | None, hi: int | None) -> pl.Expr:
-    e = pl.lit(True)
-    if lo is not None:
-        e = e & (pl.col(col) >= lo)
-    if hi is not None:
-        e = e & (pl.col(col) < hi)
-    return e
 
 
 def _own(lo: int | None, hi: int | None) -> pl.Expr:
@@ -148,13 +140,7 @@ def _input_errors(path: Path):
     except Exception as e:
         if not _is_db_error(e):
             raise
-        if _wal_unwritable(path):
-            raise InputError(
-                f"{path} is a WAL-mode SQLite export in a folder stepscope cannot write: SQLite must make its "
-                f"-wal and -shm files beside it to read it: copy it to a writable folder first") from None
-        raise InputError(
-            f"{path} is not a readable SQLite export ({_reason(e)}); it may be truncated: export it again "
-            "with nsys export --type sqlite") from None
+        raise db_error(path, e) from None
 
 
 class WindowReader:
@@ -317,16 +303,7 @@ class WindowReader:
                     lambda: _frame(con, typed.Query("ThreadNames", THREAD_COLUMNS,
                                                     from_="ThreadNames t JOIN StringIds s ON s.id = t.nameId")),
                     direct, self._rest_readings)
-                graph_level = _count(con, schema, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
-                if graph_level:
-                    direct.append(f"per-kernel inventory unavailable for {graph_level} graph launches "
-                                  "(traced with --cuda-graph-trace=graph; use --cuda-graph-trace=node)")
-                overhead_n, overhead_ns = 0, 0
-                if schema.has("PROFILER_OVERHEAD") and not _lacks(schema, "PROFILER_OVERHEAD", "start", "end"):
-                    good = "typeof(start) = 'integer' AND typeof(end) = 'integer' AND end >= start"
-                    overhead_n, overhead_ns = con.execute(
-                        f"SELECT count(*), total(end - start) FROM PROFILER_OVERHEAD WHERE {good}").fetchone()
-                    overhead_ns = int(min(overhead_ns, float(1 << 62)))
+                graph_level, overhead_n, overhead_ns = graph_level_and_overhead(con, schema, direct)
             finally:
                 con.close()
         return nvtx, gpus, processes, threads, graph_level, overhead_n, overhead_ns, direct
