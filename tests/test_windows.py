@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from conftest import FIXTURES, SERVING, gunzipped, ro
+from conftest import FIXTURES, SERVING, examples, gunzipped, ro
 from stepscope import library
 from stepscope.analysis import windows
 from stepscope.analysis.memory import ONE_SHOT
 from stepscope.pipeline import Options
 from stepscope.render.json import analyze_json
+from tests.test_mutated_captures import _mutated, mutations
 
 # the captures whose steps are vLLM's NVTX step ranges: a serving run eager and with CUDA graphs,
 # the eager MoE serving capture, and both TP=2 captures (two processes, one GPU each)
@@ -187,3 +190,41 @@ def test_a_bad_scheduler_for_one_long_report_is_one_line():
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert "--scheduler 'local'" in r.output and "tcp://" in r.output and "--workers N" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+# The serving captures whose steps are vLLM's NVTX ranges, mutated the way real captures go wrong
+# (tests/test_mutated_captures.py's mutations: rows lost, the trace cut, NVTX lost, names garbled,
+# rows twice, a clock shifted): by windows of any size, the whole analysis' document or its one line.
+MUTABLE = [RUNS[0], RUNS[2]]
+
+
+def _analyze_line(path, window_steps: int):
+    from stepscope.errors import InputError
+
+    try:
+        return _document(path, window_steps)
+    except InputError as e:
+        return f"error: {e}"
+
+
+@pytest.mark.parametrize("ops,window_steps", [
+    # found by the property below: a GPU clock 1000 s off is refused by the whole capture's count
+    # of its kernels, not by the first window's
+    ([("lose", "CUPTI_ACTIVITY_KIND_KERNEL", 12, 73), ("no_nvtx", "rows", 26, 88),
+      ("shift", "CUPTI_ACTIVITY_KIND_KERNEL", 1_000_000_000_000)], 1)])
+def test_windows_on_a_capture_the_whole_refuses(tmp_path, ops, window_steps):
+    path = _mutated(tmp_path, _path(RUNS[0]), ops)
+    line = _analyze_line(path, 0)
+    assert line.startswith("error: ") and "47,911 of its 47,911 kernels" in line
+    assert _analyze_line(path, window_steps) == line
+
+
+@examples(full=6, quick=2)
+@given(source=st.sampled_from(MUTABLE), ops=mutations, window_steps=st.integers(1, 30))
+def test_windows_hold_on_mutated_captures(source, ops, window_steps):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        path = _mutated(Path(d), _path(source), ops)
+        assert _analyze_line(path, window_steps) == _analyze_line(path, 0)

@@ -140,12 +140,16 @@ class Own:
     ends the trace's warnings and capture defects are made of, over the window's own share."""
 
     ranges: dict          # pid -> step ranges that start in the window's own span
-    no_launch: int        # activities of its own span that no call launched
-    clock: dict           # clock_defect's counts and extremes over its own kernels
+    clock: dict           # clock_defect's counts and extremes over the kernels its own calls launched
     ends: pl.DataFrame    # pid, the end of its last CUDA record (API call, kernel or memop)
     api_end: int | None   # the end of the last API call
     gpu_pids: set
-    kernels: int = 0      # the kernels of its own steps and own span (Inventory.kernel_total)
+    kernels: int = 0      # the kernels that start in its own span (Inventory.kernel_total, the clock's n)
+    # (pid, corr, start) of its activities that start in its own span and that no call of the
+    # window launched, and of those its own calls launched that start in another window's span:
+    # a launch-less activity is one of the first that is none of the second of any window
+    loose: pl.DataFrame = None
+    away: pl.DataFrame = None
 
 
 @dataclass
@@ -172,7 +176,7 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
 
     own_ranges = dict(w.ranges)
     try:
-        inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config)
+        inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config, refuse=False)
     except NoStep:  # its ranges launched nothing (a window of one empty step range)
         return WindowResult(w.index, 0, {}, {}, _own_of(trace, None, w, own_ranges), (), None)
     if not (inv.steps["delimiter"] == "nvtx").all():
@@ -201,29 +205,32 @@ def _is_note(x, code: str) -> bool:
 
 
 def _own_of(trace, inv, w: Window, own_ranges: dict) -> Own:
-    """The window's Own: over its own span (activities by their own start, when no call of the
-    window launched them; else by the step they are in)."""
-    from stepscope.analysis.capture_check import _records_end
+    """The window's Own. Each call is the window's that owns its start, each activity the window's
+    that owns its launching call (the clock check's early and late kernels), or its own start (the
+    kernel count; a launch-less activity): a window holds every activity that starts in its own
+    span (launched by its calls, or loose: window_trace), so these partition the trace's."""
+    from stepscope.analysis.capture_check import CLOCK_LATE_NS, CLOCK_SLACK_NS, _records_end
 
     gpu = set(trace.kernels["pid"].unique().to_list()) | set(trace.memops["pid"].unique().to_list())
     api_end = trace.api["end"].max() if trace.api.height else None
     ends = _records_end(trace, trace.api)
-    if inv is None:
-        return Own(own_ranges, 0, {}, ends, api_end, gpu)
-    own_steps = inv.steps.filter(_in("w_start", w.own_lo, w.own_hi))["step"]
+    keys = {"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64}
+    if inv is None:  # no step in it: its kernels counted, nothing to match
+        n = trace.kernels.filter(_in("start", w.own_lo, w.own_hi)).height
+        return Own(own_ranges, {}, ends, api_end, gpu, n, pl.DataFrame(schema=keys), pl.DataFrame(schema=keys))
     a = inv.acts.lazy()
-    mine = pl.col("step").is_in(own_steps.implode()) | (pl.col("step").is_null() & _in("start", w.own_lo, w.own_hi))
-    no_launch = a.filter(pl.col("launch_start").is_null() & _in("start", w.own_lo, w.own_hi)).select(pl.len()).collect().item()
-    from stepscope.analysis.capture_check import CLOCK_LATE_NS, CLOCK_SLACK_NS
-
-    k = a.filter(pl.col("is_kernel") & mine)
+    own_start = _in("start", w.own_lo, w.own_hi)
     launched = pl.col("launch_start").is_not_null()
+    own_launch = launched & _in("launch_start", w.own_lo, w.own_hi)
     early, late = pl.col("launch_start") - pl.col("start"), pl.col("start") - pl.col("launch_start")
-    clock = k.select(n=pl.len(), n_early=(launched & (early > CLOCK_SLACK_NS)).sum(),
-                     by_early=early.filter(launched).max(), n_late=(launched & (late >= CLOCK_LATE_NS)).sum(),
-                     by_late=late.filter(launched).max()).collect().row(0, named=True)
-    n_kernels = a.filter(pl.col("is_kernel") & mine).select(pl.len()).collect().item()
-    return Own(own_ranges, no_launch, clock, ends, api_end, gpu, n_kernels)
+    k = a.filter(pl.col("is_kernel") & own_launch)
+    clock = k.select(n_early=(early > CLOCK_SLACK_NS).sum(), by_early=early.max(),
+                     n_late=(late >= CLOCK_LATE_NS).sum(), by_late=late.max()).collect().row(0, named=True)
+    n = a.filter(pl.col("is_kernel") & own_start).select(pl.len()).collect().item()
+    key = [pl.col(c).cast(t) for c, t in keys.items()]
+    loose = a.filter(~launched & own_start).select(key).collect()
+    away = a.filter(own_launch & ~own_start).select(key).collect()
+    return Own(own_ranges, clock, ends, api_end, gpu, n, loose, away)
 
 
 class _GapsOnly:
@@ -319,7 +326,7 @@ def merged_inventory(trace, cat: dict, owns: list, class_by: list, startup):
     if unresolved:
         warnings.append(note(PHASE_FROM_NAMES, count=unresolved))
     warnings += impossible_figures(steps, cat["classes"])
-    no_launch = sum(o.no_launch for o in owns)
+    no_launch = _launch_less(owns)
     if no_launch:
         warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
     class_by = pl.concat([_concat(c) for c in class_by if c] or [pl.DataFrame(schema=_evidence_schema())],
@@ -369,12 +376,21 @@ def _defects(trace, steps: pl.DataFrame, owns: list) -> pl.DataFrame:
     return cc.defect_frame(recorded + cc.step_defects(trace, steps, vllm))
 
 
+def _launch_less(owns: list) -> int:
+    """The activities no call of the trace launched: loose in the window that owns their start,
+    launched in none (no window's calls launched them elsewhere)."""
+    loose = pl.concat([o.loose for o in owns])
+    if loose.is_empty():
+        return 0
+    return loose.join(pl.concat([o.away for o in owns]), on=["pid", "corr", "start"], how="anti").height
+
+
 def _clock(owns: list, session_end):
-    """capture_check.clock_defect over the windows' own kernels, from their counts."""
+    """capture_check.clock_defect over the trace's kernels, from the windows' counts."""
     from stepscope.analysis import capture_check as cc
 
     c = [o.clock for o in owns if o.clock]
-    n = sum(x["n"] for x in c)
+    n = sum(o.kernels for o in owns)
     if not n:
         return None
     agg = {"n_early": sum(x["n_early"] or 0 for x in c), "n_late": sum(x["n_late"] or 0 for x in c),
