@@ -98,7 +98,7 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         else:
             total = len(p.windows)
             rules_set = load_rules(rules)
-            label = f"analyzing {path.name} by windows of {n:,} steps"
+            label = f"windows of {path.name} analyzed ({n:,} steps each)"
             results = []
             ahead = pool.submit(source.read, p.windows[0])
             for i, w in enumerate(p.windows):

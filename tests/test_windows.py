@@ -228,3 +228,18 @@ def test_windows_hold_on_mutated_captures(source, ops, window_steps):
     with tempfile.TemporaryDirectory() as d:
         path = _mutated(Path(d), _path(source), ops)
         assert _analyze_line(path, window_steps) == _analyze_line(path, 0)
+
+
+def test_a_progress_bar_counts_the_windows_on_a_terminal_only():
+    """On a terminal the windows are counted as they are analyzed (a bar, `done/total`); a --json
+    document going to a pipe draws nothing."""
+    from tests.test_cli import on_a_terminal
+
+    path = _path(RUNS[0])
+    rc, out, tty = on_a_terminal("analyze", path, "--no-cache", "--window-steps", "30")
+    assert rc == 0 and "the run" in out
+    # ceil(134 step ranges / 30) windows
+    assert f"0/5 windows of {path.name} analyzed (30 steps each)" in tty and "5/5 windows of" in tty
+    # (one step's document: on_a_terminal reads stdout once the command ends, a pipe holds 64 KiB)
+    rc, out, tty = on_a_terminal("analyze", path, "--no-cache", "--window-steps", "30", "--json", "--steps", "0")
+    assert rc == 0 and json.loads(out)["steps"] and tty == ""

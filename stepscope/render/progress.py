@@ -41,7 +41,7 @@ class _Display:
 
     def _start(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         with _lock:
             if self._stopped:
@@ -49,8 +49,10 @@ class _Display:
             # the terminal test was done by the caller; rich must not redo it on a replaced stream
             console = Console(stderr=True, force_terminal=True)
             # a bar and its count appear beside the text once the work says how many parts it has
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), _Counted(BarColumn()),
-                                      _Counted(MofNCompleteColumn()), TimeElapsedColumn(), console=console,
+            # a bar beside the text once the work says how many parts it has (the count leads
+            # the text: bar(): on a narrow terminal a long text is cut at its end, never the count)
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                      _Counted(BarColumn(bar_width=20)), TimeElapsedColumn(), console=console,
                                       transient=True)
             done, total = self.done or (0, None)
             self._task = self._progress.add_task(self.text, total=total, completed=done)
@@ -64,6 +66,7 @@ class _Display:
                 self._progress.update(self._task, description=text, refresh=True)
 
     def advance(self, text: str, done: int, total: int) -> None:
+        text = f"{done}/{total} {text}"
         with _lock:
             self.text, self.done = text, (done, total)
             if self._progress is not None:
