@@ -55,7 +55,7 @@ import sys; sys.path.insert(0, 'benchmarks')
 import serving_scale as s, inflate as i
 from pathlib import Path
 print(i.inflate(s.unpacked(Path('bench-out')), i.parse_size('25M'), Path('bench-out')).counts)" || exit 9
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     run "serial_r$round"
     for w in 16 8 4; do run "workers${w}_r$round" --workers $w; done
   done
