@@ -214,13 +214,24 @@ def window_job(job: WindowJob, step_regex=None, rules=None, cache=False, strict=
     """A worker's task: the job's window read and analyzed, (WindowResult, the reading's account
     of values left out: the report's warnings add them up). `shared`: the reader as the report's
     process opened it (sent once to every worker), so that no worker opens the export again."""
+    import polars as pl
+
     from stepscope.analysis import windows
     from stepscope.analysis.classify import load_rules
 
     # the worker's one reader (its connection open for the next task), with an account of this task's own
     reader = _Reader.from_state(Path(job.path), shared.for_another_read())
     trace = reader.read(job.window)
-    return windows.analyze_window(trace, job.window, step_regex, load_rules(rules)), reader.account()
+    r = windows.analyze_window(trace, job.window, step_regex, load_rules(rules))
+    # every category as text between processes: a category is its process's (polars 1.33 read
+    # another's codes as null or as other names); the kernels' names are categories again in the
+    # report's process as it merges (windows.combined)
+    def text(f):
+        return f.with_columns(pl.col(pl.Categorical).cast(pl.String)) if isinstance(f, pl.DataFrame) else f
+
+    r.inv = {k: text(v) for k, v in r.inv.items()}
+    r.known = {k: text(v) for k, v in r.known.items()}
+    return r, reader.account()
 
 
 def _kernel_rows(path: Path) -> int:

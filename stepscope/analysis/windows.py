@@ -281,6 +281,8 @@ def combined(trace, results):
         if not r.steps:
             continue
         for k, v in r.inv.items():
+            if k == "kernels":  # categories of this process (a dask worker's came as text)
+                v = v.with_columns(pl.col("name", "demangled").cast(pl.Categorical))
             parts_inv.setdefault(k, []).append(_shifted(v, offset))
         for k, v in r.known.items():
             parts_known.setdefault(k, []).append(_shifted(v, offset) if isinstance(v, pl.DataFrame) else v)

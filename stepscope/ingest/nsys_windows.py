@@ -443,7 +443,11 @@ class WindowReader:
         self._seen = pl.concat([self._seen, new])
         decoded, _ = sanity.capped(self._string_ids.decoded(new, []), "value")
         if decoded.height:
-            self.base.strings = pl.concat([self.base.strings, decoded])
+            # in id order, as the whole read holds them (and as a lookup table by id is filled:
+            # polars 1.33 scatters strings only at sorted indices)
+            # each id once (a copy of this reader for another read, for_another_read, decodes
+            # what an earlier copy on its worker did: its account must count them too)
+            self.base.strings = pl.concat([self.base.strings, decoded]).unique("id", keep="first").sort("id")
 
     def _read_memops(self, lo, hi, own, corr: pl.DataFrame) -> pl.DataFrame:
         parts = [self._rows(t, lo, hi, own, corr).with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind"))
