@@ -344,7 +344,7 @@ ADBC_MODULES = {
     "test_ingest", "test_golden_json", "test_sqlite_damage", "test_impossible_values", "test_cache_freshness",
     "test_cache", "test_memory_policy", "test_library", "test_steps_without_names", "test_bytes_budget", "test_bytes_real",
     "test_inventory_fixtures", "test_vllm_fixtures", "test_collectives", "test_export_perfetto", "test_sqlite_reader",
-    "test_mutated_captures",
+    "test_mutated_captures", "test_window_reader",
 }
 # the modules that touch no polars data path (capture's process handling, the torch engine's own
 # step, the docs, the import graph, native allocator settings, path refusals): every other
