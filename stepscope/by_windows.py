@@ -78,14 +78,13 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
             pool.shutdown()
         return None
     try:
-        n = window_steps_for(source.n_kernels, source.n_ranges(step_regex), window_steps)
+        ranges = windows.step_ranges(source.base.nvtx, step_regex)  # none: no window (--strict's line is the whole's)
+        n = window_steps_for(source.n_kernels, ranges.height, window_steps)
         if n <= 0:
             return None
-        p = windows.plan(source.base.nvtx, step_regex, n)
+        p = windows.plan(source.base.nvtx, step_regex, n, ranges)
         if not p.windows:
             return None
-        if strict and not source.n_ranges(step_regex):
-            return None  # --strict's refusal is the whole analysis' to word
         if scheduler is not None or workers:
             from stepscope import distribute
 
@@ -251,34 +250,6 @@ def _kernel_rows(path: Path) -> int:
         return 0
 
 
-class _InMemory:
-    """Windows cut from the whole trace read at once: the reference the window reader is
-    tested against, and the source where it cannot read the export."""
-
-    def __init__(self, path: Path):
-        from stepscope.ingest import read_trace
-
-        self.trace = read_trace(path, cache=False)
-        self.n_kernels = self.trace.kernels.height
-        self.base = self.trace
-
-    def trace_with_warnings(self):
-        return self.trace
-
-    def n_ranges(self, step_regex) -> int:
-        from stepscope.analysis.steps import _windows_nvtx
-
-        return _windows_nvtx(self.base.nvtx, step_regex).height
-
-    def read(self, w):
-        from stepscope.analysis.windows import window_trace
-
-        return window_trace(self.trace, w)
-
-    def close(self) -> None:
-        pass
-
-
 class _Reader:
     """Windows read from the export itself (ingest/nsys_windows.py): one window's events at a time."""
 
@@ -292,11 +263,6 @@ class _Reader:
         self.n_kernels = self.reader.n_kernels
         # what `stepscope trace` measured outside nsys, as ingest.read_trace reads it beside the export
         self.base.sidecar, self.sidecar_warning = read_sidecar(path)
-
-    def n_ranges(self, step_regex) -> int:
-        from stepscope.analysis.steps import _windows_nvtx
-
-        return _windows_nvtx(self.base.nvtx, step_regex).height
 
     def read(self, w):
         """Window `w`'s events; what the reading leaves out counted in its own span only (windows
@@ -331,4 +297,4 @@ class _Reader:
 
 
 def _source(path: Path):
-    return _InMemory(path) if os.environ.get("STEPSCOPE_WINDOWS_IN_MEMORY") else _Reader(path)
+    return _Reader(path)

@@ -85,7 +85,7 @@ def test_a_window_of_one_step_holds_its_neighbours():
 
     t = read_trace(_path(RUNS[0]), cache=False)
     p = windows.plan(t.nvtx, None, 1)
-    starts = sorted(windows._windows_nvtx(t.nvtx, None)["w_start"].to_list())
+    starts = sorted(windows.step_ranges(t.nvtx, None)["w_start"].to_list())
     mid = p.windows[5]
     i = starts.index(mid.own_lo)
     assert (mid.lo, mid.own_hi, mid.hi) == (starts[i - 1], starts[i + 1], starts[i + 3])

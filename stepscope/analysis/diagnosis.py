@@ -97,16 +97,19 @@ class Diagnosis:
     def top_gaps(self) -> pl.DataFrame:
         """The TOP_GAPS longest gaps of each step, longest first (ties: earliest first)."""
         if self._top_gaps is None:
-            self._top_gaps = self._longest_gaps()
+            self._top_gaps = longest_gaps(self.gaps)
         return self._top_gaps
 
-    def _longest_gaps(self) -> pl.DataFrame:
-        g = self.gaps.select(pl.col("step").set_sorted(), "gap_start", "gap_ns", "kind", "prev_name", "next_name",
-                             "next_api")
-        # a per-step threshold first, so only a handful of rows sort
-        return (g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
-                .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
-                .group_by("step", maintain_order=True).head(TOP_GAPS))
+
+
+def longest_gaps(gaps: pl.DataFrame) -> pl.DataFrame:
+    """The TOP_GAPS longest of the per-gap frame `gaps` in each step, longest first (ties: earliest
+    first): Diagnosis.top_gaps, and a window's (analysis/windows.py)."""
+    g = gaps.select(pl.col("step").set_sorted(), "gap_start", "gap_ns", "kind", "prev_name", "next_name", "next_api")
+    # a per-step threshold first, so only a handful of rows sort
+    return (g.filter(pl.col("gap_ns") >= pl.col("gap_ns").top_k(TOP_GAPS).min().over("step"))
+            .sort("step", "gap_ns", "gap_start", descending=[False, True, False])
+            .group_by("step", maintain_order=True).head(TOP_GAPS))
 
 
 # The frames of a Diagnosis that depend on the inventory alone (not on the what-if's

@@ -52,10 +52,17 @@ class Plan:
     why_whole: str | None = None  # why the trace is analyzed whole (windows is then empty)
 
 
-def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_STEPS) -> Plan:
+def step_ranges(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
+    """The trace's NVTX step ranges (pid, tid, w_start, w_end, …): what windows are cut along."""
+    return _windows_nvtx(nvtx, step_regex)
+
+
+def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_STEPS,
+         ranges: pl.DataFrame | None = None) -> Plan:
     """The windows of a trace whose NVTX table is `nvtx`: every `window_steps` step ranges (in
-    start order over every thread) a window boundary, at a range's start."""
-    w = _windows_nvtx(nvtx, step_regex)
+    start order over every thread) a window boundary, at a range's start. `ranges`:
+    step_ranges(nvtx, step_regex), when the caller has them."""
+    w = step_ranges(nvtx, step_regex) if ranges is None else ranges
     if w.is_empty():
         return Plan((), "no NVTX step range: the steps are found from the whole trace")
     starts = w["w_start"].sort()
@@ -111,11 +118,12 @@ def _owned(steps: pl.DataFrame, w: Window) -> pl.DataFrame:
     return steps.filter(_in("w_start", w.own_lo, w.own_hi)).select("step").sort("step")
 
 
-def _renumbered(f: pl.DataFrame | None, ids: pl.DataFrame, offset: int) -> pl.DataFrame | None:
-    """`f`'s rows of the own steps `ids` (local ids), with the trace's step ids."""
+def _renumbered(f: pl.DataFrame | None, ids: pl.DataFrame) -> pl.DataFrame | None:
+    """`f`'s rows of the own steps `ids` (local ids), numbered 0.. in the window (combined()
+    numbers them after the windows before)."""
     if f is None or "step" not in f.columns:
         return f
-    m = ids.with_columns(_new=pl.int_range(pl.len(), dtype=pl.Int64) + offset)
+    m = ids.with_columns(_new=pl.int_range(pl.len(), dtype=pl.Int64))
     dtype = f.schema["step"]
     return (f.join(m, on="step", how="inner", maintain_order="left")
             .with_columns(pl.col("_new").cast(dtype).alias("step")).drop("_new"))
@@ -154,7 +162,7 @@ class Own:
 
 @dataclass
 class WindowResult:
-    """One window analyzed: its own steps' frames (numbered 0..steps-1 in the window: merge()
+    """One window analyzed: its own steps' frames (numbered 0..steps-1 in the window: combined()
     numbers them in the trace), what it found of the trace's warnings and defects (Own), its
     evidence by kind (Inventory.class_by_parts) and, for the first window, the start-up. Small
     frames only: what travels back from a dask worker."""
@@ -170,7 +178,7 @@ class WindowResult:
 
 def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> WindowResult:
     """Window `w`'s own steps analyzed (the trace `trace` is window_trace's for `w`)."""
-    from stepscope.analysis.diagnosis import Diagnosis, calibration_free
+    from stepscope.analysis.diagnosis import calibration_free, longest_gaps
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.analysis.steps import NoStep
 
@@ -187,15 +195,15 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
         raise WholeTrace("processes share a GPU")
     ids = _owned(inv.steps, w)
     known = calibration_free(inv)
-    known["top_gaps"] = Diagnosis._longest_gaps(_GapsOnly(known["gaps"]))
+    known["top_gaps"] = longest_gaps(known["gaps"])
     known["gaps"] = known["gaps"].clear()
-    frames = {f: _renumbered(getattr(inv, f), ids, 0) for f in INV_STEP_FRAMES}
+    frames = {f: _renumbered(getattr(inv, f), ids) for f in INV_STEP_FRAMES}
     # a run's kernel table repeats a few hundred names per step: as categories, 8 bytes a row
     # rather than two copies of a long demangled name
     frames["kernels"] = frames["kernels"].with_columns(pl.col("name", "demangled").cast(pl.Categorical))
-    frames["collectives"] = _renumbered(inv.collectives, ids, 0)
+    frames["collectives"] = _renumbered(inv.collectives, ids)
     frames["host_silences"] = inv.host_silences
-    kn = {k: _renumbered(v, ids, 0) if isinstance(v, pl.DataFrame) else v for k, v in known.items()}
+    kn = {k: _renumbered(v, ids) if isinstance(v, pl.DataFrame) else v for k, v in known.items()}
     return WindowResult(w.index, ids.height, frames, kn, _own_of(trace, inv, w, own_ranges),
                         tuple(inv.class_by_parts), inv.startup if w.own_lo is None else None)
 
@@ -231,36 +239,6 @@ def _own_of(trace, inv, w: Window, own_ranges: dict) -> Own:
     loose = a.filter(~launched & own_start).select(key).collect()
     away = a.filter(own_launch & ~own_start).select(key).collect()
     return Own(own_ranges, clock, ends, api_end, gpu, n, loose, away)
-
-
-class _GapsOnly:
-    def __init__(self, gaps):
-        self.gaps = gaps
-
-
-def analyze_by_windows(trace, p: Plan, step_regex=None, rules=None, launch_config=None, calibration=None,
-                       windows=None, results=None):
-    """The Diagnosis of `trace` analyzed window by window (`p`: plan()); equal, frame for frame
-    of what any document reads, to diagnose(analyze_trace(trace)) on the whole trace.
-    `windows`: the window traces (an iterable of (Window, Trace)), by default cut from `trace`;
-    `results`: the windows' WindowResults, already analyzed elsewhere (dask: by_windows.py)."""
-    from stepscope.analysis.classify import load_rules
-
-    if results is None:
-        rules = rules or load_rules()
-        pairs = windows if windows is not None else ((w, window_trace(trace, w)) for w in p.windows)
-        results = (analyze_window(sub, w, step_regex, rules, launch_config) for w, sub in pairs)
-    return merge(trace, results, calibration)
-
-
-def merge(trace, results, calibration=None):
-    """The Diagnosis of the whole trace from its windows' results (in window order): combined(),
-    then diagnose() once over its frames (what depends on every step: the what-if's memset mode,
-    the verdicts, the trace's own graph constants)."""
-    from stepscope.analysis.diagnosis import diagnose
-
-    inv, known = combined(trace, results)
-    return diagnose(inv, calibration, known=known)
 
 
 def combined(trace, results):
