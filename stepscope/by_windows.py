@@ -1,9 +1,9 @@
 """When and how `analyze` reads a long trace by windows of steps (analysis/windows.py): the
 export's size decides, the reader gives each window's events, and a progress bar counts them.
 
-A trace of more than WINDOW_MIN_KERNELS kernels whose steps are NVTX step ranges is analyzed
-WINDOW_KERNELS kernels at a time (about; by its steps' mean size), so that memory holds one
-window's events, not the run's: docs/PERFORMANCE.md, "A long run in bounded memory". Any other
+A trace of more than WINDOW_MIN_KERNELS kernels whose steps are NVTX step ranges or vLLM's engine
+iterations (its `schedule: …` ranges) is analyzed WINDOW_KERNELS kernels at a time (about; by its
+ranges' mean size), so that memory holds one window's events, not the run's: docs/PERFORMANCE.md, "A long run in bounded memory". Any other
 trace, and any trace `plan` or a window finds unfit (analysis/windows.WholeTrace), is analyzed
 whole, as before.
 """
@@ -97,15 +97,19 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         else:
             total = len(p.windows)
             rules_set = load_rules(rules)
-            label = f"windows of {path.name} analyzed ({n:,} steps each)"
+            label = f"windows of {path.name} analyzed ({n:,} ranges each)"
             results = []
+
+            def read(w, count):  # a window read again, wider: on the reading thread
+                return pool.submit(source.read, w, count).result()
+
             ahead = pool.submit(source.read, p.windows[0])
             for i, w in enumerate(p.windows):
                 progress.bar(label, i, total)
                 sub = ahead.result()
                 if i + 1 < total:  # one window read ahead, no more: memory holds two at most
                     ahead = pool.submit(source.read, p.windows[i + 1])
-                results.append(windows.analyze_window(sub, w, step_regex, rules_set))
+                results.append(windows.analyze_read(read, w, step_regex, rules_set, sub))
                 del sub
             progress.bar(label, total, total)
         inv, known = windows.combined(pool.submit(source.trace_with_warnings).result(), results)
@@ -220,8 +224,7 @@ def window_job(job: WindowJob, step_regex=None, rules=None, cache=False, strict=
 
     # the worker's one reader (its connection open for the next task), with an account of this task's own
     reader = _Reader.from_state(Path(job.path), shared.for_another_read())
-    trace = reader.read(job.window)
-    r = windows.analyze_window(trace, job.window, step_regex, load_rules(rules))
+    r = windows.analyze_read(reader.read, job.window, step_regex, load_rules(rules))
     # every category as text between processes: a category is its process's (polars 1.33 read
     # another's codes as null or as other names); the kernels' names are categories again in the
     # report's process as it merges (windows.combined)
@@ -264,10 +267,19 @@ class _Reader:
         # what `stepscope trace` measured outside nsys, as ingest.read_trace reads it beside the export
         self.base.sidecar, self.sidecar_warning = read_sidecar(path)
 
-    def read(self, w):
+    def read(self, w, count: bool = True):
         """Window `w`'s events; what the reading leaves out counted in its own span only (windows
-        overlap by their context: each row counts once over the run)."""
-        return self.reader.read(w.lo, w.hi, w.own_lo, w.own_hi)
+        overlap by their context: each row counts once over the run), and not at all when `count`
+        is False (the window read again, further: analysis/windows.analyze_read)."""
+        trace = self.reader.read(w.lo, w.hi, w.own_lo, w.own_hi, count=count)
+        # the grids a step's phase is told by where its name says none (an engine iteration's),
+        # read from the rows the window's kernels lie among, as the whole analysis reads them
+        span = self.reader.kernel_rowids
+        if span is not None and any(d != "nvtx" for _, d in w.kinds):
+            from stepscope.launch_config import NsysLaunchConfig
+
+            trace.launch_config = NsysLaunchConfig(self.reader.path).within(*span)
+        return trace
 
     def state(self):
         return self.reader

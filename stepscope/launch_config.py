@@ -43,6 +43,17 @@ class NsysLaunchConfig:
             return pl.DataFrame(schema=_schema(dims))
         return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims)
 
+    def within(self, first: int, last: int) -> LaunchConfigReader:
+        """A LaunchConfigReader of the kernels among rowids first..last alone: a window of a long
+        run (analysis/windows.py) asks for the grids of its own kernels, from the rows it read."""
+        def read(short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+            if not short_ids:
+                return pl.DataFrame(schema=_schema(dims))
+            return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims,
+                              span=(int(first), int(last)))
+
+        return read
+
     def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
         """The kernels of `devices` that started from lo to hi, in the table's row order (one
         query for every device: an export's rows are in start order across devices, so the
@@ -55,7 +66,8 @@ class NsysLaunchConfig:
                  f"AND start <= {int(hi)}")
         return self._read(where, (lo, hi) if narrow else None)
 
-    def _read(self, where: str, near: tuple[int, int] | None = None, dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+    def _read(self, where: str, near: tuple[int, int] | None = None, dims: tuple[str, ...] = DIMS,
+              span: tuple[int, int] | None = None) -> pl.DataFrame:
         from stepscope.errors import InputError
         from stepscope.ingest import file_identity
         from stepscope.ingest import nsys_sqlite as ns
@@ -68,7 +80,8 @@ class NsysLaunchConfig:
         con = ns.connect_readonly(self.path)
         try:
             try:
-                span = rows_near(con, table, *near) if near is not None else None
+                if span is None:
+                    span = rows_near(con, table, *near) if near is not None else None
                 if span is None:
                     first, last = rowid_span(con, table)
                     span = None if first is None else (first, last)
@@ -198,6 +211,17 @@ class ColumnarLaunchConfig:
         if not short_ids:
             return pl.DataFrame(schema=_schema(dims))
         return self._read(pl.col("shortName").is_in([int(i) for i in short_ids]), dims)
+
+    def within(self, first: int, last: int) -> LaunchConfigReader:
+        """A LaunchConfigReader of the kernels among rowids first..last alone: a window of a long
+        run (analysis/windows.py) asks for the grids of its own kernels, from the rows it read."""
+        def read(short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
+            if not short_ids:
+                return pl.DataFrame(schema=_schema(dims))
+            return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims,
+                              span=(int(first), int(last)))
+
+        return read
 
     def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
         return self._read(pl.col("deviceId").is_in([int(d) for d in devices]) & (pl.col("start") >= int(lo))

@@ -78,6 +78,26 @@ def in_span(col: str, lo: int | None, hi: int | None) -> pl.Expr:
     return e
 
 
+def window_events(api: pl.DataFrame, kernels: pl.DataFrame, memops: pl.DataFrame, nvtx: pl.DataFrame,
+                  lo: int | None, hi: int | None) -> dict:
+    """The events of a window [lo, hi) of host time, of a trace's (or of the rows read for it:
+    ingest/nsys_windows.py): its API calls (`api`: those that started in it), the kernels and
+    memops they launched or that started in it launched by none of them, the NVTX ranges that
+    overlap it. The same selection whether cut from a whole read (analysis/windows.py) or read."""
+    keys = api.select("pid", "corr").unique()
+
+    def launched(f: pl.DataFrame) -> pl.DataFrame:
+        mine = f.join(keys, on=["pid", "corr"], how="semi")
+        loose = f.join(keys, on=["pid", "corr"], how="anti").filter(in_span("start", lo, hi))
+        return pl.concat([mine, loose]).sort("start", maintain_order=True) if loose.height else mine
+
+    if lo is not None:
+        nvtx = nvtx.filter(pl.col("end") >= lo)
+    if hi is not None:
+        nvtx = nvtx.filter(pl.col("start") < hi)
+    return {"kernels": launched(kernels), "memops": launched(memops), "api": api, "nvtx": nvtx}
+
+
 @dataclass
 class Trace:
     """A normalized trace: what one profiler run recorded, independent of its file format."""
@@ -111,6 +131,9 @@ class Trace:
     # reads this trace again from its file (ingest.read_trace sets it): what read_events() brings the
     # event frames back with after drop_event_frames(reread=True)
     reread: "Callable[[], Trace] | None" = field(default=None, repr=False, compare=False)
+    # reads chosen kernels' grid and block from the trace's file (stepscope.launch_config), where
+    # the trace is a window of a long run's (by_windows.py): its rows' only
+    launch_config: "Callable | None" = field(default=None, repr=False, compare=False)
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
         """An expression mapping an id column to its string (for use in with_columns)."""

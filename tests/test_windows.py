@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,6 +26,11 @@ from tests.test_mutated_captures import _mutated, mutations
 RUNS = [SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama-3.1-8b_serve_r48_s0_graph.sqlite.gz",
         FIXTURES / "models" / "qwen3-30b-a3b_serve_r16_s0_eager.sqlite.gz",
         FIXTURES / "llama8b_decode_b1_eager_tp2.sqlite", FIXTURES / "llama8b_decode_b1_graph_tp2.sqlite"]
+# plain captures (no step range, no capture range) whose steps are vLLM's engine iterations, cut
+# along its `schedule: …` ranges (VLLM_NVTX_SCOPES_FOR_PROFILING=1; ~11 of them an iteration): a
+# whole serving run with its start-up, and the MLA MoE model's (DeepSeek-V2-Lite)
+SCHEDULED = [SERVING / "llama1b_serve_r16_graph_plain_scopes.sqlite.gz",
+             FIXTURES / "models" / "deepseek-v2-lite_r32_graph_plain.sqlite.gz"]
 
 
 def _path(p):
@@ -52,12 +58,21 @@ RANGES_SQL = ("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id 
               "OR coalesce(e.text, s.value) GLOB 'step *' OR coalesce(e.text, s.value) = 'step') AND e.end IS NOT NULL")
 
 
-@pytest.mark.parametrize("source", RUNS, ids=[p.name for p in RUNS])
-@pytest.mark.parametrize("window_steps", [1, 7])
-def test_windows_give_the_whole_documents_bytes(source, window_steps):
+# vLLM's scheduler ranges, counted in SQL
+SCHEDULE_SQL = ("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                "WHERE coalesce(e.text, s.value) GLOB 'schedule: *' AND e.end IS NOT NULL")
+
+
+# (a window of one scheduler range is ~1,200 windows of the MLA capture, two minutes on the box:
+# its windows of 7 ranges only)
+CASES = [(p, n) for p in RUNS + SCHEDULED[:1] for n in (1, 7)] + [(SCHEDULED[1], 7)]
+
+
+@pytest.mark.parametrize("source,window_steps", CASES, ids=[f"{n}-{p.name}" for p, n in CASES])
+def test_windows_give_the_whole_documents_bytes(source, window_steps, monkeypatch):
     path = _path(source)
     with ro(path) as con:
-        ranges = con.execute(RANGES_SQL).fetchone()[0]
+        ranges = con.execute(SCHEDULE_SQL if source in SCHEDULED else RANGES_SQL).fetchone()[0]
     from stepscope.ingest import read_trace
 
     p = windows.plan(read_trace(path, cache=False).nvtx, None, window_steps)
@@ -68,7 +83,14 @@ def test_windows_give_the_whole_documents_bytes(source, window_steps):
     assert len(p.windows) == -(-ranges // window_steps)
     assert p.windows[0].own_lo is None and p.windows[-1].own_hi is None
     assert all(a.own_hi == b.own_lo for a, b in zip(p.windows, p.windows[1:]))
+    # analyzed by windows indeed, not whole after a window found them unfit
+    from stepscope import by_windows
+
+    merged = []
+    real = by_windows.diagnosis
+    monkeypatch.setattr(by_windows, "diagnosis", lambda *a, **k: merged.append(real(*a, **k)) or merged[-1])
     got = _document(path, window_steps)
+    assert len(merged) == 1 and merged[0] is not None
     assert got == _whole(path)
     # and the steps are the trace's, not the windows': as many as plain SQL's ranges that
     # launched GPU work, numbered 0..n-1 in start order
@@ -96,16 +118,97 @@ def test_a_window_of_one_step_holds_its_neighbours():
     assert sub.kernels.height < t.kernels.height
 
 
-@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "models/qwen3-30b-a3b_r32_graph_plain.sqlite.gz"])
+def test_an_engine_iteration_past_its_window_is_read_further():
+    """A plain capture's windows are cut along vLLM's `schedule: …` ranges, ~11 to an engine
+    iteration (the plan reaches two iterations' worth past a window's own ranges, by its rarest
+    range name's count). Cut to two ranges after, a window's context rarely reaches the next
+    iteration's start (where its last own iteration ends): such a window is read again to its
+    next end, its rows not counted twice; the iterations it owns are those whose first range
+    starts in its own span (plain SQL's count below), each owned by one window, and named by
+    its place on its thread in the trace."""
+    from dataclasses import replace
+
+    from stepscope.analysis.classify import load_rules
+    from stepscope.ingest import read_trace
+
+    path = _path(SCHEDULED[0])
+    t = read_trace(path, cache=False)
+    p = windows.plan(t.nvtx, None, 1)
+    assert {d for _, d in p.windows[0].kinds} == {"schedule"}
+    starts = windows.step_ranges(t.nvtx, None)["w_start"].sort()
+    with ro(path) as con:  # ranges per schedule() call, as the plan estimates them
+        calls, ranges = con.execute(CALLS_SQL).fetchone()
+    assert p.windows[3].hi == starts[starts.search_sorted(p.windows[3].own_hi, "left") + 2 * -(-ranges // calls)]
+    # every window cut to two ranges after its own ones, its plan's ends the further ones
+    cut = []
+    for w in p.windows:
+        if w.hi is None:
+            cut.append(w)
+            continue
+        j = starts.search_sorted(w.own_hi, "left") + 2
+        cut.append(replace(w, hi=int(starts[j]), wider=(w.hi, *w.wider)))
+    reads, results = [], []
+
+    def read(w, count):
+        reads.append((w.index, w.hi, count))
+        return windows.window_trace(t, w)
+
+    rules = load_rules(None)
+    for w in cut:
+        results.append(windows.analyze_read(read, w, None, rules))
+    again = [(i, hi) for i, hi, count in reads if not count]
+    assert again and all(count for i, hi, count in reads if (i, hi) not in again)
+    for i, hi in again:  # a read again reaches one of the window's further ends, in turn
+        w = cut[i]
+        assert hi in w.wider and hi != w.hi
+    assert len(reads) == len(cut) + len(again)
+    # SQL: the schedule() calls (each ends with `schedule: update_after_schedule`) that launched
+    # work before the next one began: an iteration each
+    with ro(path) as con:
+        launched = con.execute(ITERATIONS_SQL).fetchone()[0]
+    assert sum(r.steps for r in results) == launched == 99
+    # each numbered by one window: its place among the window's own iterations on its thread
+    # (those that launched nothing counted in, as the whole trace numbers them)
+    owned = pl.concat([r.iterations for r in results if r.iterations is not None])
+    assert owned.height == launched
+    assert sum(n for r in results for *_, n in r.iteration_counts) >= launched
+
+
+# the schedule() calls (the rarest of the scheduler range names: `allocate_slots` is once per request)
+# and the scheduler ranges
+CALLS_SQL = """
+WITH r AS (SELECT coalesce(e.text, s.value) AS name FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+           WHERE coalesce(e.text, s.value) GLOB 'schedule: *' AND e.end IS NOT NULL)
+SELECT (SELECT min(n) FROM (SELECT count(*) AS n FROM r GROUP BY name)), (SELECT count(*) FROM r)
+"""
+
+
+# the schedule() calls whose work a launch call of the process began before the next call's
+# first range; runtime call names as nsys records them
+ITERATIONS_SQL = """
+WITH r AS (SELECT e.start, e.end, (e.globalTid >> 24) & 16777215 AS pid, coalesce(e.text, s.value) AS name
+           FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+           WHERE coalesce(e.text, s.value) GLOB 'schedule: *' AND e.end IS NOT NULL),
+     u AS (SELECT r.pid, r.end, (SELECT min(n.start) FROM r n WHERE n.pid = r.pid AND n.start > r.end) AS nxt
+           FROM r WHERE r.name GLOB 'schedule: update_after_schedule*')
+SELECT count(*) FROM u WHERE EXISTS (
+    SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME c JOIN StringIds n ON n.id = c.nameId
+    WHERE (c.globalTid >> 24) & 16777215 = u.pid AND c.start > u.end AND c.start < coalesce(u.nxt, 1 << 62)
+      AND (n.value GLOB 'cudaLaunchKernel*' OR n.value GLOB 'cudaGraphLaunch*' OR n.value GLOB 'cuLaunchKernel*'))
+"""
+
+
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "serving/llama1b_serve_r16_graph_plain_bare.sqlite.gz"])
 def test_a_trace_unfit_for_windows_is_analyzed_whole(name):
-    """One step range (nothing to cut), or no NVTX step range at all (the steps of a plain
-    capture are found from the whole trace): plan says why, and the document is the whole one."""
+    """One step range (nothing to cut), or no NVTX range to cut along at all (the engine loop's
+    steps of a plain capture without vLLM's scopes are found from the whole trace's kernels):
+    plan says why, and the document is the whole one."""
     from stepscope.ingest import read_trace
 
     path = _path(FIXTURES / name)
     p = windows.plan(read_trace(path, cache=False).nvtx, None, 1)
     assert p.windows == ()
-    assert p.why_whole in ("one window holds every step", "no NVTX step range: the steps are found from the whole trace")
+    assert p.why_whole in ("one window holds every step", windows.NO_RANGES)
     assert _document(path, 1) == _whole(path)
 
 
@@ -192,10 +295,11 @@ def test_a_bad_scheduler_for_one_long_report_is_one_line():
     assert len(r.output.strip().splitlines()) == 1
 
 
-# The serving captures whose steps are vLLM's NVTX ranges, mutated the way real captures go wrong
-# (tests/test_mutated_captures.py's mutations: rows lost, the trace cut, NVTX lost, names garbled,
-# rows twice, a clock shifted): by windows of any size, the whole analysis' document or its one line.
-MUTABLE = [RUNS[0], RUNS[2]]
+# The serving captures whose steps are vLLM's NVTX ranges or its engine iterations, mutated the way
+# real captures go wrong (tests/test_mutated_captures.py's mutations: rows lost, the trace cut, NVTX
+# lost, names garbled, rows twice, a clock shifted): by windows of any size, the whole analysis'
+# document or its one line.
+MUTABLE = [RUNS[0], RUNS[2], SCHEDULED[0]]
 
 
 def _analyze_line(path, window_steps: int):
@@ -225,9 +329,11 @@ def test_windows_hold_on_mutated_captures(source, ops, window_steps):
     import tempfile
     from pathlib import Path
 
+    # a scheduled capture's windows count scheduler ranges, ~11 to an iteration: as many steps a window
+    n = window_steps * (11 if source in SCHEDULED else 1)
     with tempfile.TemporaryDirectory() as d:
         path = _mutated(Path(d), _path(source), ops)
-        assert _analyze_line(path, window_steps) == _analyze_line(path, 0)
+        assert _analyze_line(path, n) == _analyze_line(path, 0)
 
 
 def test_a_progress_bar_counts_the_windows_on_a_terminal_only():
@@ -239,7 +345,7 @@ def test_a_progress_bar_counts_the_windows_on_a_terminal_only():
     rc, out, tty = on_a_terminal("analyze", path, "--no-cache", "--window-steps", "30")
     assert rc == 0 and "the run" in out
     # ceil(134 step ranges / 30) windows
-    assert f"0/5 windows of {path.name} analyzed (30 steps each)" in tty and "5/5 windows of" in tty
+    assert f"0/5 windows of {path.name} analyzed (30 ranges each)" in tty and "5/5 windows of" in tty
     # (one step's document: on_a_terminal reads stdout once the command ends, a pipe holds 64 KiB)
     rc, out, tty = on_a_terminal("analyze", path, "--no-cache", "--window-steps", "30", "--json", "--steps", "0")
     assert rc == 0 and json.loads(out)["steps"] and tty == ""

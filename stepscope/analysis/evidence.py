@@ -166,7 +166,9 @@ def place_router(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet) -> tup
                         "where the sampler runs" if hit else None))
     pairs = pl.DataFrame(rule_of, schema={"prev": pl.String, "next": pl.String, "new": pl.String, "class_by": pl.String},
                          orient="row")
-    k = k.filter(pl.col("cand")).join(pairs, on=["prev", "next"], how="left").filter(
+    # in acts' order (the first of a name's reasons is the one said: the same however the trace
+    # is cut, whole or by windows)
+    k = k.filter(pl.col("cand")).join(pairs, on=["prev", "next"], how="left", maintain_order="left").filter(
         pl.col("new").is_not_null() & (pl.col("new") != pl.col("class")))
     return _reclassed(acts, k)
 

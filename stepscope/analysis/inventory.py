@@ -339,6 +339,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     inv = Inventory(trace, steps.drop("n_attention"), classes, kernels, acts, api, calls, warnings, collectives,
                     class_by, families, ops, graph_steps, launch_config, started, defects, host_silences=silences)
     inv.class_by_parts = class_by_parts  # by kind of evidence, for an analysis by windows (analysis/windows.py)
+    inv.windows_found = windows  # the steps' host windows, empty ones included (analysis/windows.py counts them)
     memory.inventory_built(inv)
     return inv
 

@@ -14,9 +14,12 @@ is computed once, over the windows' per-step frames, by the same functions (diag
 `known`).
 
 Windows apply where the steps are NVTX step ranges of one device per process (vLLM's
-`execute_context…` ranges, `--step-regex`): each step is then a range of host time that a window
-can hold whole. Where they are not (the engine loop, capture ranges, periods, several devices per
-process), `plan` says why and the trace is analyzed whole.
+`execute_context…` ranges, `--step-regex`), or vLLM's engine iterations, cut along its scheduler
+ranges (`schedule: …`): each step is then a range of host time that a window can hold whole. An
+iteration is one or many scheduler ranges and runs to the next one's first: a window whose last
+own iteration has no next one inside it is read further (analyze_read). Where the steps are
+neither (the engine loop's kernels, capture ranges, periods, several devices per process), `plan`
+or a window says why and the trace is analyzed whole.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from stepscope.analysis.steps import _windows_nvtx
-from stepscope.model import in_span as _in
+from stepscope.analysis.steps import VLLM_SCHEDULE_PREFIX, _windows_nvtx
+from stepscope.model import in_span as _in, window_events
 
 # how many step ranges a window owns by default: a serving run's step is ~400 kernels, so a
 # window holds ~1M kernels (a few hundred MB while it is analyzed)
@@ -43,7 +46,14 @@ class Window:
     own_hi: int | None
     lo: int | None
     hi: int | None
-    ranges: tuple = ()  # (pid, how many step ranges of that process start in the own span)
+    ranges: tuple = ()  # (pid, how many NVTX step ranges of that process start in the own span)
+    kinds: tuple = ()   # (pid, the delimiter its steps are cut along: nvtx or schedule), the trace's
+    # the ends its events are read to again, in turn, when its last own engine iteration runs
+    # past its context (analyze_read); None: to the trace's end
+    wider: tuple = ()
+
+
+NO_RANGES = "no NVTX step range or vLLM scheduler range: the steps are found from the whole trace"
 
 
 @dataclass(frozen=True)
@@ -53,39 +63,101 @@ class Plan:
 
 
 def step_ranges(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
-    """The trace's NVTX step ranges (pid, tid, w_start, w_end, …): what windows are cut along."""
-    return _windows_nvtx(nvtx, step_regex)
+    """What windows are cut along (pid, tid, w_start, delimiter): the trace's NVTX step ranges,
+    and, for a process without any, vLLM's scheduler ranges (`schedule: …`,
+    VLLM_NVTX_SCOPES_FOR_PROFILING=1), at one of which each of its engine iterations starts
+    (steps.py's `schedule` steps). A user's --step-regex cuts along its own ranges only."""
+    cols = [pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), pl.col("w_start").cast(pl.Int64),
+            pl.col("delimiter").cast(pl.String), pl.col("name").cast(pl.String)]
+    w = _windows_nvtx(nvtx, step_regex).select(cols)
+    if step_regex or nvtx.is_empty():
+        return w
+    sched = nvtx.filter(pl.col("name").str.starts_with(VLLM_SCHEDULE_PREFIX)
+                        & ~pl.col("pid").cast(pl.Int64).is_in(w["pid"].unique().implode()))
+    sched = sched.select(pl.col("start").alias("w_start"), "pid", "tid", pl.lit("schedule").alias("delimiter"), "name")
+    return pl.concat([w, sched.select(cols)]) if sched.height else w
 
 
 def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_STEPS,
          ranges: pl.DataFrame | None = None) -> Plan:
-    """The windows of a trace whose NVTX table is `nvtx`: every `window_steps` step ranges (in
-    start order over every thread) a window boundary, at a range's start. `ranges`:
-    step_ranges(nvtx, step_regex), when the caller has them."""
+    """The windows of a trace whose NVTX table is `nvtx`: every `window_steps` ranges of
+    step_ranges (in start order over every thread) a window boundary, at a range's start.
+    `ranges`: step_ranges(nvtx, step_regex), when the caller has them.
+
+    A window's events reach, for each process with ranges in its own span, one of its ranges
+    before them and two after: the context that the first own step's begin (the previous step's
+    GPU work) and the last one's end (a vLLM step or engine iteration runs to the next
+    iteration's range) are read from. A process whose ranges run out within that context reads
+    to the trace's end (its last step runs to its last recorded work)."""
     w = step_ranges(nvtx, step_regex) if ranges is None else ranges
     if w.is_empty():
-        return Plan((), "no NVTX step range: the steps are found from the whole trace")
+        return Plan((), NO_RANGES)
     starts = w["w_start"].sort()
     n = starts.len()
-    pid_starts = w.select(pl.col("pid").cast(pl.Int64), "w_start").sort("w_start")
     if n <= window_steps:
         return Plan((), "one window holds every step")
+    kinds = tuple(w.select("pid", "delimiter").unique().sort("pid").iter_rows())
+    if len({pid for pid, _ in kinds}) < len(kinds):
+        return Plan((), "a process's steps are cut along two kinds of range")
+    by_pid = {pid: g["w_start"].sort() for (pid,), g in w.group_by("pid")}
+    # the ranges of one engine iteration, about: one schedule() call holds each of its range names
+    # once or more (`allocate_slots` once per request), so its rarest name counts the calls
+    per = {pid: 1 if d == "nvtx" else -(-w.filter(pl.col("pid") == pid).height // int(
+        w.filter(pl.col("pid") == pid)["name"].value_counts()["count"].min())) for pid, d in kinds}
     cuts = [int(starts[i]) for i in range(window_steps, n, window_steps)]
+    # an engine iteration's first step is the start-up's end, or a capture range's (steps.py):
+    # a window holds a process's first iteration only with the trace's beginning
+    late = [pid for pid, d in kinds if d == "schedule" and cuts and int(by_pid[pid][0]) >= cuts[0]]
+    if late:
+        return Plan((), "a process's engine iterations begin after the first window")
     bounds = [None, *cuts, None]
     out = []
     for i in range(len(bounds) - 1):
         own_lo, own_hi = bounds[i], bounds[i + 1]
-        # one step range of context before the own ones, two after (the last own step runs to
-        # the next iteration's range, whose own step the context then holds whole)
-        lo = None if own_lo is None else int(starts[max(starts.search_sorted(own_lo, "left") - 1, 0)])
-        if own_hi is None:
-            hi = None
-        else:
-            j = starts.search_sorted(own_hi, "left") + 2
-            hi = None if j >= n else int(starts[j])
-        mine = pid_starts.filter(_in("w_start", own_lo, own_hi)).group_by("pid").len().sort("pid")
-        out.append(Window(i, own_lo, own_hi, lo, hi, tuple(mine.iter_rows())))
+        los, his, mine = [], [], []
+        for pid, s in sorted(by_pid.items()):
+            a = 0 if own_lo is None else s.search_sorted(own_lo, "left")
+            b = s.len() if own_hi is None else s.search_sorted(own_hi, "left")
+            if b <= a:
+                continue
+            mine.append((pid, b - a))
+            los.append(None if own_lo is None else int(s[a - 1]) if a else own_lo)
+        if own_lo is not None:  # and the range before its own ones of any process's
+            los.append(int(starts[starts.search_sorted(own_lo, "left") - 1]))
+            # two ranges (iterations) after the own ones, then (analyze_read) 4, 8, 16, … and the end
+            his.append([None if own_hi is None or b + k * per[pid] >= s.len() else int(s[b + k * per[pid]])
+                        for k in _CONTEXT_AFTER])
+        lo = None if None in los else min(los)
+        ends = [None if None in level else max(level) for level in zip(*his)]
+        ends = ends[:ends.index(None) + 1] if None in ends else ends + [None]
+        own_nvtx = tuple((pid, k) for pid, k in mine if dict(kinds)[pid] == "nvtx")
+        out.append(Window(i, own_lo, own_hi, lo, ends[0], own_nvtx, kinds, tuple(ends[1:])))
     return Plan(tuple(out))
+
+
+# how many of a process's ranges (of its engine iterations: each about that many ranges) after its
+# own ones a window's events reach, and, when its last own engine iteration runs past them, reach
+# next
+_CONTEXT_AFTER = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class RunsPast(Exception):
+    """A window's last own engine iteration runs past its context (analyze_read reads further)."""
+
+
+def analyze_read(read, w: Window, step_regex, rules, sub=None) -> "WindowResult":
+    """Window `w` read by `read(window, count)` (`sub`: its trace, already read) and analyzed;
+    when its last own engine iteration runs past its context, read to its next end (w.wider) and
+    analyzed again. Only the first read counts what the reading leaves out (the own rows are the
+    same in each)."""
+    wider = iter(w.wider)
+    while True:
+        sub = read(w, True) if sub is None else sub
+        try:
+            return analyze_window(sub, w, step_regex, rules)
+        except RunsPast:
+            w = replace(w, hi=next(wider))
+            sub = read(w, False)
 
 
 def window_trace(trace, w: Window):
@@ -93,21 +165,8 @@ def window_trace(trace, w: Window):
     launched (or that started in it, launched by no call of the window), the NVTX ranges that
     overlap it; the rest of the trace (names, GPUs, threads) as it is."""
     api = trace.api.filter(_in("start", w.lo, w.hi))
-    keys = api.select("pid", "corr").unique()
-
-    def launched(f: pl.DataFrame) -> pl.DataFrame:
-        mine = f.join(keys, on=["pid", "corr"], how="semi")
-        loose = f.join(keys, on=["pid", "corr"], how="anti").filter(_in("start", w.lo, w.hi))
-        return pl.concat([mine, loose]).sort("start", maintain_order=True) if loose.height else mine
-
-    nv = trace.nvtx
-    if w.lo is not None:
-        nv = nv.filter(pl.col("end") >= w.lo)
-    if w.hi is not None:
-        nv = nv.filter(pl.col("start") < w.hi)
-    sub = replace(trace, kernels=launched(trace.kernels), memops=launched(trace.memops), api=api, nvtx=nv,
-                  warnings=[], cache_entry=None, cache_dir=None, reread=None)
-    return sub
+    return replace(trace, **window_events(api, trace.kernels, trace.memops, trace.nvtx, w.lo, w.hi),
+                   warnings=[], cache_entry=None, cache_dir=None, reread=None)
 
 
 class WholeTrace(Exception):
@@ -174,26 +233,56 @@ class WindowResult:
     own: Own
     class_by: tuple
     startup: pl.DataFrame | None
+    # its own engine iterations (step, pid, tid, pos: their place among the thread's own ones) and
+    # how many it owns per thread ((pid, tid, n), …): combined() numbers them in the trace
+    iterations: pl.DataFrame | None = None
+    iteration_counts: tuple = ()
 
 
 def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> WindowResult:
-    """Window `w`'s own steps analyzed (the trace `trace` is window_trace's for `w`)."""
+    """Window `w`'s own steps analyzed (the trace `trace` is window_trace's for `w`). RunsPast:
+    its last own engine iteration runs past its context (analyze_read reads it further)."""
     from stepscope.analysis.diagnosis import calibration_free, longest_gaps
     from stepscope.analysis.inventory import analyze_trace
     from stepscope.analysis.steps import NoStep
+    from stepscope.errors import InputError
 
     own_ranges = dict(w.ranges)
-    try:
-        inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config, refuse=False)
-    except NoStep:  # its ranges launched nothing (a window of one empty step range)
+    iterations = _own_iterations(trace, w)
+    if iterations is not None and not iterations.height and not w.ranges:
+        # no step of its own (its ranges are the middle of an iteration that began before it)
         return WindowResult(w.index, 0, {}, {}, _own_of(trace, None, w, own_ranges), (), None)
-    if not (inv.steps["delimiter"] == "nvtx").all():
-        raise WholeTrace("its steps are not all NVTX step ranges")
+    try:
+        inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config or trace.launch_config,
+                            refuse=False)
+    except (NoStep, InputError) as e:
+        # its ranges launched nothing (a window of one empty step range), or (a vLLM engine whose
+        # window holds no iteration that did) "no engine step"
+        if not isinstance(e, NoStep) and iterations is None:
+            raise
+        if iterations is not None and iterations.height:  # how many launched work went uncounted
+            raise WholeTrace("a window's engine iterations hold no step") from None
+        return WindowResult(w.index, 0, {}, {}, _own_of(trace, None, w, own_ranges), (), None)
+    kinds = dict(w.kinds)
+    found = inv.steps.select(pl.col("pid").cast(pl.Int64), "delimiter").unique()
+    if any(kinds.get(pid) != d for pid, d in found.iter_rows()):
+        raise WholeTrace("a process's steps in a window are not the ranges the windows were cut along")
     if inv.steps.group_by("pid").agg(pl.col("device").n_unique().alias("n"))["n"].max() > 1:
         raise WholeTrace("a process runs steps on several devices")
     if any(_is_note(x, "shared_device") for x in inv.warnings):
         raise WholeTrace("processes share a GPU")
     ids = _owned(inv.steps, w)
+    numbered = None
+    if iterations is not None:
+        # an engine iteration is no NVTX range of the plan's count: the iterations the window
+        # found in its own span are (those that launched nothing included: EMPTY_STEP_RANGES)
+        sched = inv.windows_found.filter((pl.col("delimiter") == "schedule") & _in("w_start", w.own_lo, w.own_hi))
+        own_ranges |= dict(sched.group_by(pl.col("pid").cast(pl.Int64)).len().iter_rows())
+        # each own iteration's place among its thread's own iterations: combined() names it
+        # `schedule #n` by its place in the trace
+        numbered = _renumbered(inv.steps.filter(pl.col("delimiter") == "schedule").select(
+            "step", pl.col("pid").cast(pl.Int64), pl.col("w_start").alias("start")).join(
+            iterations, on=["pid", "start"], how="inner"), ids).select("step", "pid", "tid", "pos")
     known = calibration_free(inv)
     known["top_gaps"] = longest_gaps(known["gaps"])
     known["gaps"] = known["gaps"].clear()
@@ -204,8 +293,32 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
     frames["collectives"] = _renumbered(inv.collectives, ids)
     frames["host_silences"] = inv.host_silences
     kn = {k: _renumbered(v, ids) if isinstance(v, pl.DataFrame) else v for k, v in known.items()}
+    counts = () if iterations is None else tuple(iterations.group_by("pid", "tid").len().sort("pid", "tid").iter_rows())
     return WindowResult(w.index, ids.height, frames, kn, _own_of(trace, inv, w, own_ranges),
-                        tuple(inv.class_by_parts), inv.startup if w.own_lo is None else None)
+                        tuple(inv.class_by_parts), inv.startup if w.own_lo is None else None, numbered, counts)
+
+
+def _own_iterations(trace, w: Window) -> pl.DataFrame | None:
+    """(pid, tid, start, pos) of the engine iterations that start in the window's own span (pos:
+    their place among the thread's own ones), for a window cut along `schedule: …` ranges (None
+    for another). RunsPast when one of those threads has no iteration after its own ones in the
+    window: the last own one would run to the window's end, not to the next iteration's start,
+    and might launch its work past it."""
+    from stepscope.analysis.steps import api_flags, iteration_starts
+
+    if not any(d == "schedule" for _, d in w.kinds):
+        return None
+    ids = trace.api["name_id"].unique().drop_nulls()
+    names = trace.strings.filter(pl.col("id").is_in(ids.implode()))
+    api = api_flags(trace.api, dict(zip(names["id"].to_list(), names["value"].to_list())))
+    # the flags of the own ranges are the trace's: the range before them lies in the window
+    it = iteration_starts(trace.nvtx, api)
+    own = it.filter(_in("start", w.own_lo, w.own_hi))
+    if w.hi is not None and own.height:
+        after = it.filter(pl.col("start") >= w.own_hi).select("pid", "tid").unique()
+        if own.select("pid", "tid").unique().join(after, on=["pid", "tid"], how="anti").height:
+            raise RunsPast()
+    return own.sort("pid", "tid", "start").with_columns(pos=pl.int_range(pl.len()).over("pid", "tid")).drop("i")
 
 
 def _is_note(x, code: str) -> bool:
@@ -223,10 +336,14 @@ def _own_of(trace, inv, w: Window, own_ranges: dict) -> Own:
     api_end = trace.api["end"].max() if trace.api.height else None
     ends = _records_end(trace, trace.api)
     keys = {"pid": pl.Int64, "corr": pl.Int64, "start": pl.Int64}
-    if inv is None:  # no step in it: its kernels counted, nothing to match
-        n = trace.kernels.filter(_in("start", w.own_lo, w.own_hi)).height
-        return Own(own_ranges, {}, ends, api_end, gpu, n, pl.DataFrame(schema=keys), pl.DataFrame(schema=keys))
-    a = inv.acts.lazy()
+    if inv is None:  # no step in it: its activities beside their launching calls, as analyze_trace's
+        calls = trace.api.lazy().select("pid", "corr", pl.col("start").alias("launch_start")).unique(
+            ["pid", "corr"], keep="first")
+        a = pl.concat([trace.kernels.lazy().select("pid", "corr", "start", is_kernel=pl.lit(True)),
+                       trace.memops.lazy().select("pid", "corr", "start", is_kernel=pl.lit(False))]).join(
+            calls, on=["pid", "corr"], how="left")
+    else:
+        a = inv.acts.lazy()
     own_start = _in("start", w.own_lo, w.own_hi)
     launched = pl.col("launch_start").is_not_null()
     own_launch = launched & _in("launch_start", w.own_lo, w.own_hi)
@@ -252,10 +369,19 @@ def combined(trace, results):
     class_by: list[list] = [[], [], [], []]
     startup = None
     offset = 0
+    before: dict = {}  # (pid, tid) -> the engine iterations of the windows before
+    names = []
     for r in results:
         owns.append(r.own)
         if r.startup is not None:
             startup = r.startup
+        if r.iterations is not None and r.iterations.height:
+            names.append(r.iterations.with_columns(
+                pl.col("step") + offset,
+                pl.struct("pid", "tid").map_elements(lambda t: before.get((t["pid"], t["tid"]), 0),
+                                                     return_dtype=pl.Int64).alias("_before")))
+        for pid, tid, n in r.iteration_counts:
+            before[(pid, tid)] = before.get((pid, tid), 0) + n
         if not r.steps:
             continue
         for k, v in r.inv.items():
@@ -267,13 +393,15 @@ def combined(trace, results):
         for i, f in enumerate(r.class_by):
             class_by[i].append(f)
         offset += r.steps
-    if not parts_inv:
-        from stepscope.analysis.steps import NoStep
-
-        raise NoStep(f"{trace.path}: no step found (no kernels with a launching call inside a step range); "
-                     "check --step-regex or capture with an NVTX range per step")
+    if not parts_inv:  # the whole trace's analysis says why, in its words
+        raise WholeTrace("no window holds a step")
     cat = {k: _concat(v) for k, v in parts_inv.items()}
     del parts_inv
+    if names:  # an engine iteration is `schedule #n` by its place on its thread in the trace
+        n = pl.concat(names).select(pl.col("step").cast(cat["steps"].schema["step"]), pl.format(
+            "schedule #{}", pl.col("_before") + pl.col("pos") + 1).alias("_name"))
+        cat["steps"] = cat["steps"].join(n, on="step", how="left", maintain_order="left").with_columns(
+            pl.coalesce("_name", "name").alias("name")).drop("_name")
     known = {k: (_concat(v) if isinstance(v[0], pl.DataFrame) else v[0]) for k, v in parts_known.items()}
     del parts_known
     return merged_inventory(trace, cat, owns, class_by, startup), known
@@ -311,7 +439,12 @@ def merged_inventory(trace, cat: dict, owns: list, class_by: list, startup):
         warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
     class_by = pl.concat([_concat(c) for c in class_by if c] or [pl.DataFrame(schema=_evidence_schema())],
                          how="vertical_relaxed").unique(["name", "demangled", "class"], keep="first", maintain_order=True)
-    inv = Inventory(trace, steps, cat["classes"], cat["kernels"], pl.DataFrame(), pl.DataFrame(), pl.DataFrame(),
+    kernels = cat["kernels"]
+    if class_by.height:  # a name's evidence is the trace's first, not each window's own first
+        kernels = kernels.drop("class_by").join(
+            class_by.with_columns(*(pl.col(c).cast(kernels.schema[c]) for c in ("name", "demangled", "class"))),
+            on=["name", "demangled", "class"], how="left", maintain_order="left")
+    inv = Inventory(trace, steps, cat["classes"], kernels, pl.DataFrame(), pl.DataFrame(), pl.DataFrame(),
                     warnings, cat["collectives"], class_by, cat["framework"], cat["framework_ops"], cat["graph_steps"],
                     None, startup if startup is not None else pl.DataFrame(schema=STARTUP_SCHEMA),
                     _defects(trace, steps, owns), host_silences=cat["host_silences"])

@@ -4,9 +4,9 @@ with the run (a 10-minute serving run holds ~25M kernels).
 `WindowReader(path).read(lo, hi)` is, frame for frame, what analysis/windows.py's `window_trace`
 makes of the whole read (`read_nsys_sqlite(path, launch_config=False)`) for a window whose events
 are read for host time [lo, hi): the API calls that start in it, the kernels and memops they
-launched or that start in it launched by none of them, the NVTX ranges overlapping it. The
-selection is written out here again (ingest may not import analysis); tests/test_window_reader.py
-holds the two equal on real exports.
+launched or that start in it launched by none of them, the NVTX ranges overlapping it: the same
+selection (model.window_events) over the rows read; tests/test_window_reader.py holds the two
+equal on real exports.
 
 nsys's event tables have no index on `start`, but their rows come roughly in time order. At open
 a *chunk map* is made of each event table: for each run of about `chunk_rows` rows (a rowid
@@ -55,7 +55,7 @@ from stepscope.ingest.nsys_sqlite import (
 )
 from stepscope.ingest.typed import INT32 as I32, Col as C
 from stepscope.model import API_SCHEMA, KERNEL_SCHEMA, MEMOP_SCHEMA, STRING_SCHEMA, Trace, empty
-from stepscope.model import in_span as _in
+from stepscope.model import in_span as _in, window_events
 from stepscope.paths import input_file
 
 CHUNK_ROWS = 65_536
@@ -172,6 +172,7 @@ class WindowReader:
         self._tallies = {"kernel times": _Tally("kernels"), "kernel names": _Tally("kernels"),
                          "memops": _Tally("memcpy/memset rows"), "api": _Tally("API calls")}
         self._seen = pl.Series("id", [], pl.Int32)  # the name ids of the rows read (decoded)
+        self.kernel_rowids: tuple[int, int] | None = None  # the rowids of the last window's kernel chunks
         self._con = None
         with _input_errors(path):
             self._con = connect_readonly(path)
@@ -373,7 +374,8 @@ class WindowReader:
         return False
 
     # ------------------------------------------------------------------ one window
-    def read(self, lo: int | None, hi: int | None, own_lo: int | None = None, own_hi: int | None = None) -> Trace:
+    def read(self, lo: int | None, hi: int | None, own_lo: int | None = None, own_hi: int | None = None,
+             count: bool = True) -> Trace:
         """The window [lo, hi) of host time (None: unbounded): window_trace(full_trace,
         Window(0, own_lo, own_hi, lo, hi)) frame for frame, but for `strings` (the names read so
         far: a superset of the window's). [own_lo, own_hi) (by default [lo, hi), and within it)
@@ -384,7 +386,8 @@ class WindowReader:
         own_hi = hi if own_hi is None else int(own_hi)
         if (lo is not None and own_lo < lo) or (hi is not None and (own_hi is None or own_hi > hi)):
             raise ValueError(f"the own span [{own_lo}, {own_hi}) is not within the window [{lo}, {hi})")
-        own = (own_lo, own_hi)
+        # `count` False: a window read again (wider): its rows were counted by its first read
+        own = (own_lo, own_hi) if count else (0, 0)
         with _input_errors(self.path):
             api = pl.DataFrame(schema=API_SCHEMA)
             if self._api is not None:
@@ -398,20 +401,8 @@ class WindowReader:
             kernels = self._read_kernels(lo, hi, own, corr, api_names)
             memops = self._read_memops(lo, hi, own, corr)
 
-        # window_trace's selection (analysis/windows.py), in its order
-        keys = api.select("pid", "corr").unique()
-
-        def launched(f: pl.DataFrame) -> pl.DataFrame:
-            mine = f.join(keys, on=["pid", "corr"], how="semi")
-            loose = f.join(keys, on=["pid", "corr"], how="anti").filter(_in("start", lo, hi))
-            return pl.concat([mine, loose]).sort("start", maintain_order=True) if loose.height else mine
-
-        nvtx = self.base.nvtx
-        if lo is not None:
-            nvtx = nvtx.filter(pl.col("end") >= lo)
-        if hi is not None:
-            nvtx = nvtx.filter(pl.col("start") < hi)
-        return replace(self.base, kernels=launched(kernels), memops=launched(memops), api=api, nvtx=nvtx,
+        # window_trace's selection (analysis/windows.py)
+        return replace(self.base, **window_events(api, kernels, memops, self.base.nvtx, lo, hi),
                        warnings=[], cache_entry=None, cache_dir=None, reread=None)
 
     def _read_kernels(self, lo, hi, own, corr: pl.DataFrame, api_names: pl.Series) -> pl.DataFrame:
@@ -482,6 +473,8 @@ class WindowReader:
         cond = " OR ".join(f"({c})" for c in conds)
         chunks = m.filter(pick).select("a", "b").unique().sort("a").rows()
         self.chunks_read[t.q.table] += len(chunks)
+        if t is self._kernels:  # the rowids a window's kernels lie among (their grids are read there)
+            self.kernel_rowids = (chunks[0][0], chunks[-1][1]) if chunks else None
         queries = [replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}", f"({cond})"], from_=t.q.table)
                    for a, b in chunks]
         frames = []
