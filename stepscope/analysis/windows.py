@@ -122,11 +122,11 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
                 continue
             mine.append((pid, b - a))
             los.append(None if own_lo is None else int(s[a - 1]) if a else own_lo)
-        if own_lo is not None:  # and the range before its own ones of any process's
-            los.append(int(starts[starts.search_sorted(own_lo, "left") - 1]))
             # two ranges (iterations) after the own ones, then (analyze_read) 4, 8, 16, … and the end
             his.append([None if own_hi is None or b + k * per[pid] >= s.len() else int(s[b + k * per[pid]])
                         for k in _CONTEXT_AFTER])
+        if own_lo is not None:  # and the range before its own ones of any process's
+            los.append(int(starts[starts.search_sorted(own_lo, "left") - 1]))
         lo = None if None in los else min(los)
         ends = [None if None in level else max(level) for level in zip(*his)]
         ends = ends[:ends.index(None) + 1] if None in ends else ends + [None]
