@@ -212,17 +212,6 @@ class ColumnarLaunchConfig:
             return pl.DataFrame(schema=_schema(dims))
         return self._read(pl.col("shortName").is_in([int(i) for i in short_ids]), dims)
 
-    def within(self, first: int, last: int) -> LaunchConfigReader:
-        """A LaunchConfigReader of the kernels among rowids first..last alone: a window of a long
-        run (analysis/windows.py) asks for the grids of its own kernels, from the rows it read."""
-        def read(short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
-            if not short_ids:
-                return pl.DataFrame(schema=_schema(dims))
-            return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims,
-                              span=(int(first), int(last)))
-
-        return read
-
     def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
         return self._read(pl.col("deviceId").is_in([int(d) for d in devices]) & (pl.col("start") >= int(lo))
                           & (pl.col("start") <= int(hi)), DIMS)
