@@ -437,10 +437,13 @@ def merged_inventory(trace, cat: dict, owns: list, class_by: list, startup):
     no_launch = _launch_less(owns)
     if no_launch:
         warnings.append(note(NO_LAUNCHING_CALL, count=no_launch))
-    class_by = pl.concat([_concat(c) for c in class_by if c] or [pl.DataFrame(schema=_evidence_schema())],
-                         how="vertical_relaxed").unique(["name", "demangled", "class"], keep="first", maintain_order=True)
+    parts = pl.concat([_concat(c) for c in class_by if c] or [pl.DataFrame(schema=_evidence_schema())],
+                      how="vertical_relaxed")
+    class_by = parts.unique(["name", "demangled", "class"], keep="first", maintain_order=True)
     kernels = cat["kernels"]
-    if class_by.height:  # a name's evidence is the trace's first, not each window's own first
+    # a name's evidence is the trace's first reason, where windows gave it different ones (each
+    # window's kernels carry its own first; the join copies the run's kernel table: only then)
+    if parts.unique(["name", "demangled", "class", "class_by"]).height > class_by.height:
         kernels = kernels.drop("class_by").join(
             class_by.with_columns(*(pl.col(c).cast(kernels.schema[c]) for c in ("name", "demangled", "class"))),
             on=["name", "demangled", "class"], how="left", maintain_order="left")
