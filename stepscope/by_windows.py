@@ -3,9 +3,9 @@ export's size decides, the reader gives each window's events, and a progress bar
 
 A trace of more than WINDOW_MIN_KERNELS kernels whose steps are NVTX step ranges or vLLM's engine
 iterations (its `schedule: …` ranges) is analyzed WINDOW_KERNELS kernels at a time (about; by its
-ranges' mean size), so that memory holds one window's events, not the run's: docs/PERFORMANCE.md, "A long run in bounded memory". Any other
-trace, and any trace `plan` or a window finds unfit (analysis/windows.WholeTrace), is analyzed
-whole, as before.
+ranges' mean size), so that memory holds one window's events, not the run's: docs/PERFORMANCE.md,
+"A long run in bounded memory". Any other trace, and any trace `plan` or a window finds unfit
+(analysis/windows.WholeTrace), is analyzed whole, as before.
 """
 
 from __future__ import annotations
@@ -28,13 +28,20 @@ def window_steps_for(n_kernels: int, n_ranges: int, given: int | None) -> int:
     WINDOW_KERNELS worth of steps, for a trace of more than WINDOW_MIN_KERNELS kernels."""
     if given is not None:
         return given
-    env = os.environ.get("STEPSCOPE_WINDOW_STEPS", "")
-    if env.strip().isdigit():  # the tests' and benchmarks' setting; anything else is not one
-        return int(env)
+    env = _env_window_steps()
+    if env is not None:
+        return env
     if n_kernels <= WINDOW_MIN_KERNELS or not n_ranges:
         return 0
     per_step = max(1, n_kernels // n_ranges)
     return max(1, WINDOW_KERNELS // per_step)
+
+
+def _env_window_steps() -> int | None:
+    """STEPSCOPE_WINDOW_STEPS, the tests' and benchmarks' setting, where it is a count (anything
+    else is no setting)."""
+    env = os.environ.get("STEPSCOPE_WINDOW_STEPS", "").strip()
+    return int(env) if env.isdigit() else None
 
 
 def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | None = None, *,
@@ -60,8 +67,7 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
     try:
         if not path.is_file() or not is_sqlite(path):
             return None
-        if window_steps is None and not os.environ.get("STEPSCOPE_WINDOW_STEPS", "").strip().isdigit() and \
-                _kernel_rows(path) <= WINDOW_MIN_KERNELS:
+        if window_steps is None and _env_window_steps() is None and _kernel_rows(path) <= WINDOW_MIN_KERNELS:
             return None  # the usual trace: read whole, never opened twice
         key = _kept_key(path, step_regex, rules, strict, code) if cache and code else None
         kept = _kept(path, key) if key is not None else None

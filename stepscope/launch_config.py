@@ -39,20 +39,17 @@ class NsysLaunchConfig:
     def __call__(self, short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
         """The kernels of those names, with the launch columns `dims` alone (fewer columns, less
         to take out of SQLite: phase evidence reads four of the six)."""
-        if not short_ids:
-            return pl.DataFrame(schema=_schema(dims))
-        return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims)
+        return self._of_names(short_ids, dims)
 
     def within(self, first: int, last: int) -> LaunchConfigReader:
         """A LaunchConfigReader of the kernels among rowids first..last alone: a window of a long
         run (analysis/windows.py) asks for the grids of its own kernels, from the rows it read."""
-        def read(short_ids: list[int], dims: tuple[str, ...] = DIMS) -> pl.DataFrame:
-            if not short_ids:
-                return pl.DataFrame(schema=_schema(dims))
-            return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims,
-                              span=(int(first), int(last)))
+        return lambda short_ids, dims=DIMS: self._of_names(short_ids, dims, (int(first), int(last)))
 
-        return read
+    def _of_names(self, short_ids: list[int], dims: tuple[str, ...], span: tuple[int, int] | None = None) -> pl.DataFrame:
+        if not short_ids:
+            return pl.DataFrame(schema=_schema(dims))
+        return self._read(f"shortName IN ({','.join(str(int(i)) for i in short_ids)})", dims=dims, span=span)
 
     def window(self, devices: list[int], lo: int, hi: int, narrow: bool = True) -> pl.DataFrame:
         """The kernels of `devices` that started from lo to hi, in the table's row order (one

@@ -111,7 +111,7 @@ def test_an_open_capture_window_ends_at_the_last_activity_or_its_launch(name):
     import polars as pl
 
     from stepscope.analysis import steps
-    from stepscope.analysis.inventory import api_flags
+    from stepscope.analysis.steps import api_flags
     from stepscope.pipeline import read
 
     path = need(FIXTURES / name)

@@ -26,8 +26,9 @@ from stepscope.analysis.pauses import empty_silences, host_silences
 from stepscope.analysis.phase import PHASE_SCHEMA, phase_evidence
 from stepscope.analysis.composition import with_composition
 from stepscope.analysis.startup import STARTUP_SCHEMA, startup
-from stepscope.analysis.steps import (NoStep, activities, api_flags, engine_pids_without_steps, find_windows,
-                                      segment, split_capture_windows, step_shape, vllm_engine_pids, window_of)
+from stepscope.analysis.steps import (NoStep, activities, engine_pids_without_steps, find_windows,
+                                      segment, split_capture_windows, step_shape, trace_api_flags, vllm_engine_pids,
+                                      window_of)
 from stepscope.analysis import capture_check
 from stepscope.errors import InputError
 from stepscope.classes import ATTENTION_OF_PHASE
@@ -250,10 +251,7 @@ def analyze_trace(trace: Trace, step_regex: str | None = None, rules: RuleSet | 
     (stepscope.launch_config): phase evidence needs a few. `strict` (--strict): a `step_regex`
     that matches no range with GPU work is an InputError, not a warning."""
     rules = rules or load_rules()
-    # the API calls' names only: the kernels' are joined on as a frame (kernel_names)
-    api_ids = trace.api["name_id"].unique().drop_nulls()
-    api_strings = trace.strings.filter(pl.col("id").is_in(api_ids.implode()))
-    api = api_flags(trace.api, dict(zip(api_strings["id"].to_list(), api_strings["value"].to_list())))
+    api = trace_api_flags(trace)
     vllm = vllm_engine_pids(trace)
     windows = find_windows(trace, api, step_regex, vllm)
     without_steps = engine_pids_without_steps(vllm, windows)

@@ -75,6 +75,14 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
     )
 
 
+def trace_api_flags(trace) -> pl.DataFrame:
+    """api_flags of `trace`'s API calls, their names decoded from its strings (only the calls'
+    names: the kernels' are joined on as a frame, inventory.kernel_names)."""
+    ids = trace.api["name_id"].unique().drop_nulls()
+    names = trace.strings.filter(pl.col("id").is_in(ids.implode()))
+    return api_flags(trace.api, dict(zip(names["id"].to_list(), names["value"].to_list())))
+
+
 def activities(kernels: pl.DataFrame, memops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
     """Kernels and memops in one frame, each joined to its launching call on (pid, corr).
 

@@ -102,8 +102,8 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
     by_pid = {pid: g["w_start"].sort() for (pid,), g in w.group_by("pid")}
     # the ranges of one engine iteration, about: one schedule() call holds each of its range names
     # once or more (`allocate_slots` once per request), so its rarest name counts the calls
-    per = {pid: 1 if d == "nvtx" else -(-w.filter(pl.col("pid") == pid).height // int(
-        w.filter(pl.col("pid") == pid)["name"].value_counts()["count"].min())) for pid, d in kinds}
+    named = w.group_by("pid", "name").len().group_by("pid").agg(n=pl.col("len").sum(), calls=pl.col("len").min())
+    per = {pid: 1 if dict(kinds)[pid] == "nvtx" else -(-n // calls) for pid, n, calls in named.iter_rows()}
     cuts = [int(starts[i]) for i in range(window_steps, n, window_steps)]
     # an engine iteration's first step is the start-up's end, or a capture range's (steps.py):
     # a window holds a process's first iteration only with the trace's beginning
@@ -255,7 +255,7 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
     try:
         inv = analyze_trace(trace, step_regex, rules, launch_config=launch_config or trace.launch_config,
                             refuse=False)
-    except (NoStep, InputError) as e:
+    except InputError as e:  # NoStep among them
         # its ranges launched nothing (a window of one empty step range), or (a vLLM engine whose
         # window holds no iteration that did) "no engine step"
         if not isinstance(e, NoStep) and iterations is None:
@@ -304,15 +304,12 @@ def _own_iterations(trace, w: Window) -> pl.DataFrame | None:
     for another). RunsPast when one of those threads has no iteration after its own ones in the
     window: the last own one would run to the window's end, not to the next iteration's start,
     and might launch its work past it."""
-    from stepscope.analysis.steps import api_flags, iteration_starts
+    from stepscope.analysis.steps import iteration_starts, trace_api_flags
 
     if not any(d == "schedule" for _, d in w.kinds):
         return None
-    ids = trace.api["name_id"].unique().drop_nulls()
-    names = trace.strings.filter(pl.col("id").is_in(ids.implode()))
-    api = api_flags(trace.api, dict(zip(names["id"].to_list(), names["value"].to_list())))
     # the flags of the own ranges are the trace's: the range before them lies in the window
-    it = iteration_starts(trace.nvtx, api)
+    it = iteration_starts(trace.nvtx, trace_api_flags(trace))
     own = it.filter(_in("start", w.own_lo, w.own_hi))
     if w.hi is not None and own.height:
         after = it.filter(pl.col("start") >= w.own_hi).select("pid", "tid").unique()
@@ -376,10 +373,10 @@ def combined(trace, results):
         if r.startup is not None:
             startup = r.startup
         if r.iterations is not None and r.iterations.height:
-            names.append(r.iterations.with_columns(
-                pl.col("step") + offset,
-                pl.struct("pid", "tid").map_elements(lambda t: before.get((t["pid"], t["tid"]), 0),
-                                                     return_dtype=pl.Int64).alias("_before")))
+            prior = pl.DataFrame([(p, t, n) for (p, t), n in before.items()], orient="row",
+                                 schema={"pid": pl.Int64, "tid": pl.Int64, "_before": pl.Int64})
+            names.append(r.iterations.join(prior, on=["pid", "tid"], how="left", maintain_order="left")
+                         .with_columns(pl.col("step") + offset, pl.col("_before").fill_null(0)))
         for pid, tid, n in r.iteration_counts:
             before[(pid, tid)] = before.get((pid, tid), 0) + n
         if not r.steps:

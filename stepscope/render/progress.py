@@ -48,7 +48,6 @@ class _Display:
                 return
             # the terminal test was done by the caller; rich must not redo it on a replaced stream
             console = Console(stderr=True, force_terminal=True)
-            # a bar and its count appear beside the text once the work says how many parts it has
             # a bar beside the text once the work says how many parts it has (the count leads
             # the text: bar(): on a narrow terminal a long text is cut at its end, never the count)
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
