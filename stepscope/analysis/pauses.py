@@ -135,24 +135,53 @@ def host_pauses(silences: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataFrame
     # host that synchronized, then stopped, idles the GPU for the stop), and the activity the
     # GPU waited for in its longest such gap (after a JIT compilation: the kernel just compiled)
     g = gaps.filter(pl.col("kind").cast(pl.String).is_in(list(PAUSE_TAKES))).select(
-        "step", "pid", "gap_start", "gap_end", pl.col("next_name").cast(pl.String)).join(
-        c.select("step", "pid").unique(), on=["step", "pid"])
-    idle = c.select("step", "pid", "pause_start", "pause_end").join(g, on=["step", "pid"]).with_columns(
-        o=(pl.min_horizontal("pause_end", "gap_end") - pl.max_horizontal("pause_start", "gap_start")).clip(lower_bound=0)
-    ).sort("o", descending=True).group_by("step", "pid", "pause_start").agg(
-        gpu_idle_ns=pl.col("o").sum(), next_kernel=pl.col("next_name").first())
+        pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64), "gap_start", "gap_end",
+        pl.col("next_name").cast(pl.String))
+    pairs = _overlapping(c.select("step", "pid", "pause_start", "pause_end"), g)
+    idle = pairs.with_columns(
+        o=pl.min_horizontal("pause_end", "gap_end") - pl.max_horizontal("pause_start", "gap_start")
+    ).group_by("step", "pid", "pause_start").agg(
+        gpu_idle_ns=pl.col("o").sum(),
+        next_kernel=pl.col("next_name").sort_by("o", "gap_start", descending=[True, False]).first())
     c = c.join(idle, on=["step", "pid", "pause_start"], how="left").with_columns(
         pl.col("gpu_idle_ns").fill_null(0)).filter(pl.col("gpu_idle_ns") >= PAUSE_MIN_NS)
     if c.is_empty():
         return empty_pauses()
-    # its place: how many of the step's launch calls started before it
-    mine = calls.select(pl.col("step").cast(pl.Int64), "start").join(c.select("step").unique(), on="step", how="semi")
-    k = mine.join(c.select("step", "pause_start"), on="step").group_by(
-        "step", "pause_start").agg(after_launch=(pl.col("start") < pl.col("pause_start")).sum().cast(pl.Int64))
+    # its place: how many of the step's launch calls started before it (the count of calls up to
+    # the last one to start before it, by an as-of join: a pause meets only its own step's calls)
+    mine = (calls.select(pl.col("step").cast(pl.Int64), pl.col("start").cast(pl.Int64))
+            .join(c.select("step").unique(), on="step", how="semi").sort("step", "start")
+            .with_columns(after_launch=pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over("step")))
+    at = c.select("step", "pause_start").unique().with_columns(_before=pl.col("pause_start") - 1).sort("_before")
+    k = at.join_asof(mine.sort("start"), left_on="_before", right_on="start", by="step", strategy="backward",
+                     check_sortedness=False).select("step", "pause_start", pl.col("after_launch").fill_null(0))
     n = mine.group_by("step").agg(n_launches=pl.len().cast(pl.Int64))
     c = c.join(k, on=["step", "pause_start"], how="left").join(n, on="step", how="left")
     return (c.select([pl.col(k).cast(t) for k, t in PAUSE_SCHEMA.items()])
             .sort("step", "pause_ns", "pause_start", descending=[False, True, False]))
+
+
+def _overlapping(p: pl.DataFrame, g: pl.DataFrame) -> pl.DataFrame:
+    """Each interval [pause_start, pause_end) of `p` beside each gap [gap_start, gap_end) of `g`
+    of its (step, pid) that it overlaps, only those: a step's gaps are the holes of the union of
+    its activities, so they are disjoint, and those a pause overlaps are consecutive in time
+    order: from the first to end after its start to the last to start before its end, found by
+    two as-of joins. The rows are as many as the overlaps (a pause and a gap of a long step
+    crossed would be their product: a step holding a start-up has thousands of each)."""
+    if p.is_empty() or g.is_empty():
+        return p.join(g, on=["step", "pid"])
+    g = g.sort("step", "pid", "gap_start").with_row_index("_gi")
+    by = ["step", "pid"]
+    p = (p.with_columns(_after=pl.col("pause_start") + 1).sort("_after")
+         .join_asof(g.select(*by, "gap_end", _first="_gi").sort("gap_end"), left_on="_after", right_on="gap_end",
+                    by=by, strategy="forward", check_sortedness=False)
+         .with_columns(_before=pl.col("pause_end") - 1).sort("_before")
+         .join_asof(g.select(*by, "gap_start", _last="_gi").sort("gap_start"), left_on="_before",
+                    right_on="gap_start", by=by, strategy="backward", check_sortedness=False))
+    p = (p.filter(pl.col("_first") <= pl.col("_last"))
+         .select(*by, "pause_start", "pause_end", _gi=pl.int_ranges("_first", pl.col("_last") + 1, dtype=pl.UInt32))
+         .explode("_gi"))
+    return p.join(g.drop(by), on="_gi").drop("_gi")
 
 
 def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
@@ -163,11 +192,16 @@ def with_pause_gaps(gaps: pl.DataFrame, pauses: pl.DataFrame) -> pl.DataFrame:
     if pauses.is_empty() or gaps.is_empty():
         return gaps
     kind_dtype = gaps.schema["kind"]  # the gaps frame's own Enum of kinds (no import of analysis/gaps: a cycle)
-    p = pauses.select("step", "pid", "pause_start", "pause_end")
-    hit = (gaps.with_row_index("_i").filter(pl.col("kind").cast(pl.String).is_in(list(PAUSE_TAKES)))
-           .select("_i", "step", "pid", "gap_start", "next_launch_start").join(p, on=["step", "pid"])
-           .filter((pl.col("gap_start") < pl.col("pause_end")) & (pl.col("next_launch_start") >= pl.col("pause_end")))
-           ["_i"].unique())
+    # the first pause of the gap's step and process to end after the gap began (an as-of join;
+    # a pause in every gap's row would be their product): it delayed the gap when its launch
+    # came after the pause ended
+    ends = pauses.select(pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64), "pause_end").unique().sort("pause_end")
+    g = (gaps.with_row_index("_i").filter(pl.col("kind").cast(pl.String).is_in(list(PAUSE_TAKES)))
+         .select("_i", pl.col("step").cast(pl.Int64), pl.col("pid").cast(pl.Int64), "next_launch_start",
+                 _after=pl.col("gap_start") + 1).sort("_after"))
+    hit = (g.join_asof(ends, left_on="_after", right_on="pause_end", by=["step", "pid"], strategy="forward",
+                       check_sortedness=False)
+           .filter(pl.col("next_launch_start") >= pl.col("pause_end"))["_i"])
     return gaps.with_row_index("_i").with_columns(
         kind=pl.when(pl.col("_i").is_in(hit.implode())).then(pl.lit("host_pause", kind_dtype)).otherwise(pl.col("kind"))
     ).drop("_i")
