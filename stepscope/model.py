@@ -84,12 +84,17 @@ def window_events(api: pl.DataFrame, kernels: pl.DataFrame, memops: pl.DataFrame
     ingest/nsys_windows.py): its API calls (`api`: those that started in it), the kernels and
     memops they launched or that started in it launched by none of them, the NVTX ranges that
     overlap it. The same selection whether cut from a whole read (analysis/windows.py) or read."""
-    keys = api.select("pid", "corr").unique()
+    keys = api.select("pid", "corr").unique().with_columns(_mine=pl.lit(True))
 
     def launched(f: pl.DataFrame) -> pl.DataFrame:
-        mine = f.join(keys, on=["pid", "corr"], how="semi")
-        loose = f.join(keys, on=["pid", "corr"], how="anti").filter(in_span("start", lo, hi))
-        return pl.concat([mine, loose]).sort("start", maintain_order=True) if loose.height else mine
+        # one join marks the rows launched by the window's calls (a semi and an anti join were two)
+        mine = f.select("pid", "corr").join(keys, on=["pid", "corr"], how="left", maintain_order="left")["_mine"]
+        g = f.with_columns(_mine=mine.is_not_null()).with_columns(_loose=~pl.col("_mine") & in_span("start", lo, hi))
+        if not g["_loose"].any():
+            return f.filter(g["_mine"])
+        # in start order, the launched rows first at a tie, each kind in its own order
+        return (g.filter(pl.col("_mine") | pl.col("_loose")).sort("start", "_loose", maintain_order=True)
+                .drop("_mine", "_loose"))
 
     if lo is not None:
         nvtx = nvtx.filter(pl.col("end") >= lo)

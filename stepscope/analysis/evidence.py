@@ -55,7 +55,12 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
     k = (acts.lazy().filter(pl.col("is_kernel") & pl.col("step").is_in(steps.implode()))
          .select("row", "step", "short_id", "demangled_id", pl.col("class").to_physical().cast(pl.Int16).alias("c"),
                  is_anon.alias("anon"))
-         .with_columns(idx=pl.int_range(pl.len()).over("step"))
+         # the kernel's index in its step: acts are in step order, so a step's rows are
+         # consecutive (no window function over steps: a serving run has tens of thousands)
+         .with_row_index("_r")
+         .with_columns(idx=pl.col("_r") - pl.when(pl.col("step") != pl.col("step").shift(1, fill_value=-1))
+                       .then(pl.col("_r")).forward_fill())
+         .drop("_r")
          # --- the same position in the step's other layers
          .join(layers.lazy().select("step", pl.col("kernels_per_layer").alias("p"), pl.col("layer_start").alias("s"),
                                     pl.col("layers").alias("n")), on="step", how="left", maintain_order="left"))
@@ -71,9 +76,14 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
              .select("step", "pos", pl.col("c").alias("by_layer")))
     k = k.join(votes, on=["step", "pos"], how="left", maintain_order="left")
     # --- the nearest named kernels around it (-1: none)
+    # (the last named kernel before it over the whole run, kept where it is of the same step)
     named = pl.when(~pl.col("anon")).then(pl.col("c"))
-    k = (k.with_columns(prev=named.shift(1).forward_fill().over("step").fill_null(-1),
-                        next=named.shift(-1).backward_fill().over("step").fill_null(-1))
+    named_step = pl.when(named.is_not_null()).then(pl.col("step"))
+    same = pl.col("step")
+    k = (k.with_columns(prev=pl.when(named_step.shift(1).forward_fill() == same)
+                        .then(named.shift(1).forward_fill()).otherwise(-1),
+                        next=pl.when(named_step.shift(-1).backward_fill() == same)
+                        .then(named.shift(-1).backward_fill()).otherwise(-1))
          .filter(pl.col("anon")).drop("anon", "pos").collect())
     pairs = k.select("prev", "next").unique(maintain_order=True)
     rule_of = []

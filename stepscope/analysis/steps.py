@@ -772,6 +772,8 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None,
         lambda: _windows_capture(api),
         lambda: _windows_graph(api).filter(~pl.col("pid").is_in(list(vllm))),
     ):
+        if pids_all <= covered:
+            break  # every process has its steps: the later kinds would only be filtered away
         w = make()
         w = w.filter(~pl.col("pid").is_in(list(covered)) & pl.col("pid").is_in(list(pids_all)))
         if w.height:
