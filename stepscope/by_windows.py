@@ -85,6 +85,9 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         return None
     try:
         ranges = windows.step_ranges(source.base.nvtx, step_regex)  # none: no window (--strict's line is the whole's)
+        if not ranges.height:
+            _read_whole(path, source.n_kernels, windows.NO_RANGES)
+            return None
         n = window_steps_for(source.n_kernels, ranges.height, window_steps)
         if n <= 0:
             return None
@@ -123,11 +126,32 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         if cache:
             _keep(path, key, inv, known)
         return diagnose(inv, calibration, known=known)
-    except windows.WholeTrace:
+    except windows.WholeTrace as e:
+        _read_whole(path, source.n_kernels, str(e), advice=False)
         return None
     finally:
         pool.submit(source.close).result()
         pool.shutdown()
+
+
+# what reading a long run whole costs, about (the serving runs of docs/PERFORMANCE.md: 250–370
+# bytes of peak memory per kernel whole)
+WHOLE_BYTES_PER_KERNEL = 300
+
+
+def _read_whole(path: Path, n_kernels: int, why: str, advice: bool = True) -> None:
+    """One line on stderr where a long run (the windows were wanted) is read whole: why, about how
+    much memory that takes, and (`advice`: it had no range to cut along) the capture that has them."""
+    from stepscope.render import progress
+    from stepscope.render.units import nbytes
+
+    line = (f"{path.name}: its {n_kernels:,} kernels are read whole, in about "
+            f"{nbytes(n_kernels * WHOLE_BYTES_PER_KERNEL)} of memory ({why})")
+    if advice:
+        line += ("; a long run is analyzed in bounded memory by windows of its step ranges: capture it with "
+                 "VLLM_NVTX_SCOPES_FOR_PROFILING=1 (vLLM's scheduler ranges) or through vLLM's profiler "
+                 "(its execute_context ranges)")
+    progress.notice(line)
 
 
 # --- the kept analysis -------------------------------------------------------------------------

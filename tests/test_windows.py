@@ -215,6 +215,27 @@ def test_a_trace_unfit_for_windows_is_analyzed_whole(name):
     assert _document(path, 1) == _whole(path)
 
 
+def test_a_long_run_read_whole_says_why_and_what_capture_has_ranges():
+    """Windows asked of a plain capture without vLLM's scopes: the document is the whole one, and
+    one line on stderr says it was read whole (its kernel count, as SQL counts it), why, and the
+    capture that a long run can be cut along."""
+    from conftest import CliRunner
+    from stepscope.cli import app
+
+    path = _path(SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz")
+    n = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    runner = CliRunner()
+    whole = runner.invoke(app, ["analyze", str(path), "--json", "--no-cache", "--window-steps", "0"])
+    asked = runner.invoke(app, ["analyze", str(path), "--json", "--no-cache", "--window-steps", "3"])
+    assert whole.exit_code == asked.exit_code == 0
+    assert asked.stdout == whole.stdout
+    assert "read whole" not in whole.stderr
+    said = [line for line in asked.stderr.splitlines() if "read whole" in line]
+    assert len(said) == 1
+    assert f"its {n:,} kernels are read whole" in said[0]
+    assert windows.NO_RANGES in said[0] and "VLLM_NVTX_SCOPES_FOR_PROFILING=1" in said[0]
+
+
 def test_the_window_size_follows_the_export():
     from stepscope.by_windows import WINDOW_KERNELS, WINDOW_MIN_KERNELS, window_steps_for
 
