@@ -6,11 +6,16 @@ scheduler range is deleted, in a copy), then replicated in time to N kernels by 
 serving run of engine iterations only, as a ten-minute capture of a warm server holds them (the
 whole capture replicated would put a start-up inside an iteration of every copy).
 
+`--with-startup` replicates the whole capture instead (as scopes.sqlite): each copy's 48 s start-up
+then lies inside the last iteration of the copy before, an iteration of thousands of host pauses
+and GPU gaps, the shape that made the pauses' joins quadratic (analysis/pauses.py; docs/CHANGELOG).
+
 Usage:
     python benchmarks/plain_steady.py --sizes 5M [--out bench-out/plain]
 then, e.g.:
     /usr/bin/time -f "%e s %M KB" stepscope analyze bench-out/plain/steady_5M.sqlite --json --no-cache > a.json
     /usr/bin/time -f "%e s %M KB" stepscope analyze bench-out/plain/steady_5M.sqlite --json --no-cache --window-steps 0 > b.json
+    python benchmarks/plain_steady.py --sizes 300k,5M --with-startup   # bench-out/plain/scopes_*.sqlite
 """
 from __future__ import annotations
 
@@ -51,12 +56,22 @@ def steady(out: Path) -> Path:
     return dst
 
 
+def whole(out: Path) -> Path:
+    """The fixture unpacked into `out` as scopes.sqlite, start-up and all."""
+    out.mkdir(parents=True, exist_ok=True)
+    dst = out / "scopes.sqlite"
+    with gzip.open(SOURCE_GZ, "rb") as src, open(dst, "wb") as f:
+        shutil.copyfileobj(src, f, 1 << 20)
+    return dst
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="5M")
     ap.add_argument("--out", type=Path, default=_inflate.DEFAULT_OUT / "plain")
+    ap.add_argument("--with-startup", action="store_true", help="replicate the whole capture, start-up included")
     args = ap.parse_args()
-    src = steady(args.out)
+    src = whole(args.out) if args.with_startup else steady(args.out)
     for s in args.sizes.split(","):
         r = _inflate.inflate(src, _inflate.parse_size(s), args.out)
         print(r.path, r.counts.get("CUPTI_ACTIVITY_KIND_KERNEL"))
