@@ -6,6 +6,10 @@ scheduler range is deleted, in a copy), then replicated in time to N kernels by 
 serving run of engine iterations only, as a ten-minute capture of a warm server holds them (the
 whole capture replicated would put a start-up inside an iteration of every copy).
 
+`--bare` deletes every NVTX range of the steady copy (bare.sqlite) before it is replicated: a plain
+capture without vLLM's scopes, whose steps are the engine loop's (found once from a light read of the
+run, then analyzed by windows: docs/PERFORMANCE.md).
+
 `--with-startup` replicates the whole capture instead (as scopes.sqlite): each copy's 48 s start-up
 then lies inside the last iteration of the copy before, an iteration of thousands of host pauses
 and GPU gaps, the shape that made the pauses' joins quadratic (analysis/pauses.py; docs/CHANGELOG).
@@ -16,6 +20,7 @@ then, e.g.:
     /usr/bin/time -f "%e s %M KB" stepscope analyze bench-out/plain/steady_5M.sqlite --json --no-cache > a.json
     /usr/bin/time -f "%e s %M KB" stepscope analyze bench-out/plain/steady_5M.sqlite --json --no-cache --window-steps 0 > b.json
     python benchmarks/plain_steady.py --sizes 300k,5M --with-startup   # bench-out/plain/scopes_*.sqlite
+    python benchmarks/plain_steady.py --sizes 5M,25M --bare             # bench-out/plain/bare_*.sqlite
 """
 from __future__ import annotations
 
@@ -56,6 +61,20 @@ def steady(out: Path) -> Path:
     return dst
 
 
+def bare(out: Path) -> Path:
+    """steady() copied to `out` as bare.sqlite without any NVTX range."""
+    dst = out / "bare.sqlite"
+    shutil.copy(steady(out), dst)
+    con = sqlite3.connect(dst)
+    try:
+        con.execute("DELETE FROM NVTX_EVENTS")
+        con.commit()
+        con.execute("VACUUM")
+    finally:
+        con.close()
+    return dst
+
+
 def whole(out: Path) -> Path:
     """The fixture unpacked into `out` as scopes.sqlite, start-up and all."""
     out.mkdir(parents=True, exist_ok=True)
@@ -70,8 +89,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="5M")
     ap.add_argument("--out", type=Path, default=_inflate.DEFAULT_OUT / "plain")
     ap.add_argument("--with-startup", action="store_true", help="replicate the whole capture, start-up included")
+    ap.add_argument("--bare", action="store_true", help="the steady copy without any NVTX range")
     args = ap.parse_args()
-    src = whole(args.out) if args.with_startup else steady(args.out)
+    src = whole(args.out) if args.with_startup else bare(args.out) if args.bare else steady(args.out)
     for s in args.sizes.split(","):
         r = _inflate.inflate(src, _inflate.parse_size(s), args.out)
         print(r.path, r.counts.get("CUPTI_ACTIVITY_KIND_KERNEL"))

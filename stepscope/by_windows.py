@@ -2,8 +2,9 @@
 export's size decides, the reader gives each window's events, and a progress bar counts them.
 
 A trace of more than WINDOW_MIN_KERNELS kernels whose steps are NVTX step ranges or vLLM's engine
-iterations (its `schedule: …` ranges) is analyzed WINDOW_KERNELS kernels at a time (about; by its
-ranges' mean size), so that memory holds one window's events, not the run's: docs/PERFORMANCE.md,
+iterations (its `schedule: …` ranges, or without any range its engine loop's, found once from a
+light read of the run) is analyzed WINDOW_KERNELS kernels at a time (about; by its steps' mean
+size), so that memory holds one window's events, not the run's: docs/PERFORMANCE.md,
 "A long run in bounded memory". Any other trace, and any trace `plan` or a window finds unfit
 (analysis/windows.WholeTrace), is analyzed whole, as before.
 """
@@ -85,13 +86,19 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
         return None
     try:
         ranges = windows.step_ranges(source.base.nvtx, step_regex)  # none: no window (--strict's line is the whole's)
+        engine = None
+        if not ranges.height and not windows.step_ranges(source.base.nvtx, None).height:
+            # no range at all (a plain capture without vLLM's scopes): the engine loop's steps,
+            # found once from a light read of the run (its calls, a few marking kernels and copies)
+            engine = pool.submit(source.engine_steps).result()
+            ranges = windows.engine_ranges(engine)
         if not ranges.height:
             _read_whole(path, source.n_kernels, windows.NO_RANGES)
             return None
         n = window_steps_for(source.n_kernels, ranges.height, window_steps)
         if n <= 0:
             return None
-        p = windows.plan(source.base.nvtx, step_regex, n, ranges)
+        p = windows.plan(source.base.nvtx, step_regex, n, ranges, engine)
         if not p.windows:
             return None
         if scheduler is not None or workers:
@@ -310,6 +317,21 @@ class _Reader:
 
             trace.launch_config = NsysLaunchConfig(self.reader.path).within(*span)
         return trace
+
+    def engine_steps(self):
+        """The engine loop's steps of the whole run (analysis/windows.engine_plan), from a light
+        read of it: every API call, the kernels of vLLM's input preparation and output, the
+        device-to-host copies; a warm-up run's kernels read as a window of its host time."""
+        from stepscope.analysis import windows
+        from stepscope.analysis.steps import DEVICE_TO_HOST, ENGINE_MARK_GLOB, OPEN_END, VLLM_INPUT_PREP, VLLM_OUTPUT
+
+        light = self.reader.read_marks(ENGINE_MARK_GLOB, lambda v: bool(VLLM_INPUT_PREP.search(v) or VLLM_OUTPUT.search(v)),
+                                       DEVICE_TO_HOST)
+
+        def launched(lo, hi):
+            return self.reader.read(lo, None if hi >= OPEN_END else hi + 1, count=False).kernels
+
+        return windows.engine_plan(light, launched)
 
     def state(self):
         return self.reader

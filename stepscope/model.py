@@ -139,6 +139,9 @@ class Trace:
     # reads chosen kernels' grid and block from the trace's file (stepscope.launch_config), where
     # the trace is a window of a long run's (by_windows.py): its rows' only
     launch_config: "Callable | None" = field(default=None, repr=False, compare=False)
+    # the engine loop's steps (steps.engine_windows) of the whole run this trace is a window of
+    # (analysis/windows.py): found once from a light read of the run, not from the window's events
+    engine_windows: "pl.DataFrame | None" = field(default=None, repr=False, compare=False)
 
     def name_of(self, ids: pl.Expr | str, alias: str) -> pl.Expr:
         """An expression mapping an id column to its string (for use in with_columns)."""

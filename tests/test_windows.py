@@ -31,6 +31,12 @@ RUNS = [SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz", SERVING / "llama-
 # whole serving run with its start-up, and the MLA MoE model's (DeepSeek-V2-Lite)
 SCHEDULED = [SERVING / "llama1b_serve_r16_graph_plain_scopes.sqlite.gz",
              FIXTURES / "models" / "deepseek-v2-lite_r32_graph_plain.sqlite.gz"]
+# plain captures without any range, whose steps are vLLM's engine loop's (its input preparation's
+# kernels): found once from a light read of the run, each window given those that meet it
+ENGINE = [SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz",
+          FIXTURES / "vllm_serve" / "llama-3.1-8b_serve_flush.sqlite.gz"]
+# a capture with neither ranges nor vLLM's engine loop (a torch loop's capture range of 3 steps)
+NO_RANGE = FIXTURES / "round5" / "llama1b_decode_3steps_nonvtx.sqlite"
 
 
 def _path(p):
@@ -100,6 +106,75 @@ def test_windows_give_the_whole_documents_bytes(source, window_steps, monkeypatc
     doc = json.loads(got)
     assert [s["index"] for s in doc["steps"]] == list(range(len(doc["steps"])))
     assert len(doc["steps"]) <= ranges
+
+
+# the engine loop's input preparation, launched once per iteration (and by the start-up's runs):
+# its launches after the last graph capture, counted in SQL
+ANCHORS_SQL = """
+WITH cap AS (SELECT max(r.end) AS e FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds n ON n.id = r.nameId
+             WHERE n.value GLOB 'cudaStreamEndCapture*')
+SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName
+JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId AND r.globalTid >> 24 = k.globalPid >> 24
+WHERE s.value = '_prepare_pos_seq_lens_kernel' AND r.start > coalesce((SELECT e FROM cap), 0)
+"""
+
+
+def _stripped(tmp_path, source):
+    """A copy of `source` without any NVTX range (steps without names: the engine loop's)."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / f"stripped-{source.name.removesuffix('.gz')}"
+    shutil.copy(_path(source), path)
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM NVTX_EVENTS")
+    con.commit()
+    con.close()
+    return path
+
+
+ENGINE_CASES = [(ENGINE[0], 1), (ENGINE[0], 7), (ENGINE[1], 5), (SCHEDULED[1], 7)]
+
+
+@pytest.mark.parametrize("source,window_steps", ENGINE_CASES,
+                         ids=[f"{n}-{p.name}" for p, n in ENGINE_CASES])
+def test_engine_loop_steps_by_windows_give_the_whole_documents_bytes(source, window_steps, monkeypatch, tmp_path):
+    """A plain capture without any range (and the MLA MoE capture with its ranges deleted): the
+    engine loop's steps are found once from a light read of the run (its calls, its marking
+    kernels and copies, a warm-up run's kernels), each owned by one window (by its start), each
+    window given those that meet its host time; the document is the whole trace's, byte for byte."""
+    from stepscope import by_windows
+
+    path = _stripped(tmp_path, source) if source in SCHEDULED else _path(source)
+    with ro(path) as con:
+        anchors = con.execute(ANCHORS_SQL).fetchone()[0]
+    reader = by_windows._Reader(path)
+    try:
+        engine = reader.engine_steps()
+    finally:
+        reader.close()
+    # one step per iteration of the loop after the start-up's capture, less its warm-up runs
+    assert engine["delimiter"].unique().to_list() == ["engine"]
+    assert anchors - 3 <= engine.height <= anchors and engine.height > 50
+    assert engine["name"].to_list() == [f"engine step #{i + 1}" for i in range(engine.height)]
+    p = windows.plan(pl.DataFrame(), None, window_steps, windows.engine_ranges(engine), engine)
+    assert len(p.windows) == -(-engine.height // window_steps)
+    assert all(a.own_hi == b.own_lo for a, b in zip(p.windows, p.windows[1:]))
+    owned = [sum(1 for s in engine["w_start"] if (w.own_lo is None or s >= w.own_lo)
+                 and (w.own_hi is None or s < w.own_hi)) for w in p.windows]
+    assert owned == [n for w in p.windows for _, n in w.ranges] and sum(owned) == engine.height
+    # each window holds the steps that meet its host time, its own ones among them
+    for w in p.windows:
+        starts = {r[2] for r in w.engine}
+        assert {s for s in engine["w_start"] if (w.own_lo is None or s >= w.own_lo)
+                and (w.own_hi is None or s < w.own_hi)} <= starts
+    merged = []
+    real = by_windows.diagnosis
+    monkeypatch.setattr(by_windows, "diagnosis", lambda *a, **k: merged.append(real(*a, **k)) or merged[-1])
+    got = _document(path, window_steps)
+    assert len(merged) == 1 and merged[0] is not None
+    assert got == _whole(path)
+    assert len(json.loads(got)["steps"]) == engine.height
 
 
 def test_a_window_of_one_step_holds_its_neighbours():
@@ -201,11 +276,10 @@ SELECT count(*) FROM u WHERE EXISTS (
 """
 
 
-@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "serving/llama1b_serve_r16_graph_plain_bare.sqlite.gz"])
+@pytest.mark.parametrize("name", ["llama8b_decode_b1_eager.sqlite", "round5/llama1b_decode_3steps_nonvtx.sqlite"])
 def test_a_trace_unfit_for_windows_is_analyzed_whole(name):
-    """One step range (nothing to cut), or no NVTX range to cut along at all (the engine loop's
-    steps of a plain capture without vLLM's scopes are found from the whole trace's kernels):
-    plan says why, and the document is the whole one."""
+    """One step range (nothing to cut), or no range to cut along at all (a capture range's steps,
+    found from the whole trace's kernels): plan says why, and the document is the whole one."""
     from stepscope.ingest import read_trace
 
     path = _path(FIXTURES / name)
@@ -216,13 +290,13 @@ def test_a_trace_unfit_for_windows_is_analyzed_whole(name):
 
 
 def test_a_long_run_read_whole_says_why_and_what_capture_has_ranges():
-    """Windows asked of a plain capture without vLLM's scopes: the document is the whole one, and
-    one line on stderr says it was read whole (its kernel count, as SQL counts it), why, and the
-    capture that a long run can be cut along."""
+    """Windows asked of a capture with neither ranges nor vLLM's engine loop: the document is the
+    whole one, and one line on stderr says it was read whole (its kernel count, as SQL counts it),
+    why, and the capture that a long run can be cut along."""
     from conftest import CliRunner
     from stepscope.cli import app
 
-    path = _path(SERVING / "llama1b_serve_r16_graph_plain_bare.sqlite.gz")
+    path = NO_RANGE
     n = ro(path).execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     runner = CliRunner()
     whole = runner.invoke(app, ["analyze", str(path), "--json", "--no-cache", "--window-steps", "0"])
@@ -323,7 +397,7 @@ def test_a_bad_scheduler_for_one_long_report_is_one_line():
 # real captures go wrong (tests/test_mutated_captures.py's mutations: rows lost, the trace cut, NVTX
 # lost, names garbled, rows twice, a clock shifted): by windows of any size, the whole analysis'
 # document or its one line.
-MUTABLE = [RUNS[0], RUNS[2], SCHEDULED[0]]
+MUTABLE = [RUNS[0], RUNS[2], SCHEDULED[0], ENGINE[0]]
 
 
 def _analyze_line(path, window_steps: int):

@@ -207,7 +207,7 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
             rows.append((pid, None, lo, hi, f"schedule #{i + 1}", "schedule"))
     if calls is None:
         return _no_windows()
-    w = pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row")
+    w = pl.DataFrame(rows, schema=WINDOW_SCHEMA, orient="row")
     # keep the iterations that launched something
     lc = calls.filter(pl.col("is_launch")).select("pid", "start").sort("pid", "start")
     hit = w.with_row_index("_i").sort("w_start").join_asof(
@@ -251,6 +251,8 @@ def iteration_starts(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
 VLLM_INPUT_PREP = ours(r"^_(prepare_pos_seq_lens|prepare_prefill_inputs|prepare_inputs|"
                        r"combine_sampled_and_draft_tokens|gather_block_tables|compute_slot_mappings?)_kernel$")
 VLLM_OUTPUT = ours(r"^_(post_update|get_num_sampled_and_rejected)_kernel$")
+# SQL's GLOB of every name the two patterns take: what a long run's light read selects by
+ENGINE_MARK_GLOB = "_*_kernel"
 
 
 def _engine_marks(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame | None:
@@ -277,13 +279,18 @@ def _engine_marks(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame | No
         pl.col("pid").cast(pl.Int64), "start", "end", "name", "prep").sort("pid", "start")
 
 
-def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
+def engine_windows(trace, api: pl.DataFrame, pids: set[int], launched=None) -> pl.DataFrame:
     """Engine steps from vLLM's loop itself, for processes with no range at all: one step per
     occurrence of its input preparation (the preparation kernel whose count is the most common
     among them, first launched first), from just after the previous step's last output (its last
     device-to-host copy or output kernel) to just after its own. Occurrences before the end of
     the process's last graph capture (or before its capture range opened) are start-up, in no
-    step."""
+    step. The last step of a process is open (OPEN_END: find_windows closes it).
+
+    `trace` needs of its kernels only those of the preparation and output names, of its memops
+    the device-to-host copies, with every API call (`api`: api_flags'): what a long run's light
+    read holds (analysis/windows.engine_plan). `launched(lo, hi)`: the kernels launched by the
+    calls that start in [lo, hi] (a warm-up run's are counted; by default trace.kernels')."""
     marks = _engine_marks(trace, api, pids)
     if marks is None or marks.is_empty():
         return _no_windows()
@@ -298,6 +305,8 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
             floor = int(cap.max())
         opened = mine.filter(pl.col("is_prof_start"))["end"]
         prep = m.filter(pl.col("prep"))
+        if prep.is_empty():
+            continue  # device-to-host copies, no input preparation: not vLLM's engine loop
         counts = prep.group_by("name").agg(pl.len().alias("n"), pl.col("start").min().alias("first"))
         mode = counts.group_by("n").agg(pl.len().alias("k")).sort("k", "n", descending=True)["n"][0]
         anchor = counts.filter(pl.col("n") == mode).sort("first")["name"][0]
@@ -336,7 +345,7 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
                                                        w_end[inside[:-1]]))
             starts[i] = int(w_start[inside[np.argmax(pause)]])
         ends = [s - 1 for s in starts[1:]] + [OPEN_END]
-        lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end)
+        lead = _warmup_runs(trace, mine, starts, ends, w_start, w_end, launched)
         if lead is None:
             # every iteration is a warm-up run: after a graph capture, outside any capture range,
             # that is the start-up's end with no engine step after it (the traffic not recorded);
@@ -344,7 +353,7 @@ def _windows_engine(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame:
             lead = len(starts) if cap.len() and not opened.len() else 0
         for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
             rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
-    return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
+    return pl.DataFrame(rows, schema=WINDOW_SCHEMA, orient="row") if rows else _no_windows()
 
 
 # a host pause this long between two CUDA calls of one iteration is compilation (Triton's JIT,
@@ -358,7 +367,7 @@ DEVICE_SYNC = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 
 
 def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int], w_start: np.ndarray,
-                 w_end: np.ndarray) -> int | None:
+                 w_end: np.ndarray, launched=None) -> int | None:
     """How many of the leading engine iterations are the start-up's warm-up runs (vLLM's dummy
     and sampler warm-up runs after graph capture): each one that compiles (a host pause of at
     least COMPILE_PAUSE_NS between its CUDA calls), synchronizes the whole device, or runs no
@@ -376,7 +385,8 @@ def _warmup_runs(trace, calls: pl.DataFrame, starts: list[int], ends: list[int],
             continue
         if mine["is_graph_launch"].any():
             return i
-        k = trace.kernels.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
+        k = trace.kernels if launched is None else launched(lo, hi)
+        k = k.filter((pl.col("pid") == pid) & pl.col("corr").is_in(mine["corr"].implode()))
         if k.height and int(k["demangled_id"].value_counts()["count"].max()) >= FORWARD_REPEATS:
             return i
     return None  # no iteration looks like a step: the caller decides
@@ -400,7 +410,7 @@ def _windows_capture(api: pl.DataFrame) -> pl.DataFrame:
             # nsys --capture-range=cudaProfilerApi stops recording at the stop call, so the
             # export often holds the start alone: the range runs to the end of the trace
             rows.append((pid[0], None, open_at, OPEN_END, "capture range", "capture"))
-    return pl.DataFrame(rows, schema=_WINDOW_SCHEMA, orient="row") if rows else _no_windows()
+    return pl.DataFrame(rows, schema=WINDOW_SCHEMA, orient="row") if rows else _no_windows()
 
 
 def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
@@ -419,12 +429,12 @@ def _windows_graph(api: pl.DataFrame) -> pl.DataFrame:
 
 
 OPEN_END = FAR_END  # the end of a capture range whose stop call was not recorded
-_WINDOW_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
+WINDOW_SCHEMA = {"pid": pl.Int64, "tid": pl.Int64, "w_start": pl.Int64, "w_end": pl.Int64,
                   "name": pl.String, "delimiter": pl.String}
 
 
 def _no_windows() -> pl.DataFrame:
-    return pl.DataFrame(schema=_WINDOW_SCHEMA)
+    return pl.DataFrame(schema=WINDOW_SCHEMA)
 
 
 def window_of(api: pl.DataFrame, windows: pl.DataFrame) -> pl.Series:
@@ -768,7 +778,9 @@ def find_windows(trace, api: pl.DataFrame, step_regex: str | None = None,
     for make in (
         lambda: _windows_nvtx(trace.nvtx, step_regex),
         lambda: _windows_schedule(trace.nvtx, api),
-        lambda: _windows_engine(trace, api, pids_all - covered),
+        # a window of a long run: the engine loop's steps the whole run has (by_windows.py)
+        lambda: (trace.engine_windows if trace.engine_windows is not None
+                 else engine_windows(trace, api, pids_all - covered)),
         lambda: _windows_capture(api),
         lambda: _windows_graph(api).filter(~pl.col("pid").is_in(list(vllm))),
     ):

@@ -14,12 +14,16 @@ is computed once, over the windows' per-step frames, by the same functions (diag
 `known`).
 
 Windows apply where the steps are NVTX step ranges of one device per process (vLLM's
-`execute_context…` ranges, `--step-regex`), or vLLM's engine iterations, cut along its scheduler
-ranges (`schedule: …`): each step is then a range of host time that a window can hold whole. An
-iteration is one or many scheduler ranges and runs to the next one's first: a window whose last
-own iteration has no next one inside it is read further (analyze_read). Where the steps are
-neither (the engine loop's kernels, capture ranges, periods, several devices per process), `plan`
-or a window says why and the trace is analyzed whole.
+`execute_context…` ranges, `--step-regex`), vLLM's engine iterations cut along its scheduler
+ranges (`schedule: …`), or, in a plain capture without any range, the iterations of vLLM's engine
+loop: each step is then a range of host time that a window can hold whole. An iteration is one or
+many scheduler ranges and runs to the next one's first: a window whose last own iteration has no
+next one inside it is read further (analyze_read). The engine loop's steps are found once over the
+whole run, from a light read of it (its API calls, the kernels of the loop's input preparation and
+output, the device-to-host copies: engine_plan), and each window is given those that meet it: what
+decides them (the most common preparation kernel, the start-up's warm-up runs, the output before
+each preparation) is the run's, not a window's. Where the steps are none of these (capture ranges,
+periods, several devices per process), `plan` or a window says why and the trace is analyzed whole.
 """
 
 from __future__ import annotations
@@ -51,9 +55,13 @@ class Window:
     # the ends its events are read to again, in turn, when its last own engine iteration runs
     # past its context (analyze_read); None: to the trace's end
     wider: tuple = ()
+    # a run whose steps are its engine loop's: those steps (steps.engine_windows' rows) that meet
+    # [lo, hi), found over the whole run (engine_plan); None for another run
+    engine: tuple | None = None
 
 
-NO_RANGES = "no NVTX step range or vLLM scheduler range: the steps are found from the whole trace"
+NO_RANGES = ("no NVTX step range, vLLM scheduler range or engine-loop iteration: the steps are found from the "
+             "whole trace")
 
 
 @dataclass(frozen=True)
@@ -78,11 +86,34 @@ def step_ranges(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
     return pl.concat([w, sched.select(cols)]) if sched.height else w
 
 
+def engine_plan(light, launched) -> pl.DataFrame:
+    """The engine loop's steps of a whole run (steps.engine_windows: a plain capture without any
+    range) from its light read (`light`: every API call, the kernels of vLLM's input preparation
+    and output, the device-to-host copies: ingest/nsys_windows.read_marks), `launched(lo, hi)`
+    reading the kernels of a start-up's warm-up run. The last step of each process is open: the
+    window that owns it reads to the trace's end and closes it, as the whole trace does."""
+    from stepscope.analysis.steps import engine_windows, trace_api_flags
+
+    pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
+    return engine_windows(light, trace_api_flags(light), pids, launched)
+
+
+def engine_ranges(engine: pl.DataFrame) -> pl.DataFrame:
+    """step_ranges' frame of a run's engine steps (engine_plan): each step's start a range's."""
+    return engine.select(pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), pl.col("w_start").cast(pl.Int64),
+                         pl.col("delimiter").cast(pl.String), pl.col("name").cast(pl.String))
+
+
+# the kinds of range a window counts as a step each (an engine iteration is many `schedule` ranges)
+ONE_RANGE_A_STEP = ("nvtx", "engine")
+
+
 def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_STEPS,
-         ranges: pl.DataFrame | None = None) -> Plan:
+         ranges: pl.DataFrame | None = None, engine: pl.DataFrame | None = None) -> Plan:
     """The windows of a trace whose NVTX table is `nvtx`: every `window_steps` ranges of
     step_ranges (in start order over every thread) a window boundary, at a range's start.
-    `ranges`: step_ranges(nvtx, step_regex), when the caller has them.
+    `ranges`: step_ranges(nvtx, step_regex), when the caller has them; `engine`: the run's engine
+    steps (engine_plan; `ranges` are then engine_ranges'), each window given those it meets.
 
     A window's events reach, for each process with ranges in its own span, one of its ranges
     before them and two after: the context that the first own step's begin (the previous step's
@@ -103,7 +134,7 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
     # the ranges of one engine iteration, about: one schedule() call holds each of its range names
     # once or more (`allocate_slots` once per request), so its rarest name counts the calls
     named = w.group_by("pid", "name").len().group_by("pid").agg(n=pl.col("len").sum(), calls=pl.col("len").min())
-    per = {pid: 1 if dict(kinds)[pid] == "nvtx" else -(-n // calls) for pid, n, calls in named.iter_rows()}
+    per = {pid: 1 if dict(kinds)[pid] in ONE_RANGE_A_STEP else -(-n // calls) for pid, n, calls in named.iter_rows()}
     cuts = [int(starts[i]) for i in range(window_steps, n, window_steps)]
     # an engine iteration's first step is the start-up's end, or a capture range's (steps.py):
     # a window holds a process's first iteration only with the trace's beginning
@@ -130,8 +161,12 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
         lo = None if None in los else min(los)
         ends = [None if None in level else max(level) for level in zip(*his)]
         ends = ends[:ends.index(None) + 1] if None in ends else ends + [None]
-        own_nvtx = tuple((pid, k) for pid, k in mine if dict(kinds)[pid] == "nvtx")
-        out.append(Window(i, own_lo, own_hi, lo, ends[0], own_nvtx, kinds, tuple(ends[1:])))
+        own_nvtx = tuple((pid, k) for pid, k in mine if dict(kinds)[pid] in ONE_RANGE_A_STEP)
+        met = None
+        if engine is not None:  # the steps whose host time meets [lo, ends[0])
+            met = tuple(engine.filter(((pl.col("w_end") >= lo) if lo is not None else pl.lit(True))
+                                      & ((pl.col("w_start") < ends[0]) if ends[0] is not None else pl.lit(True))).rows())
+        out.append(Window(i, own_lo, own_hi, lo, ends[0], own_nvtx, kinds, tuple(ends[1:]), met))
     return Plan(tuple(out))
 
 
@@ -248,6 +283,10 @@ def analyze_window(trace, w: Window, step_regex, rules, launch_config=None) -> W
     from stepscope.errors import InputError
 
     own_ranges = dict(w.ranges)
+    if w.engine is not None:
+        from stepscope.analysis.steps import WINDOW_SCHEMA
+
+        trace = replace(trace, engine_windows=pl.DataFrame(list(w.engine), schema=WINDOW_SCHEMA, orient="row"))
     iterations = _own_iterations(trace, w)
     if iterations is not None and not iterations.height and not w.ranges:
         # no step of its own (its ranges are the middle of an iteration that began before it)

@@ -405,12 +405,13 @@ class WindowReader:
         return replace(self.base, **window_events(api, kernels, memops, self.base.nvtx, lo, hi),
                        warnings=[], cache_entry=None, cache_dir=None, reread=None)
 
-    def _read_kernels(self, lo, hi, own, corr: pl.DataFrame, api_names: pl.Series) -> pl.DataFrame:
-        kernels = self._rows(self._kernels, lo, hi, own, corr).with_columns(_unpack_pid("pid"))
+    def _read_kernels(self, lo, hi, own, corr: pl.DataFrame | None, api_names: pl.Series,
+                      where: str | None = None) -> pl.DataFrame:
+        kernels = self._rows(self._kernels, lo, hi, own, corr, where).with_columns(_unpack_pid("pid"))
         if not self._graphs:
             kernels = kernels.with_columns(pl.lit(None, pl.Int64).alias("graph_node_id"))
         kernels = kernels.select(KERNEL_COLUMNS)
-        if self._replays is not None:
+        if self._replays is not None and where is None:
             replays = self._rows(self._replays, lo, hi, own, corr).with_columns(_unpack_pid("pid"))
             kernels = graph_replays.with_replays(kernels, replays)
             if self._sort_kernels and replays.is_empty():  # the whole read's kernels are in start order
@@ -423,6 +424,34 @@ class WindowReader:
             "with a shortName id not in StringIds": ~pl.col("short_id").is_in(ids),
             "with a demangledName id not in StringIds": ~pl.col("demangled_id").is_in(ids),
         }, own)
+
+    def read_marks(self, glob: str, accept, copy_kind: int) -> Trace:
+        """Every API call of the trace, and of its events only the kernels whose short name SQL's
+        GLOB `glob` and then `accept(name)` take, and the copies of `copy_kind`: a light read of
+        a whole run (what analysis/windows.engine_plan finds the engine loop's steps from), the
+        rows checked as a window's are and counted in no account (the windows count every row).
+        `strings` then holds those kernels' and calls' names."""
+        with _input_errors(self.path):
+            ids = pl.Series("id", [i for i, in self._con.execute(
+                "SELECT id FROM StringIds WHERE typeof(id) = 'integer' AND value GLOB ?", (glob,))], pl.Int32)
+            self._learn_names(ids)
+            names = self.base.strings.filter(pl.col("id").is_in(ids.implode()))
+            ids = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if accept(v or "")]
+            api = pl.DataFrame(schema=API_SCHEMA)
+            none = (0, 0)  # no row counted
+            if self._api is not None:
+                raw = self._rows(self._api, None, None, none)
+                api = raw.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
+            self._learn_names(api["name_id"])
+            api = self._checked(api, "api", sanity._times(api, True), none)
+            kernels = self._read_kernels(None, None, none, None, api["name_id"].clear(),
+                                         f"shortName IN ({','.join(str(int(i)) for i in ids) or 'NULL'})")
+            copy_kind_col = _Schema(self._con).col_or_null
+            memops = self._read_memops(None, None, none, None, {
+                kind: f"{copy_kind_col(t.q.table, 'copyKind')} = {int(copy_kind)}" if kind == "memcpy" else "0"
+                for kind, t in self._memops})
+        return replace(self.base, api=api, kernels=kernels, memops=memops, warnings=[], cache_entry=None,
+                       cache_dir=None, reread=None)
 
     def _learn_names(self, *ids: pl.Series) -> None:
         """Decode the name ids not decoded before into base.strings (shortened, as the whole read
@@ -440,20 +469,21 @@ class WindowReader:
             # what an earlier copy on its worker did: its account must count them too)
             self.base.strings = pl.concat([self.base.strings, decoded]).unique("id", keep="first").sort("id")
 
-    def _read_memops(self, lo, hi, own, corr: pl.DataFrame) -> pl.DataFrame:
-        parts = [self._rows(t, lo, hi, own, corr).with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind"))
+    def _read_memops(self, lo, hi, own, corr: pl.DataFrame | None, where: dict | None = None) -> pl.DataFrame:
+        parts = [self._rows(t, lo, hi, own, corr, None if where is None else where[kind])
+                 .with_columns(_unpack_pid("pid"), pl.lit(kind).alias("kind"))
                  .select(list(MEMOP_SCHEMA)) for kind, t in self._memops]
         memops = pl.concat(parts) if parts else empty(MEMOP_SCHEMA)
         return self._checked(memops, "memops", sanity._times(memops, True) | {
             "with a byte count below 0 or beyond 2^48": (pl.col("bytes") < 0) | (pl.col("bytes") > sanity.MAX_BYTES)},
             own)
 
-    def _rows(self, t: _Table, lo, hi, own, corr: pl.DataFrame | None = None) -> pl.DataFrame:
+    def _rows(self, t: _Table, lo, hi, own, corr: pl.DataFrame | None = None, where: str | None = None) -> pl.DataFrame:
         """The rows of `t` that start in [lo, hi) or carry, for their process, a correlation id
         within `corr`'s range (pid, kmin, kmax), in rowid order, as typed.clean leaves them;
         with lo=None also those whose start is not an integer (typed.clean leaves them out:
         they are read to be counted). What typed.clean leaves out is counted on the rows that
-        start in the own span `own`."""
+        start in the own span `own`. `where` (SQL): those rows instead, from every chunk."""
         m = t.chunks
         pick = pl.col("smin").is_not_null()
         if hi is not None:
@@ -464,6 +494,8 @@ class WindowReader:
             pick = pick | (pl.col("bad") > 0)
         times = " AND ".join([f"start >= {lo}"] * (lo is not None) + [f"start < {hi}"] * (hi is not None)) or "1"
         conds = [times] + ["typeof(start) != 'integer'"] * (lo is None)
+        if where is not None:
+            conds, corr = [where], None
         if t.corr and corr is not None and corr.height:
             ranges = corr.select(pl.col("pid").cast(pl.Int64).alias("p"), "kmin", "kmax")
             hit = m.join(ranges, how="cross").filter((pl.col("cmin") <= pl.col("kmax")) & (pl.col("cmax") >= pl.col("kmin")))
