@@ -95,3 +95,23 @@ def test_golden_files_small_and_not_stale():
         pytest.skip(f"{EXTERNAL} not present: cannot tell stale golden files")
     stale = {p.stem for p in files} - {name(t) for t in TRACES}
     assert not stale, f"golden files without a trace: {sorted(stale)}"
+
+
+def test_the_sections_of_some_steps_are_their_rows_of_every_steps():
+    """sections_text(d, ids) is sections_text(d)'s rows of those steps, with the run's columns
+    (the 54 two-rank steps of the foreign H100 capture, their TP sections too, in pieces of 5:
+    a piece's edge falls inside a group of ranks' steps)."""
+    import polars as pl
+
+    import stepscope
+    from stepscope.render.sections import sections_text
+    from tests.conftest import EXTERNAL, need
+
+    r = stepscope.analyze(need(EXTERNAL / "nsysai_h100_2gpu_1s.sqlite"), cache=False)
+    d = r.diagnosis
+    every = sections_text(d)
+    assert "tp" in every.columns and every.height == len(r.steps) == 54
+    ids = list(r.steps)
+    pieces = [sections_text(d, ids[i:i + 5]) for i in range(0, len(ids), 5)]
+    assert pl.concat(pieces).equals(every)
+    assert all(p.columns == every.columns for p in pieces)

@@ -162,3 +162,22 @@ def test_the_registry_picks_the_reader_from_the_first_bytes(path, fmt):
     head = None if path.is_dir() else path.read_bytes()[:16]
     r = reader_for(path, head)
     assert (r.format if r is not None else None) == fmt
+
+
+def test_a_long_document_is_written_a_few_steps_at_a_time_as_one():
+    """JsonRenderer.write makes each piece's sections with it (a long run's sections are ~40 % of
+    its text, never all held at once): the bytes of the document made whole, with pieces of 7
+    steps of the serving run's 132 steps."""
+    import io
+
+    import stepscope
+    from tests.conftest import SERVING, gunzipped
+
+    r = stepscope.analyze(gunzipped(SERVING / "llama-3.1-8b_serve_r48_s0_eager.sqlite.gz"), cache=False)
+    n = len(r.steps)
+    assert n > 64 and r.diagnosis.engine is not None and r.diagnosis.engine.height  # written in pieces
+    out = io.BytesIO()
+    JsonRenderer().write(r, out, steps_at_a_time=7)
+    assert out.getvalue() == render(r, JsonRenderer())
+    assert [s["index"] for s in json.loads(out.getvalue())["steps"]] == list(r.steps)
+

@@ -195,8 +195,8 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
     capture began in the middle of an iteration); otherwise it is the engine's start-up, in no
     step. An iteration that launched nothing is no step."""
     rows = []
-    calls = None
-    for pid, tid, starts, calls in _iteration_starts(nvtx, api):
+    calls = _launch_calls(api)
+    for pid, tid, starts in _iteration_starts(nvtx, calls):
         mine = calls.filter(pl.col("pid") == pid)
         ends = np.concatenate((starts[1:] - 1, [OPEN_END]))
         opened = mine.filter(pl.col("is_prof_start") & (pl.col("end") < int(starts[0])))["end"]
@@ -205,7 +205,7 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
                          "schedule"))
         for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist())):
             rows.append((pid, None, lo, hi, f"schedule #{i + 1}", "schedule"))
-    if calls is None:
+    if not rows:  # no scheduler range
         return _no_windows()
     w = pl.DataFrame(rows, schema=WINDOW_SCHEMA, orient="row")
     # keep the iterations that launched something
@@ -217,30 +217,36 @@ def _windows_schedule(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
     return w.with_row_index("_i").filter(pl.col("_i").is_in(keep.implode())).drop("_i")
 
 
-def _iteration_starts(nvtx: pl.DataFrame, api: pl.DataFrame):
-    """(pid, tid, the starts of its iterations (numpy), the launch and capture-start calls) per
-    thread with `schedule: …` ranges: the first of its ranges, then each with a launch call of
-    its process since the one before."""
+def _launch_calls(api: pl.DataFrame) -> pl.DataFrame:
+    """The calls an iteration is told by (pid, start, end, is_launch: a launch or a copy,
+    is_prof_start) of api_flags' `api`: its launches and copies, and the capture starts."""
+    return api.select(pl.col("pid").cast(pl.Int64), "start", "end", (pl.col("is_launch") | pl.col("is_copy")),
+                      "is_prof_start").filter(pl.col("is_launch") | pl.col("is_prof_start"))
+
+
+def _iteration_starts(nvtx: pl.DataFrame, calls: pl.DataFrame):
+    """(pid, tid, the starts of its iterations (numpy)) per thread with `schedule: …` ranges:
+    the first of its ranges, then each with a launch call of its process since the one before
+    (`calls`: _launch_calls')."""
     if nvtx.is_empty():
         return
     sched = nvtx.filter(pl.col("name").str.starts_with(VLLM_SCHEDULE_PREFIX)).select(
         pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), "start").sort("pid", "tid", "start")
     if sched.is_empty():
         return
-    calls = api.select(pl.col("pid").cast(pl.Int64), "start", "end", (pl.col("is_launch") | pl.col("is_copy")),
-                       "is_prof_start").filter(pl.col("is_launch") | pl.col("is_prof_start"))
     for (pid, tid), grp in sched.group_by(["pid", "tid"], maintain_order=True):
         launch = np.sort(calls.filter((pl.col("pid") == pid) & pl.col("is_launch"))["start"].to_numpy())
         at = grp["start"].to_numpy()
         before = np.searchsorted(launch, at, side="left")  # launches of the process before each range
         first = np.concatenate(([True], before[1:] > before[:-1]))
-        yield pid, tid, at[first], calls
+        yield pid, tid, at[first]
 
 
 def iteration_starts(nvtx: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
     """(pid, tid, start, i) of every engine iteration's first `schedule: …` range, those that
     launched nothing included, i its place on its thread (`schedule #i+1`); api: api_flags'."""
-    rows = [(pid, tid, int(x), i) for pid, tid, starts, _ in _iteration_starts(nvtx, api) for i, x in enumerate(starts)]
+    rows = [(pid, tid, int(x), i) for pid, tid, starts in _iteration_starts(nvtx, _launch_calls(api))
+            for i, x in enumerate(starts)]
     return pl.DataFrame(rows, schema={"pid": pl.Int64, "tid": pl.Int64, "start": pl.Int64, "i": pl.Int64},
                         orient="row")
 

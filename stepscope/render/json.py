@@ -147,10 +147,10 @@ class JsonRenderer:
             out.write(analyze_json_bytes(result))
             return
         inv, diag = result.inventory, result.diagnosis
-        sections = sections_text(diag)
         out.write(_head_text(result).encode() + b',"steps":[')
         for i in range(0, len(ids), steps_at_a_time):
-            part = _steps_frame(inv, ids[i:i + steps_at_a_time], diag, result.texts, sections).to_series()
+            piece = ids[i:i + steps_at_a_time]  # its sections made with it: never every step's at once
+            part = _steps_frame(inv, piece, diag, result.texts, sections_text(diag, piece)).to_series()
             out.write(jsontext.comma_joined(part, "," if i else "", ""))
             del part
         out.write(b"]}")

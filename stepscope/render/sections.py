@@ -22,22 +22,29 @@ def margin_as_written(margin: pl.Series) -> pl.Series:
     return pl.Series("margin", [None if m is None else round(m, 3) for m in margin.to_list()], dtype=pl.Float64)
 
 
-def sections_text(d) -> pl.DataFrame:
+def sections_text(d, ids: list[int] | None = None) -> pl.DataFrame:
     """(step, gaps, launch, floors[, tp][, untraced, untraced_step_time_ns][, engine]): every step's
-    sections of a Diagnosis `d` as JSON text."""
-    steps = d.verdicts.select("step")
-    totals = d.gap_totals.sort("step", pl.col("kind").to_physical())
+    sections of a Diagnosis `d` as JSON text; `ids`: those steps' only (a long run's document is
+    written a few thousand steps at a time: its sections are ~40 % of its text). Which columns
+    there are is the run's, whichever steps are asked for."""
+    def of(f: pl.DataFrame) -> pl.DataFrame:
+        return f if ids is None else f.filter(pl.col("step").is_in(ids))
+
+    steps = of(d.verdicts).select("step")
+    totals = of(d.gap_totals).sort("step", pl.col("kind").to_physical())
     kinds = jsontext.members(totals, "step", "kind", ["count", "time_ns"], "kinds", "", "")
-    top = d.top_gaps()
+    top = of(d.top_gaps())
     top = jsontext.arrays(top, "step", [c for c in top.columns if c != "step"], "top")
-    hist = jsontext.arrays(d.histogram, "step", [c for c in d.histogram.columns if c != "step"], "hist")
-    by_api = jsontext.arrays(d.launch_by_api, "step", [c for c in d.launch_by_api.columns if c != "step"], "by_api")
-    launch = d.launch.select("step", jsontext.open_records(
-        d.launch, [c for c in d.launch.columns if c != "step"]).alias("launch_head"))
+    hist = jsontext.arrays(of(d.histogram), "step", [c for c in d.histogram.columns if c != "step"], "hist")
+    by_api = jsontext.arrays(of(d.launch_by_api), "step", [c for c in d.launch_by_api.columns if c != "step"], "by_api")
+    launch = of(d.launch)
+    launch = launch.select("step", jsontext.open_records(
+        launch, [c for c in launch.columns if c != "step"]).alias("launch_head"))
     trace = d.inv.trace
     overhead = json.dumps({"count": trace.profiler_overhead_count, "time_ns": trace.profiler_overhead_ns},
                           separators=(",", ":"))
-    v = d.verdicts.with_columns(margin_as_written(d.verdicts["margin"]))
+    v = of(d.verdicts)
+    v = v.with_columns(margin_as_written(v["margin"]))
     floors = v.select("step", jsontext.records(v, list(FLOOR_FIELDS)).alias("floors"))
     empty = ",".join(f'"{k}":{{"count":0,"time_ns":0}}' for k in KINDS)
     t = (steps.join(kinds, on="step", how="left").join(top, on="step", how="left")
@@ -46,7 +53,10 @@ def sections_text(d) -> pl.DataFrame:
     lead = pl.col("launch_head").fill_null("{")
     extra = []
     if d.tp is not None and d.tp.height:
-        x = with_tp_verdict(d.tp).select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
+        # a group's sentence is read off its binding rank's row, which another step may carry:
+        # the asked steps' groups whole, then the asked steps
+        groups = d.tp if ids is None else d.tp.filter(pl.col("group").is_in(of(d.tp)["group"].implode()))
+        x = of(with_tp_verdict(groups)).select("step", *[pl.col(c).alias(k) for k, c in TP_FIELDS.items()])
         t = t.join(x.select("step", jsontext.records(x, list(TP_FIELDS)).alias("tp")), on="step", how="left")
         extra.append("tp")
     if has_untraced(d):
@@ -56,7 +66,7 @@ def sections_text(d) -> pl.DataFrame:
                             pl.col("step_time_ns").alias("untraced_step_time_ns")), on="step", how="left")
         extra += ["untraced", "untraced_step_time_ns"]
     if d.engine is not None and d.engine.height:
-        e = d.engine
+        e = of(d.engine)
         t = t.join(e.select("step", jsontext.records(e, list(ENGINE_FIELDS)).alias("engine")), on="step", how="left")
         extra.append("engine")
     return t.select(
