@@ -60,6 +60,8 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
     from stepscope.ingest.nsys_sqlite import is_sqlite
     from stepscope.render import progress
 
+    import polars as pl
+
     from stepscope.analysis.diagnosis import diagnose
 
     if window_steps == 0:
@@ -91,6 +93,11 @@ def diagnosis(path: Path, step_regex, rules, calibration, window_steps: int | No
             # no range at all (a plain capture without vLLM's scopes): the engine loop's steps,
             # found once from a light read of the run (its calls, a few marking kernels and copies)
             engine = pool.submit(source.engine_steps).result()
+            if engine.select(pl.struct("pid", "w_start").is_duplicated().any()).item():
+                # a preparation launched twice at one time (a capture's rows recorded twice): steps
+                # of no host time between them, which a window's edge would split from their twin
+                _read_whole(path, source.n_kernels, windows.SHARED_START, advice=False)
+                return None
             ranges = windows.engine_ranges(engine)
         if not ranges.height:
             _read_whole(path, source.n_kernels, windows.NO_RANGES)
@@ -320,18 +327,40 @@ class _Reader:
 
     def engine_steps(self):
         """The engine loop's steps of the whole run (analysis/windows.engine_plan), from a light
-        read of it: every API call, the kernels of vLLM's input preparation and output, the
-        device-to-host copies; a warm-up run's kernels read as a window of its host time."""
-        from stepscope.analysis import windows
-        from stepscope.analysis.steps import DEVICE_TO_HOST, ENGINE_MARK_GLOB, OPEN_END, VLLM_INPUT_PREP, VLLM_OUTPUT
+        read of it: the kernels of vLLM's input preparation and output and the device-to-host
+        copies, then of its API calls those that decide the steps (analysis/engine_calls.py: two
+        reads a chunk at a time, the second keeping the calls around each anchor), a warm-up
+        run's kernels read as a window of its host time."""
+        from dataclasses import replace
 
-        light = self.reader.read_marks(ENGINE_MARK_GLOB, lambda v: bool(VLLM_INPUT_PREP.search(v) or VLLM_OUTPUT.search(v)),
-                                       DEVICE_TO_HOST)
+        import polars as pl
+
+        from stepscope.analysis import engine_calls, windows
+        from stepscope.analysis.steps import (DEVICE_TO_HOST, ENGINE_MARK_GLOB, OPEN_END, VLLM_INPUT_PREP,
+                                              VLLM_OUTPUT, trace_api_flags)
+
+        reader = self.reader
+        light = reader.read_marks(ENGINE_MARK_GLOB, lambda v: bool(VLLM_INPUT_PREP.search(v) or VLLM_OUTPUT.search(v)),
+                                  DEVICE_TO_HOST)
+
+        def flagged(calls):  # the names the reads have learnt so far
+            return trace_api_flags(replace(light, api=calls, strings=reader.base.strings))
 
         def launched(lo, hi):
-            return self.reader.read(lo, None if hi >= OPEN_END else hi + 1, count=False).kernels
+            return reader.read(lo, None if hi >= OPEN_END else hi + 1, count=False).kernels
 
-        return windows.engine_plan(light, launched)
+        def steps(calls):
+            return windows.engine_plan(replace(light, api=calls, strings=reader.base.strings), launched)
+
+        keys = engine_calls.mark_keys(light)
+        first = reader.scan_calls(lambda c: engine_calls.is_mark(flagged(c), keys)).drop("_pos")
+        pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
+        spans = engine_calls.spans(light, flagged(first), pids)
+        keeper = engine_calls.Keeper(spans, keys)
+        engine = steps(keeper.calls(reader.scan_calls(lambda c: keeper(flagged(c)))))
+        if not engine_calls.lead_within(engine, spans):  # warm-up runs past the leading iterations
+            engine = steps(reader.scan_calls(lambda c: pl.Series([True] * c.height)).drop("_pos"))
+        return engine
 
     def state(self):
         return self.reader

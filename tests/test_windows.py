@@ -148,11 +148,10 @@ def test_engine_loop_steps_by_windows_give_the_whole_documents_bytes(source, win
     path = _stripped(tmp_path, source) if source in SCHEDULED else _path(source)
     with ro(path) as con:
         anchors = con.execute(ANCHORS_SQL).fetchone()[0]
-    reader = by_windows._Reader(path)
-    try:
-        engine = reader.engine_steps()
-    finally:
-        reader.close()
+    engine, kept = _light_engine_steps(path)
+    # the steps of the whole trace's engine loop, from a few of its calls
+    assert engine.equals(_whole_engine_steps(path))
+    assert 0 < kept < _calls(path) / 2
     # one step per iteration of the loop after the start-up's capture, less its warm-up runs
     assert engine["delimiter"].unique().to_list() == ["engine"]
     assert anchors - 3 <= engine.height <= anchors and engine.height > 50
@@ -175,6 +174,49 @@ def test_engine_loop_steps_by_windows_give_the_whole_documents_bytes(source, win
     assert len(merged) == 1 and merged[0] is not None
     assert got == _whole(path)
     assert len(json.loads(got)["steps"]) == engine.height
+
+
+def _light_engine_steps(path):
+    """by_windows' engine steps of `path` and how many calls its light read kept (its last read)."""
+    from stepscope import by_windows
+
+    reader = by_windows._Reader(path)
+    kept = []
+    scan = reader.reader.scan_calls
+    reader.reader.scan_calls = lambda keep: kept.append(scan(keep)) or kept[-1]
+    try:
+        return reader.engine_steps(), kept[-1].height
+    finally:
+        reader.close()
+
+
+def _whole_engine_steps(path):
+    from stepscope.analysis.steps import engine_windows, trace_api_flags
+    from stepscope.ingest import read_trace
+
+    t = read_trace(path, cache=False)
+    pids = set(t.kernels["pid"].unique().to_list()) | set(t.memops["pid"].unique().to_list())
+    return engine_windows(t, trace_api_flags(t), pids)
+
+
+def _calls(path) -> int:
+    with ro(path) as con:
+        return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+
+
+def test_warm_up_runs_past_the_light_reads_iterations_read_every_call(monkeypatch):
+    """The light read holds the leading iterations whole for the start-up's warm-up runs (two in
+    these captures); where they reach past them (here: one iteration held), the run's calls are
+    read again, every one: the same steps as the whole trace's."""
+    from stepscope.analysis import engine_calls
+
+    path = _path(ENGINE[0])
+    monkeypatch.setattr(engine_calls, "LEAD_ITERATIONS", 1)
+    engine, kept = _light_engine_steps(path)
+    assert engine.equals(_whole_engine_steps(path))
+    with ro(path) as con:  # every call of the kept names (the whole read's filter)
+        assert kept >= con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s "
+                                   "ON s.id = r.nameId WHERE s.value GLOB 'cu*Launch*'").fetchone()[0]
 
 
 def test_a_window_of_one_step_holds_its_neighbours():

@@ -195,16 +195,21 @@ def phase_evidence(acts: pl.DataFrame, steps: list[int], names: pl.DataFrame, gp
     def of_roles(*which: str) -> pl.DataFrame:
         return ev_names.filter(pl.col("role").is_in(list(which)))
 
-    # one block-per-token kernel tells a step's tokens: the rarest name present in every step,
-    # chosen before any row is taken (a million-kernel trace keeps a few rows per step)
+    # one block-per-token kernel tells a step's tokens: the step's rarest such name, chosen
+    # before any row is taken (a million-kernel trace keeps a few rows per step), by the step's
+    # own kernels (a window of a long run decides it as the whole trace does)
     # (a kernel whose grid is the tokens by construction before one that approximates it)
-    per_token = (rows_of(of_roles("per_token_exact", "per_token"), steps).group_by("demangled_id")
-                 .agg(n=pl.len(), steps=pl.col("step").n_unique(), exact=(pl.col("role") == "per_token_exact").any())
-                 .collect().sort("steps", "exact", "n", "demangled_id", descending=[True, True, False, False]))
+    candidates = of_roles("per_token_exact", "per_token")
+    per_token = (rows_of(candidates, steps).group_by("step", "demangled_id")
+                 .agg(n=pl.len(), exact=(pl.col("role") == "per_token_exact").any())
+                 .sort("step", "exact", "n", "demangled_id", descending=[False, True, False, False])
+                 .group_by("step", maintain_order=True).first().select("step", "demangled_id").collect())
     k = pick(of_roles("attention", "query_tiles", "combine", "rows", "rows_bound"), steps)
     if per_token.height:
-        rarest = ev_names.filter(pl.col("demangled_id") == per_token["demangled_id"][0])
-        k = pl.concat([k, pick(rarest, steps)], how="vertical_relaxed")
+        rarest = pick(candidates.filter(pl.col("demangled_id").is_in(per_token["demangled_id"].unique().implode())),
+                      per_token["step"].unique().to_list())
+        rarest = rarest.join(per_token, on=["step", "demangled_id"], how="semi")
+        k = pl.concat([k, rarest], how="vertical_relaxed")
     k = k.filter(pl.col("role").is_in(["attention", "query_tiles", "combine"]).any().over("step"))
     if k.is_empty():
         return pl.DataFrame(schema=PHASE_SCHEMA)

@@ -285,6 +285,66 @@ def _engine_marks(trace, api: pl.DataFrame, pids: set[int]) -> pl.DataFrame | No
         pl.col("pid").cast(pl.Int64), "start", "end", "name", "prep").sort("pid", "start")
 
 
+@dataclass
+class EngineLoop:
+    """One process's engine loop as its marks (_engine_marks) and capture calls tell it: the
+    anchors `t` (its preparation's launches after the start-up's `floor`), the anchor before each
+    (`prev`: the floor for the first), whether an output lies between the two (`has_out`) and
+    where the search for each step's first call begins (`after`: that output's end, or the
+    floor); `first_lonely`: the first step begins after the longest pause since the floor."""
+
+    floor: int
+    t: np.ndarray
+    prev: np.ndarray
+    has_out: np.ndarray
+    after: np.ndarray
+    first_lonely: bool
+    captured: bool  # a graph capture before its steps
+    opened: bool  # a capture range opened before them
+
+    def lonely(self) -> np.ndarray:
+        """The anchors with no output since the one before: their step begins before the longest
+        host pause between the two."""
+        lonely = np.flatnonzero(~self.has_out[1:]) + 1
+        return np.concatenate(([0], lonely)) if self.first_lonely else lonely
+
+
+def engine_loop(m: pl.DataFrame, mine: pl.DataFrame) -> EngineLoop | None:
+    """The engine loop of the process whose marks are `m` and API calls (api_flags') `mine` (of
+    them only its graph captures and profiler starts are read); None: no preparation after its
+    start-up."""
+    floor = -1
+    cap = mine.filter(pl.col("is_graph_capture"))["end"]
+    if cap.len():
+        floor = int(cap.max())
+    opened = mine.filter(pl.col("is_prof_start"))["end"]
+    prep = m.filter(pl.col("prep"))
+    if prep.is_empty():
+        return None  # device-to-host copies, no input preparation: not vLLM's engine loop
+    counts = prep.group_by("name").agg(pl.len().alias("n"), pl.col("start").min().alias("first"))
+    mode = counts.group_by("n").agg(pl.len().alias("k")).sort("k", "n", descending=True)["n"][0]
+    anchor = counts.filter(pl.col("n") == mode).sort("first")["name"][0]
+    t = prep.filter(pl.col("name") == anchor)["start"].to_numpy()
+    if opened.len():
+        floor = max(floor, int(opened.min()))
+    t = t[t > floor]
+    if t.size == 0:
+        return None
+    outs = m.filter(~pl.col("prep"))
+    out_start, out_end = outs["start"].to_numpy(), outs["end"].to_numpy()
+    # per anchor: the last output call between the previous anchor (the floor for the first)
+    # and it; the step's first launch or copy call is searched for after that output
+    prev = np.concatenate(([floor], t[:-1]))
+    j = np.searchsorted(out_start, t, side="left") - 1
+    has_out = (j >= 0) & (out_start[np.maximum(j, 0)] > prev) if out_start.size else np.zeros(t.size, bool)
+    after = np.where(has_out, out_end[np.maximum(j, 0)] if out_start.size else floor, floor)
+    # no output between the last graph capture and the first preparation (no sampler warm-up
+    # after the capture): the first step, too, begins after the longest host pause since the
+    # capture (a JIT compilation, a KV-cache set-up), not at the capture
+    first_lonely = bool(not has_out[0] and cap.len() and not opened.len())
+    return EngineLoop(floor, t, prev, has_out, after, first_lonely, bool(cap.len()), bool(opened.len()))
+
+
 def engine_windows(trace, api: pl.DataFrame, pids: set[int], launched=None) -> pl.DataFrame:
     """Engine steps from vLLM's loop itself, for processes with no range at all: one step per
     occurrence of its input preparation (the preparation kernel whose count is the most common
@@ -294,55 +354,32 @@ def engine_windows(trace, api: pl.DataFrame, pids: set[int], launched=None) -> p
     step. The last step of a process is open (OPEN_END: find_windows closes it).
 
     `trace` needs of its kernels only those of the preparation and output names, of its memops
-    the device-to-host copies, with every API call (`api`: api_flags'): what a long run's light
-    read holds (analysis/windows.engine_plan). `launched(lo, hi)`: the kernels launched by the
-    calls that start in [lo, hi] (a warm-up run's are counted; by default trace.kernels')."""
+    the device-to-host copies; of its API calls (`api`: api_flags') those engine_calls_needed
+    names: what a long run's light read holds (by_windows.py). `launched(lo, hi)`: the kernels
+    launched by the calls that start in [lo, hi] (a warm-up run's are counted; by default
+    trace.kernels')."""
     marks = _engine_marks(trace, api, pids)
     if marks is None or marks.is_empty():
         return _no_windows()
+    # calls in start order, those of one start in the calls' order: the step's first call and the
+    # pause before a call are the same whichever calls around them a light read left out
     work = api.filter(pl.col("is_launch") | pl.col("is_copy")).select(
-        pl.col("pid").cast(pl.Int64), "start", "end").sort("pid", "start")
+        pl.col("pid").cast(pl.Int64), "start", "end").sort("pid", "start", maintain_order=True)
     rows = []
     for (pid,), m in marks.group_by(["pid"], maintain_order=True):
         mine = api.filter(pl.col("pid") == pid)
-        floor = -1
-        cap = mine.filter(pl.col("is_graph_capture"))["end"]
-        if cap.len():
-            floor = int(cap.max())
-        opened = mine.filter(pl.col("is_prof_start"))["end"]
-        prep = m.filter(pl.col("prep"))
-        if prep.is_empty():
-            continue  # device-to-host copies, no input preparation: not vLLM's engine loop
-        counts = prep.group_by("name").agg(pl.len().alias("n"), pl.col("start").min().alias("first"))
-        mode = counts.group_by("n").agg(pl.len().alias("k")).sort("k", "n", descending=True)["n"][0]
-        anchor = counts.filter(pl.col("n") == mode).sort("first")["name"][0]
-        t = prep.filter(pl.col("name") == anchor)["start"].to_numpy()
-        if opened.len():
-            floor = max(floor, int(opened.min()))
-        t = t[t > floor]
-        if t.size == 0:
+        loop = engine_loop(m, mine)
+        if loop is None:
             continue
-        outs = m.filter(~pl.col("prep"))
-        out_start, out_end = outs["start"].to_numpy(), outs["end"].to_numpy()
+        t, prev = loop.t, loop.prev
         w = work.filter(pl.col("pid") == pid)
         w_start, w_end = w["start"].to_numpy(), w["end"].to_numpy()
-        # per anchor: the last output call between the previous anchor (the floor for the first)
-        # and it, then the first launch or copy call after that output
-        prev = np.concatenate(([floor], t[:-1]))
-        j = np.searchsorted(out_start, t, side="left") - 1
-        has_out = (j >= 0) & (out_start[np.maximum(j, 0)] > prev) if out_start.size else np.zeros(t.size, bool)
-        after = np.where(has_out, out_end[np.maximum(j, 0)] if out_start.size else floor, floor)
-        nxt = np.searchsorted(w_start, after, side="right")
+        # the first launch or copy call after each step's last output
+        nxt = np.searchsorted(w_start, loop.after, side="right")
         cand = w_start[np.minimum(nxt, w_start.size - 1)]
         begin = np.where((nxt < w_start.size) & (cand <= t), cand, t)
         starts = begin.tolist()
-        lonely = np.flatnonzero(~has_out[1:]) + 1
-        if not has_out[0] and cap.len() and not opened.len():
-            # no output between the last graph capture and the first preparation (no sampler
-            # warm-up after the capture): the first step, too, begins after the longest host
-            # pause since the capture (a JIT compilation, a KV-cache set-up), not at the capture
-            lonely = np.concatenate(([0], lonely))
-        for i in lonely:
+        for i in loop.lonely():
             # no output between two preparations: before the longest host pause between them
             inside = np.flatnonzero((w_start > prev[i]) & (w_start <= t[i]))
             if not inside.size:
@@ -356,7 +393,7 @@ def engine_windows(trace, api: pl.DataFrame, pids: set[int], launched=None) -> p
             # every iteration is a warm-up run: after a graph capture, outside any capture range,
             # that is the start-up's end with no engine step after it (the traffic not recorded);
             # otherwise keep them all rather than call the run start-up
-            lead = len(starts) if cap.len() and not opened.len() else 0
+            lead = len(starts) if loop.captured and not loop.opened else 0
         for i, (lo, hi) in enumerate(zip(starts[lead:], ends[lead:])):
             rows.append((pid, None, lo, hi, f"engine step #{i + 1}", "engine"))
     return pl.DataFrame(rows, schema=WINDOW_SCHEMA, orient="row") if rows else _no_windows()

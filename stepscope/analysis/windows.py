@@ -60,6 +60,7 @@ class Window:
     engine: tuple | None = None
 
 
+SHARED_START = "two of its engine loop's steps begin at one time (rows recorded twice?)"
 NO_RANGES = ("no NVTX step range, vLLM scheduler range or engine-loop iteration: the steps are found from the "
              "whole trace")
 
@@ -135,7 +136,10 @@ def plan(nvtx: pl.DataFrame, step_regex: str | None, window_steps: int = WINDOW_
     # once or more (`allocate_slots` once per request), so its rarest name counts the calls
     named = w.group_by("pid", "name").len().group_by("pid").agg(n=pl.col("len").sum(), calls=pl.col("len").min())
     per = {pid: 1 if dict(kinds)[pid] in ONE_RANGE_A_STEP else -(-n // calls) for pid, n, calls in named.iter_rows()}
-    cuts = [int(starts[i]) for i in range(window_steps, n, window_steps)]
+    # at a range's start, each once and past the first range (ranges of one start, a capture's rows
+    # twice, go to one window: a cut between them would leave a window that owns no range)
+    cuts = sorted({int(starts[i]) for i in range(window_steps, n, window_steps)})
+    cuts = [c for c in cuts if c > int(starts[0])]
     # an engine iteration's first step is the start-up's end, or a capture range's (steps.py):
     # a window holds a process's first iteration only with the trace's beginning
     late = [pid for pid, d in kinds if d == "schedule" and cuts and int(by_pid[pid][0]) >= cuts[0]]

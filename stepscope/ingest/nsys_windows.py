@@ -426,32 +426,81 @@ class WindowReader:
         }, own)
 
     def read_marks(self, glob: str, accept, copy_kind: int) -> Trace:
-        """Every API call of the trace, and of its events only the kernels whose short name SQL's
-        GLOB `glob` and then `accept(name)` take, and the copies of `copy_kind`: a light read of
-        a whole run (what analysis/windows.engine_plan finds the engine loop's steps from), the
-        rows checked as a window's are and counted in no account (the windows count every row).
-        `strings` then holds those kernels' and calls' names."""
+        """Of the trace's events only the kernels whose short name SQL's GLOB `glob` and then
+        `accept(name)` take, and the copies of `copy_kind` (no API call: scan_calls): a light read
+        of a whole run (what by_windows.py finds the engine loop's steps from), the rows checked
+        as a window's are and counted in no account (the windows count every row). `strings`
+        then holds those kernels' names."""
+        none = (0, 0)  # no row counted
         with _input_errors(self.path):
             ids = pl.Series("id", [i for i, in self._con.execute(
                 "SELECT id FROM StringIds WHERE typeof(id) = 'integer' AND value GLOB ?", (glob,))], pl.Int32)
             self._learn_names(ids)
             names = self.base.strings.filter(pl.col("id").is_in(ids.implode()))
             ids = [i for i, v in zip(names["id"].to_list(), names["value"].to_list()) if accept(v or "")]
-            api = pl.DataFrame(schema=API_SCHEMA)
-            none = (0, 0)  # no row counted
-            if self._api is not None:
-                raw = self._rows(self._api, None, None, none)
-                api = raw.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
-            self._learn_names(api["name_id"])
-            api = self._checked(api, "api", sanity._times(api, True), none)
-            kernels = self._read_kernels(None, None, none, None, api["name_id"].clear(),
+            kernels = self._read_kernels(None, None, none, None, pl.Series("id", [], pl.Int32),
                                          f"shortName IN ({','.join(str(int(i)) for i in ids) or 'NULL'})")
             copy_kind_col = _Schema(self._con).col_or_null
             memops = self._read_memops(None, None, none, None, {
                 kind: f"{copy_kind_col(t.q.table, 'copyKind')} = {int(copy_kind)}" if kind == "memcpy" else "0"
                 for kind, t in self._memops})
-        return replace(self.base, api=api, kernels=kernels, memops=memops, warnings=[], cache_entry=None,
-                       cache_dir=None, reread=None)
+        return replace(self.base, api=empty(API_SCHEMA), kernels=kernels, memops=memops, warnings=[],
+                       cache_entry=None, cache_dir=None, reread=None)
+
+    def scan_calls(self, keep) -> pl.DataFrame:
+        """The trace's API calls, checked as a window's are (counted in no account), read a chunk
+        of rows at a time: of each chunk the rows `keep(calls)` (a boolean Series) takes, in
+        rowid order, with `_pos` (their place among all the calls read). What a light read holds
+        of a long run's calls is then what it keeps, not the run's. `strings` learns the names
+        of every call read (keep may decode them)."""
+        if self._api is None:
+            return empty(API_SCHEMA).with_columns(pl.lit(None, pl.Int64).alias("_pos"))
+        parts, n = [], 0
+        with _input_errors(self.path):
+            for df in self._chunk_frames(self._api):
+                df = df.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
+                self._learn_names(df["name_id"])
+                df = self._checked(df, "api", sanity._times(df, True), (0, 0))
+                df = df.with_columns(pl.int_range(n, n + df.height, dtype=pl.Int64).alias("_pos"))
+                n += df.height
+                parts.append(df.filter(keep(df)))
+        return pl.concat(parts) if parts else empty(API_SCHEMA).with_columns(pl.lit(None, pl.Int64).alias("_pos"))
+
+    # the chunks a task of _chunk_frames reads on one connection of its own
+    _TASK_CHUNKS = 8
+
+    def _chunk_frames(self, t: _Table):
+        """Each chunk's rows of `t` as typed.clean leaves them, in rowid order (a generator): read
+        on read_threads() threads, a connection each per run of _TASK_CHUNKS chunks, at most two
+        runs a thread ahead of the caller (SQLite lets go of the GIL as it reads)."""
+        from collections import deque
+        from itertools import islice
+
+        queries = [replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}"], from_=t.q.table)
+                   for a, b in t.chunks.select("a", "b").iter_rows()]
+        runs = iter([queries[i:i + self._TASK_CHUNKS] for i in range(0, len(queries), self._TASK_CHUNKS)])
+
+        def read(run):
+            con = connect_readonly(self.path)
+            try:
+                _attach_adbc(con, self.path)
+                return [typed.clean(raw, q, is_typed)[0] for q, (raw, is_typed) in zip(run, _bulk_raw(con, run))]
+            finally:
+                con.close()
+
+        threads = read_threads()
+        with ThreadPoolExecutor(threads, thread_name_prefix="stepscope-scan") as pool:
+            ahead = deque(pool.submit(read, run) for run in islice(runs, 2 * threads))
+            try:
+                while ahead:
+                    frames = ahead.popleft().result()
+                    run = next(runs, None)
+                    if run is not None:
+                        ahead.append(pool.submit(read, run))
+                    yield from frames
+            finally:
+                for f in ahead:
+                    f.cancel()
 
     def _learn_names(self, *ids: pl.Series) -> None:
         """Decode the name ids not decoded before into base.strings (shortened, as the whole read
