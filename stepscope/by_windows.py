@@ -343,8 +343,7 @@ class _Reader:
         light = reader.read_marks(ENGINE_MARK_GLOB, lambda v: bool(VLLM_INPUT_PREP.search(v) or VLLM_OUTPUT.search(v)),
                                   DEVICE_TO_HOST)
 
-        def flagged(calls):  # the names the reads have learnt so far
-            return trace_api_flags(replace(light, api=calls, strings=reader.base.strings))
+        flagged = engine_calls.Flags(lambda: reader.base.strings)  # the names the reads have learnt so far
 
         def launched(lo, hi):
             return reader.read(lo, None if hi >= OPEN_END else hi + 1, count=False).kernels
@@ -355,7 +354,7 @@ class _Reader:
         keys = engine_calls.mark_keys(light)
         first = reader.scan_calls(lambda c: engine_calls.is_mark(flagged(c), keys)).drop("_pos")
         pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
-        spans = engine_calls.spans(light, flagged(first), pids)
+        spans = engine_calls.spans(light, trace_api_flags(replace(light, api=first, strings=reader.base.strings)), pids)
         keeper = engine_calls.Keeper(spans, keys)
         engine = steps(keeper.calls(reader.scan_calls(lambda c: keeper(flagged(c)))))
         if not engine_calls.lead_within(engine, spans):  # warm-up runs past the leading iterations

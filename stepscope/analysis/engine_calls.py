@@ -28,12 +28,38 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.lazy_numpy import np
-from stepscope.analysis.steps import _engine_marks, engine_loop
+from stepscope.analysis.steps import API_FLAGS, _engine_marks, engine_loop
 
 # the leading iterations a light read holds whole: a start-up's warm-up runs are two in vLLM 0.26
 # (the dummy run and the sampler's)
 LEAD_ITERATIONS = 16
 _NO_END = (1 << 63) - 1
+
+
+class Flags:
+    """The flags of api_flags that choosing calls needs (launch, copy, graph capture, profiler
+    start), for a chunk of calls at a time: each name decided once (`strings()`: the names
+    learnt so far, id -> value frame)."""
+
+    NEEDED = ("is_launch", "is_copy", "is_graph_capture", "is_prof_start")
+
+    def __init__(self, strings):
+        self.strings = strings
+        self.having = {f: [] for f in self.NEEDED}
+        self.seen: set = set()
+
+    def __call__(self, calls: pl.DataFrame) -> pl.DataFrame:
+        new = set(calls["name_id"].unique().drop_nulls().to_list()) - self.seen
+        if new:
+            s = self.strings().filter(pl.col("id").is_in(list(new)))
+            names = dict(zip(s["id"].to_list(), s["value"].to_list()))
+            for i in new:
+                for f in self.NEEDED:
+                    if API_FLAGS[f](names.get(i) or ""):
+                        self.having[f].append(i)
+            self.seen |= new
+        return calls.with_columns(pl.col("name_id").is_in(self.having[f]).fill_null(False).alias(f)
+                                  for f in self.NEEDED)
 
 
 def mark_keys(light) -> dict:

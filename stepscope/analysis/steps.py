@@ -63,16 +63,19 @@ def api_flags(api: pl.DataFrame, strings: dict[int, str]) -> pl.DataFrame:
         having = [i for i, n in zip(ids.to_list(), vals) if test(n)]
         return pl.col("name_id").is_in(having).fill_null(False).alias(alias)
 
-    return api.with_columns(
-        names.alias("api_name"),
-        flag(lambda n: n.startswith(apinames.LAUNCH), "is_launch"),
-        flag(lambda n: n.startswith(apinames.GRAPH_LAUNCH), "is_graph_launch"),
-        flag(lambda n: n.startswith(apinames.COPY_SET), "is_copy"),
-        flag(lambda n: n.startswith(apinames.GRAPH_CAPTURE), "is_graph_capture"),
-        flag(lambda n: n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n), "is_sync"),
-        flag(lambda n: n.startswith(apinames.PROFILER_START), "is_prof_start"),
-        flag(lambda n: n.startswith(apinames.PROFILER_STOP), "is_prof_stop"),
-    )
+    return api.with_columns(names.alias("api_name"), *(flag(test, alias) for alias, test in API_FLAGS.items()))
+
+
+# what each flag of api_flags says of a call, by its name
+API_FLAGS = {
+    "is_launch": lambda n: n.startswith(apinames.LAUNCH),
+    "is_graph_launch": lambda n: n.startswith(apinames.GRAPH_LAUNCH),
+    "is_copy": lambda n: n.startswith(apinames.COPY_SET),
+    "is_graph_capture": lambda n: n.startswith(apinames.GRAPH_CAPTURE),
+    "is_sync": lambda n: bool(n.startswith(apinames.SYNC) or apinames.BLOCKING_COPY.match(n)),
+    "is_prof_start": lambda n: n.startswith(apinames.PROFILER_START),
+    "is_prof_stop": lambda n: n.startswith(apinames.PROFILER_STOP),
+}
 
 
 def trace_api_flags(trace) -> pl.DataFrame:
