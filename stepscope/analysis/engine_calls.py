@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from stepscope.analysis.lazy_numpy import np
-from stepscope.analysis.steps import API_FLAGS, _engine_marks, engine_loop
+from stepscope.analysis.steps import API_FLAGS, OPEN_END, _engine_marks, engine_loop
 
 # the leading iterations a light read holds whole: a start-up's warm-up runs are two in vLLM 0.26
 # (the dummy run and the sampler's)
 LEAD_ITERATIONS = 16
-_NO_END = (1 << 63) - 1
 
 
 class Flags:
@@ -116,7 +115,7 @@ def spans(light, api: pl.DataFrame, pids: set) -> Spans:
             lo[1] = np.where(loop.lonely() == 0, loop.floor + 1, lo[1])
             out.ties.add(pid)
         lo.append([loop.floor + 1])
-        hi.append([int(t[LEAD_ITERATIONS]) if t.size > LEAD_ITERATIONS else _NO_END])
+        hi.append([int(t[LEAD_ITERATIONS]) if t.size > LEAD_ITERATIONS else OPEN_END])
         lo, hi = np.concatenate(lo).astype(np.int64), np.concatenate(hi).astype(np.int64)
         ok = lo <= hi
         lo, hi = lo[ok], hi[ok]

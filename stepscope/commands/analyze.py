@@ -17,8 +17,8 @@ Scheduler = Annotated[Optional[str], typer.Option(
     "--scheduler", metavar="ADDRESS", help="several reports: analyze them on this dask cluster (tcp://host:8786); "
     "its workers must see the reports' paths")]
 WindowSteps = Annotated[Optional[int], typer.Option(
-    "--window-steps", metavar="N", min=0, help="a long run: analyze it N step ranges (or vLLM scheduler ranges) "
-    "at a time, in bounded memory (default: sized by the export, windows only past 2M kernels; 0: read it whole)")]
+    "--window-steps", metavar="N", min=0, help="a long run: analyze it N step ranges (vLLM scheduler ranges, "
+    "engine-loop steps) at a time, in bounded memory (default: sized by the export, windows only past 2M kernels; 0: read it whole)")]
 Workers = Annotated[Optional[int], typer.Option(
     "--workers", metavar="N", help="several reports: the local dask cluster's workers (default: sized to the machine)")]
 
