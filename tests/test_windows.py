@@ -48,6 +48,19 @@ def _document(path, window_steps: int) -> str:
     return analyze_json(r)
 
 
+def _by_windows(monkeypatch, path, window_steps: int) -> str:
+    """_document by windows, and analyzed by windows indeed (not whole after a window found
+    them unfit)."""
+    from stepscope import by_windows
+
+    merged = []
+    real = by_windows.diagnosis
+    monkeypatch.setattr(by_windows, "diagnosis", lambda *a, **k: merged.append(real(*a, **k)) or merged[-1])
+    got = _document(path, window_steps)
+    assert len(merged) == 1 and merged[0] is not None
+    return got
+
+
 _WHOLE: dict = {}
 
 
@@ -92,14 +105,7 @@ def test_windows_give_the_whole_documents_bytes(source, window_steps, monkeypatc
     # a window's events end a few ranges past its own ones: bounded, not the rest of the trace
     if len(p.windows) > 3:
         assert p.windows[0].hi is not None and p.windows[1].hi is not None
-    # analyzed by windows indeed, not whole after a window found them unfit
-    from stepscope import by_windows
-
-    merged = []
-    real = by_windows.diagnosis
-    monkeypatch.setattr(by_windows, "diagnosis", lambda *a, **k: merged.append(real(*a, **k)) or merged[-1])
-    got = _document(path, window_steps)
-    assert len(merged) == 1 and merged[0] is not None
+    got = _by_windows(monkeypatch, path, window_steps)
     assert got == _whole(path)
     # and the steps are the trace's, not the windows': as many as plain SQL's ranges that
     # launched GPU work, numbered 0..n-1 in start order
@@ -143,8 +149,6 @@ def test_engine_loop_steps_by_windows_give_the_whole_documents_bytes(source, win
     engine loop's steps are found once from a light read of the run (its calls, its marking
     kernels and copies, a warm-up run's kernels), each owned by one window (by its start), each
     window given those that meet its host time; the document is the whole trace's, byte for byte."""
-    from stepscope import by_windows
-
     path = _stripped(tmp_path, source) if source in SCHEDULED else _path(source)
     with ro(path) as con:
         anchors = con.execute(ANCHORS_SQL).fetchone()[0]
@@ -167,11 +171,7 @@ def test_engine_loop_steps_by_windows_give_the_whole_documents_bytes(source, win
         starts = {r[2] for r in w.engine}
         assert {s for s in engine["w_start"] if (w.own_lo is None or s >= w.own_lo)
                 and (w.own_hi is None or s < w.own_hi)} <= starts
-    merged = []
-    real = by_windows.diagnosis
-    monkeypatch.setattr(by_windows, "diagnosis", lambda *a, **k: merged.append(real(*a, **k)) or merged[-1])
-    got = _document(path, window_steps)
-    assert len(merged) == 1 and merged[0] is not None
+    got = _by_windows(monkeypatch, path, window_steps)
     assert got == _whole(path)
     assert len(json.loads(got)["steps"]) == engine.height
 
