@@ -351,6 +351,8 @@ class _Reader:
         def steps(calls):
             return windows.engine_plan(replace(light, api=calls, strings=reader.base.strings), launched)
 
+        if light.kernels.is_empty():  # no kernel of vLLM's loop: no engine step, and no call read
+            return steps(light.api)
         keys = engine_calls.mark_keys(light)
         first = reader.scan_calls(lambda c: engine_calls.is_mark(flagged(c), keys)).drop("_pos")
         pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
@@ -358,7 +360,7 @@ class _Reader:
         keeper = engine_calls.Keeper(spans, keys)
         engine = steps(keeper.calls(reader.scan_calls(lambda c: keeper(flagged(c)))))
         if not engine_calls.lead_within(engine, spans):  # warm-up runs past the leading iterations
-            engine = steps(reader.scan_calls(lambda c: pl.Series([True] * c.height)).drop("_pos"))
+            engine = steps(reader.scan_calls(lambda c: pl.repeat(True, c.height, eager=True)).drop("_pos"))
         return engine
 
     def state(self):
