@@ -38,11 +38,11 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE_GZ = REPO / "fixtures" / "serving" / "llama1b_serve_r16_graph_plain_scopes.sqlite.gz"
 
 
-def steady(out: Path) -> Path:
+def steady(out: Path, bare: bool = False) -> Path:
     """The fixture unpacked into `out` as steady.sqlite, its start-up deleted (the fixture is never
-    touched)."""
+    touched); `bare`: as bare.sqlite, every NVTX range deleted too."""
     out.mkdir(parents=True, exist_ok=True)
-    dst = out / "steady.sqlite"
+    dst = out / ("bare.sqlite" if bare else "steady.sqlite")
     with gzip.open(SOURCE_GZ, "rb") as src, open(dst, "wb") as f:
         shutil.copyfileobj(src, f, 1 << 20)
     con = sqlite3.connect(dst)
@@ -54,20 +54,8 @@ def steady(out: Path) -> Path:
         for t in tables:
             if "start" in {r[1] for r in con.execute(f"PRAGMA table_info({t})")}:
                 con.execute(f"DELETE FROM {t} WHERE start < ?", (t0,))
-        con.commit()
-        con.execute("VACUUM")
-    finally:
-        con.close()
-    return dst
-
-
-def bare(out: Path) -> Path:
-    """steady() copied to `out` as bare.sqlite without any NVTX range."""
-    dst = out / "bare.sqlite"
-    shutil.copy(steady(out), dst)
-    con = sqlite3.connect(dst)
-    try:
-        con.execute("DELETE FROM NVTX_EVENTS")
+        if bare:
+            con.execute("DELETE FROM NVTX_EVENTS")
         con.commit()
         con.execute("VACUUM")
     finally:
@@ -91,7 +79,7 @@ def main() -> int:
     ap.add_argument("--with-startup", action="store_true", help="replicate the whole capture, start-up included")
     ap.add_argument("--bare", action="store_true", help="the steady copy without any NVTX range")
     args = ap.parse_args()
-    src = whole(args.out) if args.with_startup else bare(args.out) if args.bare else steady(args.out)
+    src = whole(args.out) if args.with_startup else steady(args.out, bare=args.bare)
     for s in args.sizes.split(","):
         r = _inflate.inflate(src, _inflate.parse_size(s), args.out)
         print(r.path, r.counts.get("CUPTI_ACTIVITY_KIND_KERNEL"))

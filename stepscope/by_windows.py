@@ -343,20 +343,22 @@ class _Reader:
         light = reader.read_marks(ENGINE_MARK_GLOB, lambda v: bool(VLLM_INPUT_PREP.search(v) or VLLM_OUTPUT.search(v)),
                                   DEVICE_TO_HOST)
 
-        flagged = engine_calls.Flags(lambda: reader.base.strings)  # the names the reads have learnt so far
+        flagged = engine_calls.Flags(lambda: reader.base.strings)
 
         def launched(lo, hi):
             return reader.read(lo, None if hi >= OPEN_END else hi + 1, count=False).kernels
 
+        def with_calls(calls):  # the names the reads have learnt so far
+            return replace(light, api=calls, strings=reader.base.strings)
+
         def steps(calls):
-            return windows.engine_plan(replace(light, api=calls, strings=reader.base.strings), launched)
+            return windows.engine_plan(with_calls(calls), launched)
 
         if light.kernels.is_empty():  # no kernel of vLLM's loop: no engine step, and no call read
             return steps(light.api)
         keys = engine_calls.mark_keys(light)
         first = reader.scan_calls(lambda c: engine_calls.is_mark(flagged(c), keys)).drop("_pos")
-        pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
-        spans = engine_calls.spans(light, trace_api_flags(replace(light, api=first, strings=reader.base.strings)), pids)
+        spans = engine_calls.spans(light, trace_api_flags(with_calls(first)))
         keeper = engine_calls.Keeper(spans, keys)
         engine = steps(keeper.calls(reader.scan_calls(lambda c: keeper(flagged(c)))))
         if not engine_calls.lead_within(engine, spans):  # warm-up runs past the leading iterations

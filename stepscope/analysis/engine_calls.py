@@ -61,6 +61,11 @@ class Flags:
                                   for f in self.NEEDED)
 
 
+def mark_pids(light) -> set:
+    """The processes of `light`'s marks: those whose engine loop its calls are read for."""
+    return set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
+
+
 def mark_keys(light) -> dict:
     """pid -> the sorted correlation ids of its marks (the kernels and copies of `light`)."""
     parts = [light.kernels.select("pid", "corr"), light.memops.select("pid", "corr")]
@@ -98,21 +103,21 @@ class Spans:
     anchors: dict = field(default_factory=dict)
 
 
-def spans(light, api: pl.DataFrame, pids: set) -> Spans:
+def spans(light, api: pl.DataFrame) -> Spans:
     """The Spans of `light` (its marks) and `api` (api_flags' of the calls is_mark kept)."""
     out = Spans()
-    marks = _engine_marks(light, api, pids)
+    marks = _engine_marks(light, api, mark_pids(light))
     if marks is None or marks.is_empty():
         return out
     for (pid,), m in marks.group_by(["pid"], maintain_order=True):
         loop = engine_loop(m, api.filter(pl.col("pid") == pid))
         if loop is None:
             continue
-        t = loop.t
-        lo = [loop.after + 1, loop.prev[loop.lonely()]]
-        hi = [t, t[loop.lonely()]]
+        t, lonely = loop.t, loop.lonely()
+        lo = [loop.after + 1, loop.prev[lonely]]
+        hi = [t, t[lonely]]
         if loop.first_lonely:
-            lo[1] = np.where(loop.lonely() == 0, loop.floor + 1, lo[1])
+            lo[1] = np.where(lonely == 0, loop.floor + 1, lo[1])
             out.ties.add(pid)
         lo.append([loop.floor + 1])
         hi.append([int(t[LEAD_ITERATIONS]) if t.size > LEAD_ITERATIONS else OPEN_END])

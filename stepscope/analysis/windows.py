@@ -19,8 +19,8 @@ ranges (`schedule: …`), or, in a plain capture without any range, the iteratio
 loop: each step is then a range of host time that a window can hold whole. An iteration is one or
 many scheduler ranges and runs to the next one's first: a window whose last own iteration has no
 next one inside it is read further (analyze_read). The engine loop's steps are found once over the
-whole run, from a light read of it (its API calls, the kernels of the loop's input preparation and
-output, the device-to-host copies: engine_plan), and each window is given those that meet it: what
+whole run, from a light read of it (the kernels of the loop's input preparation and output, the
+device-to-host copies, the API calls that decide the steps: engine_plan), and each window is given those that meet it: what
 decides them (the most common preparation kernel, the start-up's warm-up runs, the output before
 each preparation) is the run's, not a window's. Where the steps are none of these (capture ranges,
 periods, several devices per process), `plan` or a window says why and the trace is analyzed whole.
@@ -89,14 +89,15 @@ def step_ranges(nvtx: pl.DataFrame, step_regex: str | None) -> pl.DataFrame:
 
 def engine_plan(light, launched) -> pl.DataFrame:
     """The engine loop's steps of a whole run (steps.engine_windows: a plain capture without any
-    range) from its light read (`light`: every API call, the kernels of vLLM's input preparation
-    and output, the device-to-host copies: ingest/nsys_windows.read_marks), `launched(lo, hi)`
-    reading the kernels of a start-up's warm-up run. The last step of each process is open: the
-    window that owns it reads to the trace's end and closes it, as the whole trace does."""
+    range) from its light read (`light`: the kernels of vLLM's input preparation and output, the
+    device-to-host copies, and the API calls that decide the steps: ingest/nsys_windows.read_marks,
+    analysis/engine_calls.py), `launched(lo, hi)` reading the kernels of a start-up's warm-up run.
+    The last step of each process is open: the window that owns it reads to the trace's end and
+    closes it, as the whole trace does."""
+    from stepscope.analysis.engine_calls import mark_pids
     from stepscope.analysis.steps import engine_windows, trace_api_flags
 
-    pids = set(light.kernels["pid"].unique().to_list()) | set(light.memops["pid"].unique().to_list())
-    return engine_windows(light, trace_api_flags(light), pids, launched)
+    return engine_windows(light, trace_api_flags(light), mark_pids(light), launched)
 
 
 def engine_ranges(engine: pl.DataFrame) -> pl.DataFrame:

@@ -102,6 +102,11 @@ def _own(lo: int | None, hi: int | None) -> pl.Expr:
     return own | start.is_null() if lo is None else own
 
 
+def _chunk_query(t: "_Table", a: int, b: int, *where: str) -> typed.Query:
+    """`t`'s query over the rows of rowids [a, b] (a range SQLite seeks), and `where`."""
+    return replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}", *where], from_=t.q.table)
+
+
 # ---------------------------------------------------------------------------------- the reader
 @dataclass
 class _Table:
@@ -367,7 +372,7 @@ class WindowReader:
     def _any_clean(self, t: _Table) -> bool:
         """Whether a row of `t` survives typed.clean (read chunk by chunk until one does)."""
         for a, b in t.chunks.select("a", "b").iter_rows():
-            q = replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}"], from_=t.q.table)
+            q = _chunk_query(t, a, b)
             (raw, is_typed), = list(_bulk_raw(self._con, [q]))
             if typed.clean(raw, q, is_typed)[0].height:
                 return True
@@ -389,12 +394,8 @@ class WindowReader:
         # `count` False: a window read again (wider): its rows were counted by its first read
         own = (own_lo, own_hi) if count else (0, 0)
         with _input_errors(self.path):
-            api = pl.DataFrame(schema=API_SCHEMA)
-            if self._api is not None:
-                raw = self._rows(self._api, lo, hi, own)
-                api = raw.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
-            api_names = api["name_id"]  # the whole read decodes those of its calls before sanity's checks
-            api = self._checked(api, "api", sanity._times(api, True), own)
+            raw = self._rows(self._api, lo, hi, own) if self._api is not None else None
+            api, api_names = self._calls(raw, own)
             # the correlation ids that the window's calls hold, per process: the rows they launched
             corr = (api.filter(pl.col("corr").is_not_null()).group_by("pid")
                     .agg(pl.col("corr").min().alias("kmin"), pl.col("corr").max().alias("kmax")).sort("pid"))
@@ -457,14 +458,22 @@ class WindowReader:
             return empty(API_SCHEMA).with_columns(pl.lit(None, pl.Int64).alias("_pos"))
         parts, n = [], 0
         with _input_errors(self.path):
-            for df in self._chunk_frames(self._api):
-                df = df.select(_unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
-                self._learn_names(df["name_id"])
-                df = self._checked(df, "api", sanity._times(df, True), (0, 0))
+            for raw in self._chunk_frames(self._api):
+                df, names = self._calls(raw, (0, 0))
+                self._learn_names(names)
                 df = df.with_columns(pl.int_range(n, n + df.height, dtype=pl.Int64).alias("_pos"))
                 n += df.height
                 parts.append(df.filter(keep(df)))
         return pl.concat(parts) if parts else empty(API_SCHEMA).with_columns(pl.lit(None, pl.Int64).alias("_pos"))
+
+    def _calls(self, raw: pl.DataFrame | None, own) -> tuple[pl.DataFrame, pl.Series]:
+        """API calls as _rows reads them (their process and thread packed in one id; None: the
+        export has no call table), checked as the whole read checks them (what is left out
+        counted on the own span `own`), and the name ids of every call read: the whole read
+        decodes those before the checks."""
+        api = pl.DataFrame(schema=API_SCHEMA) if raw is None else raw.select(
+            _unpack_pid("pid"), _unpack_tid("pid"), pl.exclude("pid"))
+        return self._checked(api, "api", sanity._times(api, True), own), api["name_id"]
 
     # the chunks a task of _chunk_frames reads on one connection of its own
     _TASK_CHUNKS = 8
@@ -476,8 +485,7 @@ class WindowReader:
         from collections import deque
         from itertools import islice
 
-        queries = [replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}"], from_=t.q.table)
-                   for a, b in t.chunks.select("a", "b").iter_rows()]
+        queries = [_chunk_query(t, a, b) for a, b in t.chunks.select("a", "b").iter_rows()]
         runs = iter([queries[i:i + self._TASK_CHUNKS] for i in range(0, len(queries), self._TASK_CHUNKS)])
 
         def read(run):
@@ -556,8 +564,7 @@ class WindowReader:
         self.chunks_read[t.q.table] += len(chunks)
         if t is self._kernels:  # the rowids a window's kernels lie among (their grids are read there)
             self.kernel_rowids = (chunks[0][0], chunks[-1][1]) if chunks else None
-        queries = [replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}", f"({cond})"], from_=t.q.table)
-                   for a, b in chunks]
+        queries = [_chunk_query(t, a, b, f"({cond})") for a, b in chunks]
         frames = []
         for q, (raw, is_typed) in zip(queries, _bulk_raw(self._con, queries)):
             self.rows_read[q.table] += raw.height
