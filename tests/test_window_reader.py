@@ -109,19 +109,24 @@ def test_base_is_the_whole_read_without_its_events(pair):
     con.close()
 
 
-def sql_bounds(con, table: str, corr: bool, a: int, b: int, where: str = "1") -> tuple:
+def sql_bounds(con, table: str, corr: bool, a: int, b: int, where: str = "1", integers: bool = False) -> tuple:
     """The chunk map's row of rowids [a, b] (of the rows the reader reads: `where`) as SQLite's
-    own aggregates make it."""
+    own aggregates make it; `integers`: the bounds of the integer values only (a map made from
+    the spilled rows, where a value of another type is NULL)."""
     c = "correlationId" if corr else "NULL"
+    s = "iif(typeof(start) = 'integer', start, NULL)" if integers else "start"
+    c = f"iif(typeof({c}) = 'integer', {c}, NULL)" if integers else c
     smin, smax, cmin, cmax, n, bad = con.execute(
-        f"SELECT min(start), max(start), min({c}), max({c}), count(*), total(typeof(start) != 'integer') "
+        f"SELECT min({s}), max({s}), min({c}), max({c}), count(*), total(typeof(start) != 'integer') "
         f"FROM {table} WHERE rowid >= ? AND rowid <= ? AND ({where})", (a, b)).fetchone()
     return _low(smin), _high(smax), _low(cmin), _high(cmax), n, int(bad)
 
 
 def assert_maps_are_sqls(reader) -> None:
-    """Each chunk of each map is what SQLite's min, max, count says of its rowid range, and the
-    ranges hold every row of the table once."""
+    """Each chunk of each map is what SQLite's min, max, count says of its rowid range (of its
+    integer values where the map was made from the spilled rows), and the ranges hold every row
+    of the table once."""
+    integers = reader._spill is not None
     con = sqlite3.connect(f"file:{reader.path}?mode=ro", uri=True)
     tables = [reader._kernels, reader._api, reader._replays, *(t for _, t in reader._memops)]
     for t in (t for t in tables if t is not None):
@@ -130,7 +135,7 @@ def assert_maps_are_sqls(reader) -> None:
         where = " AND ".join(t.q.where) or "1"  # the runtime table: the calls an analysis reads
         assert m["n"].sum() == con.execute(f"SELECT count(*) FROM {t.q.table} WHERE {where}").fetchone()[0]
         for c, a, b, *got in m.iter_rows():
-            assert tuple(got) == sql_bounds(con, t.q.table, t.corr, a, b, where), (t.q.table, c)
+            assert tuple(got) == sql_bounds(con, t.q.table, t.corr, a, b, where, integers), (t.q.table, c)
     con.close()
 
 
@@ -185,6 +190,7 @@ def overlapping(full) -> list[tuple]:
     return out
 
 
+@pytest.mark.parametrize("spill", [True, False], ids=["spilled", "sqlite"])
 @pytest.mark.parametrize("damage", [DAMAGE, DAMAGE + [
     # a start of 200 characters: its serial type takes two bytes, the kernels' map is made in SQL
     "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = printf('%.200c', 'x') WHERE rowid % 97 = 0",
@@ -195,7 +201,7 @@ def overlapping(full) -> list[tuple]:
     "UPDATE StringIds SET value = value || printf('%.20000c', 'y') "
     "WHERE id = (SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = 5)",
 ]], ids=["damaged", "damaged_long_values"])
-def test_a_damaged_export_same_frames_and_the_whole_reads_warnings(tmp_path, damage):
+def test_a_damaged_export_same_frames_and_the_whole_reads_warnings(tmp_path, damage, spill):
     """Values typed.clean and sanity.checked leave out are left out of every window, and over a
     partition each is counted once: the whole read's warnings, word for word and in its order,
     also where the windows overlap (each counts the rows of its own span)."""
@@ -205,14 +211,15 @@ def test_a_damaged_export_same_frames_and_the_whole_reads_warnings(tmp_path, dam
     if damage is not DAMAGE:
         assert any(w.startswith("StringIds:") for w in full.warnings)
         assert any("kernel or API call name(s) longer than" in w for w in full.warnings)
-    with WindowReader(path, chunk_rows=64) as reader:
+    with WindowReader(path, chunk_rows=64, spill=spill) as reader:
+        assert (reader._spill is not None) == spill
         for lo, hi in partition(full):
             assert_window(reader.read(lo, hi), full, lo, hi)
         assert reader.warnings() == full.warnings
         assert sorted(reader.base.warnings + reader.warnings_so_far()) == sorted(full.warnings)
         assert_frame_equal(reader.base.strings.sort("id"), full.strings.sort("id"), check_exact=True)
         assert_maps_are_sqls(reader)
-    with WindowReader(path, chunk_rows=64) as reader:
+    with WindowReader(path, chunk_rows=64, spill=spill) as reader:
         windows = overlapping(full)
         assert all(lo is None or lo < own_lo for lo, _, own_lo, _ in windows[1:])
         for lo, hi, own_lo, own_hi in windows:
@@ -257,3 +264,57 @@ def test_a_copy_reads_on(tmp_path):
         assert copy.warnings() == full.warnings
     finally:
         copy.close()
+
+
+def test_the_spill_is_the_exports_rows_on_disk_while_the_reader_is_open(tmp_path):
+    """The rows read at open are spilled beside the export (its cache folder), one file a chunk,
+    and the folder is gone once the reader closes; a pickled copy (a dask worker's) reads from
+    the export by the same map."""
+    import pickle
+
+    path = mutated(tmp_path)  # a copy in a folder of its own: the spill goes beside it
+    full = read_nsys_sqlite(path, launch_config=False)
+    with WindowReader(path, chunk_rows=100) as reader:
+        folder = reader._spill.folder
+        assert folder.parent == path.parent / ".stepscope-cache"
+        tables = [reader._kernels, reader._api, reader._replays, *(t for _, t in reader._memops)]
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        chunks = sum(con.execute(f"SELECT count(DISTINCT rowid / 100) FROM {t.q.table} WHERE "
+                                 f"{' AND '.join(t.q.where) or '1'}").fetchone()[0] for t in tables if t is not None)
+        con.close()
+        assert len(list(folder.iterdir())) == chunks > 10
+        copy = pickle.loads(pickle.dumps(reader))
+    assert not folder.exists() and copy._spill is None
+    try:
+        for lo, hi in partition(full):
+            assert_window(copy.read(lo, hi), full, lo, hi)
+    finally:
+        copy.close()
+
+
+def test_without_a_spill_the_windows_read_sqlite(tmp_path, monkeypatch):
+    """No folder can be made (none writable), or a write fails (a full disk): the map is SQLite's
+    own aggregates, and the windows are read from the export, the same frames."""
+    from stepscope.ingest import spill
+
+    path = mutated(tmp_path)
+    full = read_nsys_sqlite(path, launch_config=False)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    for patch in (("stepscope.ingest.cache._roots", lambda p: [tmp_path / "file" / "x"]),
+                  ("stepscope.ingest.spill.Spill.put", full_disk)):
+        (tmp_path / "file").write_text("")  # a file where the folder would be: no folder under it
+        with monkeypatch.context() as m:
+            m.setattr(*patch)
+            with WindowReader(path, chunk_rows=1000) as reader:
+                assert reader._spill is None
+                assert_maps_are_sqls(reader)
+                for lo, hi in partition(full):
+                    assert_window(reader.read(lo, hi), full, lo, hi)
+        assert not [p for p in (path.parent / ".stepscope-cache").glob("spill-*")]
+    made = spill.Spill.beside(path)
+    assert made.folder.is_dir()
+    made.close()
+    assert not made.folder.exists()

@@ -102,6 +102,27 @@ def _own(lo: int | None, hi: int | None) -> pl.Expr:
     return own | start.is_null() if lo is None else own
 
 
+def _selected(t: "_Table", lo: int | None, hi: int | None, corr: pl.DataFrame | None) -> pl.Expr:
+    """WindowReader._rows' SQL condition in polars, over a chunk's raw frame (its integer
+    values; a value that is not an integer is NULL there, and its row left out by typed.clean
+    whichever window reads it): the rows that start in [lo, hi) (and with lo None those whose
+    start is not an integer), or carry, for their process, a correlation id in `corr`'s range.
+    NULL compares as SQL's does (a filter drops it)."""
+    start = pl.col("start")
+    cond = pl.lit(True)
+    if lo is not None:
+        cond = cond & (start >= lo)
+    if hi is not None:
+        cond = cond & (start < hi)
+    if lo is None:
+        cond = cond | start.is_null()
+    if t.corr and corr is not None and corr.height:
+        pid = (pl.col("pid") // (1 << 24)) % (1 << 24)  # _pid_sql's bits
+        for p, a, b in corr.select(pl.col("pid").cast(pl.Int64), "kmin", "kmax").iter_rows():
+            cond = cond | ((pid == p) & (pl.col("corr") >= a) & (pl.col("corr") <= b))
+    return cond
+
+
 def _chunk_query(t: "_Table", a: int, b: int, *where: str) -> typed.Query:
     """`t`'s query over the rows of rowids [a, b] (a range SQLite seeks), and `where`."""
     return replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}", *where], from_=t.q.table)
@@ -162,12 +183,14 @@ class WindowReader:
     `chunks_read[table]`: how many of its chunks it scanned for them, over all reads so far.
     """
 
-    def __init__(self, path: str | Path, chunk_rows: int = CHUNK_ROWS):
+    def __init__(self, path: str | Path, chunk_rows: int = CHUNK_ROWS, spill: bool = True):
         path = input_file(path, "an nsys SQLite export")
         if not is_sqlite(path):
             raise InputError(f"{path} is not a SQLite file; export the report first: "
                              "nsys export --type sqlite report.nsys-rep")
         self.path, self.chunk_rows = path, int(chunk_rows)
+        # `spill`: the event rows read once at open and kept on disk for the windows (ingest/spill.py)
+        self.spill, self._spill = spill, None
         self.rows_read: Counter = Counter()
         self.chunks_read: Counter = Counter()
         # the accounts of what the reads left out, in the order of the whole read's warnings:
@@ -320,8 +343,51 @@ class WindowReader:
                 f"{sanity.NAME_MAX:,} (classified and shown so)")
 
     def _tables(self, schema: _Schema, queries: list[tuple[typed.Query, str, bool]]) -> dict[str, _Table]:
-        """Each event table's chunk map, made by SQLite (_sql_map)."""
+        """Each event table's chunk map: made from its rows as they are spilled (_spilled_map),
+        or where no spill can be made, by SQLite's aggregates (_sql_map)."""
+        if self.spill:
+            from stepscope.ingest.spill import Spill
+
+            self._spill = Spill.beside(self.path)
+        if self._spill is not None:
+            try:
+                return {q.table: _Table(q, pid, corr, self._spilled_map(q, corr)) for q, pid, corr in queries}
+            except OSError:  # a full disk: SQLite's own map, and windows read from it
+                self._spill.close()
+                self._spill = None
         return {q.table: _Table(q, pid, corr, self._sql_map(q, corr)) for q, pid, corr in queries}
+
+    def _spilled_map(self, q: typed.Query, corr: bool) -> pl.DataFrame:
+        """The table's chunk map made from its rows, each chunk read whole (as a window's read
+        would read it, _bulk_raw's frames before typed.clean) and spilled, on read_threads()
+        threads with a connection each. The bounds are those of the rows' integer values, as
+        _sql_map makes them: a start or id that is not an integer is read as NULL (typed), and
+        such a row is left out of every window (counted by the first, which reads the chunks
+        where `bad`)."""
+        def part(cs: list[int]) -> list:
+            rows = []
+            con = connect_readonly(self.path)
+            try:
+                _attach_adbc(con, self.path)
+                for c in cs:
+                    a, b = self._rowids(c)
+                    cq = replace(q, where=q.where + [f"rowid >= {a} AND rowid <= {b}"], from_=q.table)
+                    (raw, is_typed), = _bulk_raw(con, [cq])
+                    if not raw.height:
+                        continue
+                    start = raw["start"]
+                    cm = (raw["corr"].min(), raw["corr"].max()) if corr else (None, None)
+                    rows.append((c, a, b, start.min(), start.max(), *cm, raw.height, start.null_count()))
+                    self._spill.put(q.table, a, raw, is_typed)
+            finally:
+                con.close()
+            return rows
+
+        cs = self._chunk_ids(q.table)
+        threads = read_threads()
+        with ThreadPoolExecutor(threads) as pool:  # every threads-th chunk a thread: the same share of each
+            rows = [r for got in pool.map(part, [cs[i::threads] for i in range(threads)]) for r in got]
+        return pl.DataFrame(rows, schema=CHUNK_SCHEMA, orient="row").sort("c") if rows else empty(CHUNK_SCHEMA)
 
     def _sql_map(self, q: typed.Query, corr: bool) -> pl.DataFrame:
         """The table's chunk map in SQL: one aggregate query per chunk of chunk_rows rowids (a
@@ -373,10 +439,21 @@ class WindowReader:
         """Whether a row of `t` survives typed.clean (read chunk by chunk until one does)."""
         for a, b in t.chunks.select("a", "b").iter_rows():
             q = _chunk_query(t, a, b)
-            (raw, is_typed), = list(_bulk_raw(self._con, [q]))
+            (raw, is_typed), = self._raw(t, [(a, b)], [q])
             if typed.clean(raw, q, is_typed)[0].height:
                 return True
         return False
+
+    def _raw(self, t: _Table, chunks: list[tuple[int, int]], queries: list[typed.Query], keep: pl.Expr | None = None):
+        """The raw frames (_bulk_raw's) of `queries`, one per chunk of `chunks` (rowids [a, b]):
+        from the spill where there is one, the rows `keep` takes (the queries' own condition in
+        polars), else from SQLite."""
+        if self._spill is None:
+            yield from _bulk_raw(self._con, queries)
+            return
+        for a, _ in chunks:
+            raw, is_typed = self._spill.get(t.q.table, a)
+            yield (raw if keep is None else raw.filter(keep)), is_typed
 
     # ------------------------------------------------------------------ one window
     def read(self, lo: int | None, hi: int | None, own_lo: int | None = None, own_hi: int | None = None,
@@ -485,7 +562,12 @@ class WindowReader:
         from collections import deque
         from itertools import islice
 
-        queries = [_chunk_query(t, a, b) for a, b in t.chunks.select("a", "b").iter_rows()]
+        chunks = t.chunks.select("a", "b").rows()
+        queries = [_chunk_query(t, a, b) for a, b in chunks]
+        if self._spill is not None:  # at file speed: no thread of its own
+            for q, (raw, is_typed) in zip(queries, self._raw(t, chunks, queries)):
+                yield typed.clean(raw, q, is_typed)[0]
+            return
         runs = iter([queries[i:i + self._TASK_CHUNKS] for i in range(0, len(queries), self._TASK_CHUNKS)])
 
         def read(run):
@@ -565,8 +647,12 @@ class WindowReader:
         if t is self._kernels:  # the rowids a window's kernels lie among (their grids are read there)
             self.kernel_rowids = (chunks[0][0], chunks[-1][1]) if chunks else None
         queries = [_chunk_query(t, a, b, f"({cond})") for a, b in chunks]
+        if where is not None and self._spill is not None:  # a light read's own SQL (read_marks)
+            got = _bulk_raw(self._con, queries)
+        else:
+            got = self._raw(t, chunks, queries, _selected(t, lo, hi, corr))
         frames = []
-        for q, (raw, is_typed) in zip(queries, _bulk_raw(self._con, queries)):
+        for q, (raw, is_typed) in zip(queries, got):
             self.rows_read[q.table] += raw.height
             mine = raw.select(_own(*own)).to_series() if raw.height else None
             df, rep = typed.clean(raw, q, is_typed)
@@ -660,6 +746,9 @@ class WindowReader:
         if self._con is not None:
             self._con.close()
             self._con = None
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
 
     def __getstate__(self) -> dict:
         """What the reader learnt at open and of the windows read, without its connection: a
@@ -667,6 +756,9 @@ class WindowReader:
         state = self.__dict__.copy()
         state["_con"] = None
         state["_string_ids"] = None
+        # the spill is this machine's and this process's (removed as it closes): a copy reads
+        # its windows from the export, by the same chunk map
+        state["_spill"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
