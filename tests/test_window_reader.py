@@ -314,6 +314,11 @@ def test_without_a_spill_the_windows_read_sqlite(tmp_path, monkeypatch):
                 for lo, hi in partition(full):
                     assert_window(reader.read(lo, hi), full, lo, hi)
         assert not [p for p in (path.parent / ".stepscope-cache").glob("spill-*")]
+    with monkeypatch.context() as m:  # the benchmarks' setting: the export read as without a folder
+        m.setenv("STEPSCOPE_SPILL", "0")
+        with WindowReader(path, chunk_rows=1000) as reader:
+            assert reader._spill is None and not reader.spill
+            assert_maps_are_sqls(reader)
     made = spill.Spill.beside(path)
     assert made.folder.is_dir()
     made.close()

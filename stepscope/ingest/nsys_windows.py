@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -189,8 +190,10 @@ class WindowReader:
             raise InputError(f"{path} is not a SQLite file; export the report first: "
                              "nsys export --type sqlite report.nsys-rep")
         self.path, self.chunk_rows = path, int(chunk_rows)
-        # `spill`: the event rows read once at open and kept on disk for the windows (ingest/spill.py)
-        self.spill, self._spill = spill, None
+        # `spill`: the event rows read once at open and kept on disk for the windows (ingest/spill.py);
+        # STEPSCOPE_SPILL=0, the benchmarks' setting, reads them from the export instead
+        self.spill = spill and os.environ.get("STEPSCOPE_SPILL", "").strip() != "0"
+        self._spill = None
         self.rows_read: Counter = Counter()
         self.chunks_read: Counter = Counter()
         # the accounts of what the reads left out, in the order of the whole read's warnings:
