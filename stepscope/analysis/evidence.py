@@ -66,25 +66,30 @@ def place_anonymous(acts: pl.DataFrame, names: pl.DataFrame, rules: RuleSet,
                                     pl.col("layers").alias("n")), on="step", how="left", maintain_order="left"))
     inside = (pl.col("idx") >= pl.col("s")) & (pl.col("idx") < pl.col("s") + pl.col("n") * pl.col("p"))
     k = k.with_columns(pos=pl.when(inside).then((pl.col("idx") - pl.col("s")) % pl.col("p"))).drop("p", "s", "n", "idx")
+    # --- the nearest named kernels around it (-1: none)
+    # (the last named kernel before it over the whole run, kept where it is of the same step)
+    named = pl.when(~pl.col("anon")).then(pl.col("c"))
+    named_step = pl.when(named.is_not_null()).then(pl.col("step"))
+    same = pl.col("step")
+    k = k.with_columns(prev=pl.when(named_step.shift(1).forward_fill() == same)
+                       .then(named.shift(1).forward_fill()).otherwise(-1),
+                       next=pl.when(named_step.shift(-1).backward_fill() == same)
+                       .then(named.shift(-1).backward_fill()).otherwise(-1)).collect()
     untelling = [code[c] for c in UNTELLING]
-    votes = (k.filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("c").is_in(untelling))
+    # the votes are counted only at the places an anonymous kernel holds (the other kernels
+    # of a serving run's steps are most of its kernels: a semi join is cheaper than their groups)
+    mine = k.lazy().filter(pl.col("anon") & pl.col("pos").is_not_null()).select("step", "pos").unique()
+    votes = (k.lazy().filter(~pl.col("anon") & pl.col("pos").is_not_null() & ~pl.col("c").is_in(untelling))
+             .join(mine, on=["step", "pos"], how="semi")
              .group_by("step", "pos", "c").len()
              .with_columns(r=pl.col("c").replace_strict(codes,
                                                         [by_name.index(c) for c in CLASSES], return_dtype=pl.Int16))
              .sort("step", "pos", "len", "r", descending=[False, False, True, False])
              .unique(["step", "pos"], keep="first", maintain_order=True)
              .select("step", "pos", pl.col("c").alias("by_layer")))
-    k = k.join(votes, on=["step", "pos"], how="left", maintain_order="left")
-    # --- the nearest named kernels around it (-1: none)
-    # (the last named kernel before it over the whole run, kept where it is of the same step)
-    named = pl.when(~pl.col("anon")).then(pl.col("c"))
-    named_step = pl.when(named.is_not_null()).then(pl.col("step"))
-    same = pl.col("step")
-    k = (k.with_columns(prev=pl.when(named_step.shift(1).forward_fill() == same)
-                        .then(named.shift(1).forward_fill()).otherwise(-1),
-                        next=pl.when(named_step.shift(-1).backward_fill() == same)
-                        .then(named.shift(-1).backward_fill()).otherwise(-1))
-         .filter(pl.col("anon")).drop("anon", "pos").collect())
+    # the vote of each anonymous kernel's place (only theirs are joined)
+    k = (k.lazy().filter(pl.col("anon")).join(votes, on=["step", "pos"], how="left", maintain_order="left")
+         .drop("anon", "pos").collect())
     pairs = k.select("prev", "next").unique(maintain_order=True)
     rule_of = []
     for i, (p, n) in enumerate(pairs.iter_rows()):
