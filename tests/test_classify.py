@@ -252,3 +252,44 @@ def test_user_rules_come_first_and_bad_rules_fail_clearly(tmp_path):
     f.write_text("not toml [[[")
     with pytest.raises(InputError, match="not a valid TOML"):
         load_rules(f)
+
+
+def test_names_met_before_are_labelled_from_the_rule_sets_memo(monkeypatch):
+    """A long run's windows meet the same names again: a rule set labels each distinct name once
+    (rules.memo: kernel classes and framework families alike), and a name labelled before gets
+    the label a fresh rule set gives it, without a pattern searched again."""
+    import sqlite3
+
+    import stepscope.analysis.classify as classify
+    from stepscope.analysis.framework import family_table
+    from tests.conftest import gunzipped
+
+    path = gunzipped(need(FIXTURES / "models" / "qwen3-30b-a3b_r32_graph_plain.sqlite.gz"))
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    names = pl.DataFrame(con.execute(
+        "SELECT DISTINCT k.shortName, k.demangledName, s.value, d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.shortName JOIN StringIds d ON d.id = k.demangledName").fetchall(),
+        schema={"short_id": pl.Int32, "demangled_id": pl.Int32, "name": pl.String, "demangled": pl.String},
+        orient="row").sort("short_id", "demangled_id")
+    con.close()
+    assert names.height > 40
+    first, rest = names.head(names.height // 2), names.tail(names.height - names.height // 3)  # they overlap
+    fresh = load_rules()  # (load_rules may hand back one RuleSet for every call: its memo emptied)
+    fresh.memo.clear()
+    want = {"class": classify.classify_names(names, fresh)["class"], "family": family_table(names, fresh)["family"]}
+    rules = load_rules()
+    rules.memo.clear()
+    classify.classify_names(first, rules), family_table(first, rules)
+    assert {k: v.height for k, v in rules.memo.items()} == {"class": first.height, "family": first.height}
+    got = {"class": classify.classify_names(names, rules)["class"], "family": family_table(names, rules)["family"]}
+    for label in want:
+        assert got[label].to_list() == want[label].to_list(), label
+        assert rules.memo[label].height == names.height  # each name once
+    assert set(want["class"].to_list()) - {"other"} and set(want["family"].to_list()) - {"other"}
+
+    def searched(*a, **k):
+        raise AssertionError("a name met before was matched again")
+
+    monkeypatch.setattr(classify, "first_match", searched)
+    assert classify.classify_names(rest, rules)["class"].to_list() == want["class"].tail(rest.height).to_list()
+    assert family_table(rest, rules)["family"].to_list() == want["family"].tail(rest.height).to_list()

@@ -93,9 +93,9 @@ class RuleSet:
     router: re.Pattern | None = None  # top-k / sort / softmax names: the router's or the sampler's
     routers: tuple[Position, ...] = ()  # which, by the telling kernels around it ([[router]])
     fused: tuple[Fused, ...] = ()
-    # the names this rule set has classed (name, demangled, class): an analysis by windows
-    # (analysis/windows.py) meets the same few hundred names in every window; a pure function of
-    # the names and the rules, so kept with the rules
+    # the names this rule set has labelled (name, demangled, and their `class` or `family`:
+    # memo_first_match): an analysis by windows (analysis/windows.py) meets the same few hundred
+    # names in every window; a pure function of the names and the rules, so kept with the rules
     memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def phase_pattern(self, key: str) -> re.Pattern | None:
@@ -464,22 +464,30 @@ def classify_names(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     """names: unique rows of (short_id, demangled_id, name, demangled) → adds `class`, each
     distinct name classified once, by column (`first_match`); a name the rule set classed
     before (rules.memo) is not matched again."""
-    known = rules.memo.get("classes")
+    return names.with_columns(memo_first_match(names, rules, "class", [(r.cls, r.pattern, r.field)
+                                                                         for r in rules.kernel_rules], "other"))
+
+
+def memo_first_match(names: pl.DataFrame, rules: RuleSet, label: str, entries, default: str) -> pl.Series:
+    """first_match over the names (name, demangled) of `names`, as a String Series `label`; the
+    names the rule set labelled before under `label` (rules.memo: the windows of a long run meet
+    the same few hundred names each) are not matched again."""
+    known = rules.memo.get(label)
     hit = None
     if known is not None and names.height:
-        hit = names.select("name", "demangled").join(known, on=["name", "demangled"], how="left", nulls_equal=True,
-                                                     maintain_order="left")["class"]
+        hit = names.select(pl.col("name", "demangled").cast(pl.String)).join(
+            known, on=["name", "demangled"], how="left", nulls_equal=True, maintain_order="left")[label]
         if not hit.null_count():
-            return names.with_columns(hit.alias("class"))
+            return hit
     todo = names if hit is None else names.filter(hit.is_null())
     short, dem = name_columns(todo)
-    classes = first_match(short, dem, [(r.cls, r.pattern, r.field) for r in rules.kernel_rules], "other")
-    new = todo.select(pl.col("name", "demangled").cast(pl.String)).with_columns(classes.cast(pl.String).alias("class"))
-    rules.memo["classes"] = new if known is None else pl.concat([known, new])
+    got = first_match(short, dem, entries, default)
+    new = todo.select(pl.col("name", "demangled").cast(pl.String)).with_columns(got.cast(pl.String).alias(label))
+    rules.memo[label] = new if known is None else pl.concat([known, new])
     if hit is None:
-        return names.with_columns(classes.alias("class"))
-    # the names met before keep their class, the others take theirs, in the names' order
-    return names.with_columns(hit.scatter(hit.is_null().arg_true(), classes).alias("class"))
+        return got.alias(label)
+    # the names met before keep their label, the others take theirs, in the names' order
+    return hit.scatter(hit.is_null().arg_true(), got).alias(label)
 
 
 def nvtx_attribution(

@@ -21,10 +21,10 @@ OP_SCHEMA = {"step": pl.Int64, "op": pl.String, "family": pl.String, "count": pl
 
 def family_table(names: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
     """(short_id, demangled_id, family) for every distinct kernel name."""
-    from stepscope.analysis.classify import first_match, name_columns
+    from stepscope.analysis.classify import memo_first_match
 
-    short, dem = name_columns(names)  # family_of's order: the demangled name first, then the short one
-    fam = first_match(short, dem, [(f.family, f.pattern, "any") for f in rules.families], "other")
+    # family_of's order: the demangled name first, then the short one (field "any")
+    fam = memo_first_match(names, rules, "family", [(f.family, f.pattern, "any") for f in rules.families], "other")
     return names.select("short_id", "demangled_id").with_columns(fam.cast(FAMILY_DTYPE).alias("family"))
 
 
