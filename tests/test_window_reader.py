@@ -274,9 +274,13 @@ def test_the_spill_is_the_exports_rows_on_disk_while_the_reader_is_open(tmp_path
 
     path = mutated(tmp_path)  # a copy in a folder of its own: the spill goes beside it
     full = read_nsys_sqlite(path, launch_config=False)
+    from stepscope.ingest import cache
+
     with WindowReader(path, chunk_rows=100) as reader:
         folder = reader._spill.folder
-        assert folder.parent == path.parent / ".stepscope-cache"
+        assert folder.parent == path.parent / ".stepscope-cache" and folder.name.startswith(".tmp-")
+        # the cache's prune takes it for a write in progress: no entry, left alone while fresh
+        assert cache.prune(folder.parent) == [] and folder.is_dir()
         tables = [reader._kernels, reader._api, reader._replays, *(t for _, t in reader._memops)]
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         chunks = sum(con.execute(f"SELECT count(DISTINCT rowid / 100) FROM {t.q.table} WHERE "
@@ -313,7 +317,7 @@ def test_without_a_spill_the_windows_read_sqlite(tmp_path, monkeypatch):
                 assert_maps_are_sqls(reader)
                 for lo, hi in partition(full):
                     assert_window(reader.read(lo, hi), full, lo, hi)
-        assert not [p for p in (path.parent / ".stepscope-cache").glob("spill-*")]
+        assert not [p for p in (path.parent / ".stepscope-cache").glob(".tmp-spill-*")]
     with monkeypatch.context() as m:  # the benchmarks' setting: the export read as without a folder
         m.setenv("STEPSCOPE_SPILL", "0")
         with WindowReader(path, chunk_rows=1000) as reader:
@@ -323,3 +327,29 @@ def test_without_a_spill_the_windows_read_sqlite(tmp_path, monkeypatch):
     assert made.folder.is_dir()
     made.close()
     assert not made.folder.exists()
+
+
+def test_the_spill_goes_where_the_cache_may_write(tmp_path, monkeypatch):
+    """A symlinked `.stepscope-cache` beside the export is never written (as the cache's rule):
+    the spill goes to $STEPSCOPE_CACHE_DIR; a killed run's spill is removed by the cache's prune
+    once an hour old."""
+    import os
+    import time
+
+    from stepscope.ingest import cache
+    from stepscope.ingest.spill import Spill
+
+    path = mutated(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (path.parent / ".stepscope-cache").symlink_to(elsewhere)
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(tmp_path / "home"))
+    s = Spill.beside(path)
+    assert s.folder.parent == tmp_path / "home" and not list(elsewhere.iterdir())
+    s.put("T", 0, pl.DataFrame({"start": [1, 2]}), False)
+    assert cache.prune(s.folder.parent) == []  # fresh: a write in progress
+    assert cache.prune(s.folder.parent, now=time.time() + 2 * 3600) == [s.folder]  # a killed run's
+    assert not s.folder.exists()
+    s.close()
+    os.chmod(tmp_path / "home", 0o777)  # writable by others: not trusted either, nowhere left
+    assert Spill.beside(path) is None

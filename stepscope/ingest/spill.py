@@ -12,9 +12,9 @@ long run's spill is about the size of its export's event tables, and is removed 
 closes.
 
 The folder is made where the export's cache would be (ingest/cache.py: `.stepscope-cache/` beside
-the export, else `$STEPSCOPE_CACHE_DIR`), on the export's own disk rather than a /tmp that may be a
-RAM disk; where none can be made, or a write fails (a full disk), there is no spill and windows
-read SQLite as before (`None`).
+the export, else `$STEPSCOPE_CACHE_DIR`, each trusted as the cache trusts it), on the export's own
+disk rather than a /tmp that may be a RAM disk; where none can be made, or a write fails (a full
+disk), there is no spill and windows read SQLite as before (`None`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
+
+PREFIX = ".tmp-spill-"  # cache.prune's name for a write in progress (removed when an hour old)
 
 
 class Spill:
@@ -35,13 +37,21 @@ class Spill:
 
     @classmethod
     def beside(cls, export: Path) -> "Spill | None":
-        """A spill in a fresh folder under the export's cache roots, or None where none can be made."""
-        from stepscope.ingest.cache import _roots
+        """A spill in a fresh folder under the export's cache roots, or None where none can be made.
+        The roots are trusted as the cache trusts them (a symlinked, another user's or a group-
+        writable folder is never written); the folder is named as the cache's own unfinished
+        writes are (`.tmp-`), so that the cache's prune neither counts it as an entry nor keeps
+        it past an hour when a killed run left it."""
+        from stepscope.ingest.cache import _roots, untrusted
 
         for root in _roots(export):
+            if untrusted(root) is not None:
+                continue
             try:
-                root.mkdir(parents=True, exist_ok=True)
-                return cls(Path(tempfile.mkdtemp(prefix="spill-", dir=root)))
+                root.mkdir(parents=True, exist_ok=True, mode=0o755)
+                if untrusted(root) is not None:  # made by another between the check and mkdir
+                    continue
+                return cls(Path(tempfile.mkdtemp(prefix=PREFIX, dir=root)))
             except OSError:
                 continue
         return None
