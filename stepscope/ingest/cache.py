@@ -153,6 +153,21 @@ def untrusted(d: Path) -> str | None:
     return None
 
 
+def fresh_folder(root: Path, prefix: str = ".tmp-") -> Path | None:
+    """A new folder (`prefix` and a random name: prune's name for a write in progress) in the
+    cache folder `root`, made only where `root` is trusted before and after it is made (a symlink
+    is never followed, another user's never written); None where not, or where making fails."""
+    if untrusted(root) is not None:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if untrusted(root) is not None:  # made by another between the check and mkdir
+            return None
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    except OSError:
+        return None
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -282,14 +297,8 @@ def store(trace: Trace, path: Path, launch_config: bool, fp: str | None = None) 
     key = _key(path, launch_config, trace.schema_version, now)
     meta = {k: getattr(trace, k) for k in SCALARS} | {"cache_format": FORMAT, "key": key}
     for root in _roots(path):
-        if untrusted(root) is not None:  # a symlink is never followed, another user's never written
-            continue
-        try:
-            root.mkdir(parents=True, exist_ok=True, mode=0o755)
-            if untrusted(root) is not None:  # made by another between the check and mkdir
-                continue
-            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-        except OSError:
+        tmp = fresh_folder(root)
+        if tmp is None:
             continue
         try:
             sums = {f: _write_frame(tmp, f, getattr(trace, f), "lz4") for f in FRAMES}
@@ -326,11 +335,10 @@ def frameless_entry(path: Path, kind: str) -> Path | None:
             except OSError:
                 pass
             return d
+        tmp = fresh_folder(root)
+        if tmp is None:
+            continue
         try:
-            root.mkdir(parents=True, exist_ok=True, mode=0o755)
-            if untrusted(root) is not None:
-                continue
-            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
             (tmp / "meta.json").write_text(json.dumps({"cache_format": FORMAT, "key": key, "kind": kind}),
                                            encoding="utf-8")
             tmp.rename(d)

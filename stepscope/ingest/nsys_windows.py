@@ -124,9 +124,9 @@ def _selected(t: "_Table", lo: int | None, hi: int | None, corr: pl.DataFrame | 
     return cond
 
 
-def _chunk_query(t: "_Table", a: int, b: int, *where: str) -> typed.Query:
-    """`t`'s query over the rows of rowids [a, b] (a range SQLite seeks), and `where`."""
-    return replace(t.q, where=t.q.where + [f"rowid >= {a} AND rowid <= {b}", *where], from_=t.q.table)
+def _chunk_query(q: typed.Query, a: int, b: int, *where: str) -> typed.Query:
+    """A table's query `q` over the rows of rowids [a, b] (a range SQLite seeks), and `where`."""
+    return replace(q, where=q.where + [f"rowid >= {a} AND rowid <= {b}", *where], from_=q.table)
 
 
 # ---------------------------------------------------------------------------------- the reader
@@ -362,59 +362,53 @@ class WindowReader:
 
     def _spilled_map(self, q: typed.Query, corr: bool) -> pl.DataFrame:
         """The table's chunk map made from its rows, each chunk read whole (as a window's read
-        would read it, _bulk_raw's frames before typed.clean) and spilled, on read_threads()
-        threads with a connection each. The bounds are those of the rows' integer values, as
-        _sql_map makes them: a start or id that is not an integer is read as NULL (typed), and
-        such a row is left out of every window (counted by the first, which reads the chunks
-        where `bad`)."""
+        would read it, _bulk_raw's frames before typed.clean) and spilled. The bounds are those
+        of the rows' integer values, as _sql_map makes them: a start or id that is not an
+        integer is read as NULL (typed), and such a row is left out of every window (counted by
+        the first, which reads the chunks where `bad`)."""
+        def row(con, c: int, a: int, b: int):
+            (raw, is_typed), = _bulk_raw(con, [_chunk_query(q, a, b)])
+            if not raw.height:
+                return None
+            start = raw["start"]
+            cm = (raw["corr"].min(), raw["corr"].max()) if corr else (None, None)
+            self._spill.put(q.table, a, raw, is_typed)
+            return c, a, b, start.min(), start.max(), *cm, raw.height, start.null_count()
+
+        return self._map(q.table, row)
+
+    def _sql_map(self, q: typed.Query, corr: bool) -> pl.DataFrame:
+        """The table's chunk map in SQL: one aggregate query per chunk. min and max are taken of
+        the raw values and made integer bounds here (_low, _high)."""
+        t, where = q.table, " AND ".join(q.where) or "1"
+        c = "correlationId" if corr else "NULL"
+        sql = (f"SELECT min(start), max(start), min({c}), max({c}), count(*), total(typeof(start) != 'integer') "
+               f"FROM {t} WHERE rowid >= ? AND rowid <= ? AND ({where})")
+
+        def row(con, c: int, a: int, b: int):
+            smin, smax, cmin, cmax, n, bad = con.execute(sql, (a, b)).fetchone()
+            return (c, a, b, _low(smin), _high(smax), _low(cmin), _high(cmax), n, int(bad)) if n else None
+
+        return self._map(t, row)
+
+    def _map(self, table: str, row) -> pl.DataFrame:
+        """A chunk map (CHUNK_SCHEMA) of `table`: `row(con, c, a, b)` of each chunk c of
+        chunk_rows rowids [a, b] (a rowid range: SQLite seeks it; None: no row), on read_threads()
+        threads with a connection each (ADBC attached)."""
         def part(cs: list[int]) -> list:
             rows = []
             con = connect_readonly(self.path)
             try:
                 _attach_adbc(con, self.path)
                 for c in cs:
-                    a, b = self._rowids(c)
-                    cq = replace(q, where=q.where + [f"rowid >= {a} AND rowid <= {b}"], from_=q.table)
-                    (raw, is_typed), = _bulk_raw(con, [cq])
-                    if not raw.height:
-                        continue
-                    start = raw["start"]
-                    cm = (raw["corr"].min(), raw["corr"].max()) if corr else (None, None)
-                    rows.append((c, a, b, start.min(), start.max(), *cm, raw.height, start.null_count()))
-                    self._spill.put(q.table, a, raw, is_typed)
+                    r = row(con, c, *self._rowids(c))
+                    if r is not None:
+                        rows.append(r)
             finally:
                 con.close()
             return rows
 
-        cs = self._chunk_ids(q.table)
-        threads = read_threads()
-        with ThreadPoolExecutor(threads) as pool:  # every threads-th chunk a thread: the same share of each
-            rows = [r for got in pool.map(part, [cs[i::threads] for i in range(threads)]) for r in got]
-        return pl.DataFrame(rows, schema=CHUNK_SCHEMA, orient="row").sort("c") if rows else empty(CHUNK_SCHEMA)
-
-    def _sql_map(self, q: typed.Query, corr: bool) -> pl.DataFrame:
-        """The table's chunk map in SQL: one aggregate query per chunk of chunk_rows rowids (a
-        rowid range: SQLite seeks it), on read_threads() threads with a connection each. min
-        and max are taken of the raw values and made integer bounds here (_low, _high)."""
-        t, where = q.table, " AND ".join(q.where) or "1"
-        c = "correlationId" if corr else "NULL"
-        sql = (f"SELECT min(start), max(start), min({c}), max({c}), count(*), total(typeof(start) != 'integer') "
-               f"FROM {t} WHERE rowid >= ? AND rowid <= ? AND ({where})")
-
-        def part(cs: list[int]) -> list:
-            rows = []
-            con = connect_readonly(self.path)
-            try:
-                for c in cs:
-                    a, b = self._rowids(c)
-                    smin, smax, cmin, cmax, n, bad = con.execute(sql, (a, b)).fetchone()
-                    if n:
-                        rows.append((c, a, b, _low(smin), _high(smax), _low(cmin), _high(cmax), n, int(bad)))
-            finally:
-                con.close()
-            return rows
-
-        cs = self._chunk_ids(t)
+        cs = self._chunk_ids(table)
         threads = read_threads()
         with ThreadPoolExecutor(threads) as pool:  # every threads-th chunk a thread: the same share of each
             rows = [r for got in pool.map(part, [cs[i::threads] for i in range(threads)]) for r in got]
@@ -441,7 +435,7 @@ class WindowReader:
     def _any_clean(self, t: _Table) -> bool:
         """Whether a row of `t` survives typed.clean (read chunk by chunk until one does)."""
         for a, b in t.chunks.select("a", "b").iter_rows():
-            q = _chunk_query(t, a, b)
+            q = _chunk_query(t.q, a, b)
             (raw, is_typed), = self._raw(t, [(a, b)], [q])
             if typed.clean(raw, q, is_typed)[0].height:
                 return True
@@ -566,7 +560,7 @@ class WindowReader:
         from itertools import islice
 
         chunks = t.chunks.select("a", "b").rows()
-        queries = [_chunk_query(t, a, b) for a, b in chunks]
+        queries = [_chunk_query(t.q, a, b) for a, b in chunks]
         if self._spill is not None:  # at file speed: no thread of its own
             for q, (raw, is_typed) in zip(queries, self._raw(t, chunks, queries)):
                 yield typed.clean(raw, q, is_typed)[0]
@@ -649,11 +643,10 @@ class WindowReader:
         self.chunks_read[t.q.table] += len(chunks)
         if t is self._kernels:  # the rowids a window's kernels lie among (their grids are read there)
             self.kernel_rowids = (chunks[0][0], chunks[-1][1]) if chunks else None
-        queries = [_chunk_query(t, a, b, f"({cond})") for a, b in chunks]
-        if where is not None and self._spill is not None:  # a light read's own SQL (read_marks)
-            got = _bulk_raw(self._con, queries)
-        else:
-            got = self._raw(t, chunks, queries, _selected(t, lo, hi, corr))
+        queries = [_chunk_query(t.q, a, b, f"({cond})") for a, b in chunks]
+        # a light read's own SQL (read_marks: `where`) runs in SQLite, spilled or not
+        got = _bulk_raw(self._con, queries) if where is not None else self._raw(t, chunks, queries,
+                                                                                 _selected(t, lo, hi, corr))
         frames = []
         for q, (raw, is_typed) in zip(queries, got):
             self.rows_read[q.table] += raw.height

@@ -20,7 +20,6 @@ disk), there is no spill and windows read SQLite as before (`None`).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -42,18 +41,12 @@ class Spill:
         writable folder is never written); the folder is named as the cache's own unfinished
         writes are (`.tmp-`), so that the cache's prune neither counts it as an entry nor keeps
         it past an hour when a killed run left it."""
-        from stepscope.ingest.cache import _roots, untrusted
+        from stepscope.ingest.cache import _roots, fresh_folder
 
         for root in _roots(export):
-            if untrusted(root) is not None:
-                continue
-            try:
-                root.mkdir(parents=True, exist_ok=True, mode=0o755)
-                if untrusted(root) is not None:  # made by another between the check and mkdir
-                    continue
-                return cls(Path(tempfile.mkdtemp(prefix=PREFIX, dir=root)))
-            except OSError:
-                continue
+            folder = fresh_folder(root, PREFIX)
+            if folder is not None:
+                return cls(folder)
         return None
 
     def put(self, table: str, a: int, raw: pl.DataFrame, is_typed: bool) -> None:
